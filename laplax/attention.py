@@ -1,0 +1,250 @@
+"""The Laplacian change: attention heads that return (I - P) V instead of P V.
+
+Everything Laplacian in laplax goes through `laplacian_attention`. It runs the fused
+`jax.nn.dot_product_attention` (P is never materialised; cuDNN on GPU when asked) and then, on the
+Laplacian heads only, replaces the output o = P V by v - o. With a static head mask that is one
+`where` that XLA fuses into the neighbouring ops. `implementation='explicit'` computes P itself
+(einsum + softmax in float32) and can return it for analysis.
+
+Shapes follow JAX: q (B, T, Hq, D); k, v (B, S, Hkv, D), Hq a multiple of Hkv (grouped-query
+attention: query head n reads kv head n // (Hq // Hkv)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import heads as heads_lib
+
+Array = jax.Array
+IMPLEMENTATIONS = (None, "xla", "cudnn", "explicit")
+
+
+def _lap_mask(laplacian_heads, num_heads: int) -> Array | np.ndarray:
+  """Static (Hq,) numpy bools from a spec, or a traced (Hq,) bool array (a scanned head table)."""
+  if isinstance(laplacian_heads, jax.Array) and not isinstance(laplacian_heads, np.ndarray):
+    if laplacian_heads.shape != (num_heads,):
+      raise ValueError(
+          f"laplacian_heads array has shape {laplacian_heads.shape}, expected ({num_heads},)")
+    return laplacian_heads.astype(bool)
+  return np.asarray(heads_lib.head_mask(laplacian_heads, num_heads), dtype=bool)
+
+
+def query_positions(batch: int, t: int, s: int, query_offset) -> Array:
+  """(B, T) int32 key-axis position of each query: offset + t, offset defaulting to S - T."""
+  offset = s - t if query_offset is None else query_offset
+  offset = jnp.broadcast_to(jnp.asarray(offset, jnp.int32).reshape(-1), (batch,))
+  return offset[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+
+
+def _full_mask(mask, is_causal: bool, positions: Array | None, b: int, t: int, s: int):
+  """Combine a user mask with a causal mask aligned at `positions` -> (B|1, 1|H, T, S) bools."""
+  if not is_causal:
+    return mask
+  causal = positions[:, None, :, None] >= jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
+  return causal if mask is None else jnp.logical_and(mask, causal)
+
+
+def _explicit_attention(q, k, v, mask, scale) -> tuple[Array, Array]:
+  """Reference-style attention in float32: returns (P V (B, T, Hq, D), P (B, Hq, T, S))."""
+  groups = q.shape[2] // k.shape[2]
+  k = jnp.repeat(k, groups, axis=2)
+  v = jnp.repeat(v, groups, axis=2)
+  logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  out = jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
+  return out, probs
+
+
+def laplacian_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    laplacian_heads: heads_lib.LayerSpec | Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    query_offset: int | Array | None = None,
+    implementation: str | None = None,
+    return_probs: bool = False,
+) -> Array | tuple[Array, Array]:
+  """Multi-head attention whose Laplacian heads return V - P V.
+
+  Args:
+    q: (B, T, Hq, D) queries.
+    k, v: (B, S, Hkv, D) keys and values; Hq % Hkv == 0.
+    laplacian_heads: static spec (int k = the last k heads, or Hq bools), or a traced (Hq,) bool
+      array (a row of a head table scanned over layers).
+    mask: optional bool, broadcastable to (B, Hq, T, S); True = may attend.
+    is_causal: causal attention. When T < S (cached decoding) query t sits at key position
+      `query_offset + t`; `query_offset` defaults to S - T (the last T positions).
+    scale: logit scale, default 1/sqrt(D).
+    query_offset: int or (B,) int array, position of query 0 along the key axis.
+    implementation: None / 'xla' / 'cudnn' (jax.nn.dot_product_attention) or 'explicit'.
+    return_probs: also return P (B, Hq, T, S) (forces the explicit path).
+
+  Returns:
+    (B, T, Hq, D) outputs (and P if `return_probs`). A Laplacian head's identity term is the value
+    at the query's own position, expanded to the query heads under grouped-query attention.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r}; choose one of {IMPLEMENTATIONS}")
+  b, t, num_heads, head_dim = q.shape
+  s, num_kv_heads = k.shape[1], k.shape[2]
+  if num_heads % num_kv_heads:
+    raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+  if t > s:
+    raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
+  lap = _lap_mask(laplacian_heads, num_heads)
+  scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+  aligned = t == s and query_offset is None
+  positions = None if aligned else query_positions(b, t, s, query_offset)
+
+  if return_probs or implementation == "explicit":
+    full = _full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
+                      b, t, s)
+    out, probs = _explicit_attention(q, k, v, full, scale)
+  else:
+    probs = None
+    if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=is_causal,
+                                         implementation=implementation)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=_full_mask(mask, is_causal, positions,
+                                                                  b, t, s),
+                                         scale=scale, implementation=implementation)
+
+  if isinstance(lap, np.ndarray) and not lap.any():
+    return (out, probs) if return_probs else out
+  v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
+  v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2).astype(out.dtype)
+  # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads.
+  out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out)
+  return (out, probs) if return_probs else out
+
+
+def rms_norm(x: Array, eps: float = 1e-6) -> Array:
+  """Parameter-free RMSNorm over the last axis (computed in float32)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def apply_rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
+  """Rotary position embedding. x (B, T, H, D) with D even; positions (B, T) int."""
+  half = x.shape[-1] // 2
+  freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions.astype(jnp.float32)[:, :, None, None] * freqs  # (B, T, 1, half)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """Self-attention with qkv / out projections, optional QK-norm, RoPE, GQA and a KV cache.
+
+  `laplacian_heads` is this layer's static spec (validated at construction). Scanned models pass
+  their row of the (depth, heads) table at call time as `head_mask` instead.
+
+  Parameter logical axes: q/k/v kernels ('embed', 'heads', 'head_dim'), out ('heads', 'head_dim',
+  'embed'): identical trees for baseline and Laplacian models.
+  """
+
+  num_heads: int
+  head_dim: int
+  num_kv_heads: int | None = None
+  laplacian_heads: heads_lib.LayerSpec = 0
+  qk_norm: str | None = None  # None, 'layer' (LayerNorm with params) or 'rms' (parameter-free)
+  rope_theta: float | None = None
+  use_bias: bool = True
+  is_causal: bool = False
+  implementation: str | None = None
+  kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform()
+  out_init: Callable[..., Any] = nn.initializers.xavier_uniform()
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    kv = self.num_kv_heads or self.num_heads
+    if self.num_heads % kv:
+      raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={kv}")
+    heads_lib.head_mask(self.laplacian_heads, self.num_heads)  # raises a clear ValueError now
+    if self.qk_norm not in (None, "layer", "rms"):
+      raise ValueError(f"qk_norm={self.qk_norm!r}; use None, 'layer' or 'rms'")
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation={self.implementation!r}; choose one of {IMPLEMENTATIONS}")
+    super().__post_init__()
+
+  def _proj(self, x, heads: int, name: str):
+    return nn.DenseGeneral(
+        (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name,
+        kernel_init=nn.with_logical_partitioning(self.kernel_init, ("embed", "heads", "head_dim")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "head_dim")))(x)
+
+  def _norm(self, x, name: str):
+    if self.qk_norm == "layer":
+      return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name=name,
+                          scale_init=nn.with_logical_partitioning(nn.initializers.ones,
+                                                                  ("head_dim",)),
+                          bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                 ("head_dim",)))(x)
+    if self.qk_norm == "rms":
+      return rms_norm(x)
+    return x
+
+  @nn.compact
+  def __call__(self, x: Array, *, mask: Array | None = None, head_mask: Array | None = None,
+               positions: Array | None = None, decode: bool = False,
+               return_probs: bool = False):
+    """x (B, T, E) -> (B, T, E) (and P (B, H, T, S) if `return_probs`).
+
+    decode=True appends this call's keys/values to the 'cache' collection (initialise it by
+    calling once with the full-length input and decode=True) and attends over the cache.
+    """
+    kv_heads = self.num_kv_heads or self.num_heads
+    q = self._norm(self._proj(x, self.num_heads, "query"), "query_norm")
+    k = self._norm(self._proj(x, kv_heads, "key"), "key_norm")
+    v = self._proj(x, kv_heads, "value")
+    b, t = x.shape[:2]
+    cached = decode and not self.is_initializing()
+    if decode:
+      cache_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+      cache_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+      index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    start = index.value if cached else 0
+    if self.rope_theta is not None:
+      if positions is None:
+        positions = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      q = apply_rope(q, positions, self.rope_theta)
+      k = apply_rope(k, positions, self.rope_theta)  # keys are cached already rotated
+    query_offset = None
+    if cached:
+      cache_k.value = jax.lax.dynamic_update_slice(cache_k.value, k, (0, start, 0, 0))
+      cache_v.value = jax.lax.dynamic_update_slice(cache_v.value, v, (0, start, 0, 0))
+      index.value = start + t
+      k, v, query_offset = cache_k.value, cache_v.value, start
+      if not self.is_causal:  # causal masks aligned at query_offset already hide empty slots
+        written = jnp.arange(k.shape[1]) < start + t
+        mask = written[None, None, None, :] if mask is None else mask & written
+    spec = head_mask if head_mask is not None else self.laplacian_heads
+    out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
+                              query_offset=query_offset, implementation=self.implementation,
+                              return_probs=return_probs)
+    probs = None
+    if return_probs:
+      out, probs = out
+    y = nn.DenseGeneral(
+        x.shape[-1], axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, name="out",
+        kernel_init=nn.with_logical_partitioning(self.out_init, ("heads", "head_dim", "embed")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(out)
+    return (y, probs) if return_probs else y

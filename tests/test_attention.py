@@ -1,0 +1,199 @@
+"""laplacian_attention against an explicit float64 NumPy reference (I - softmax(QK^T/sqrt(d) + mask)) V."""
+
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from laplax import heads
+from laplax.attention import MultiHeadAttention, laplacian_attention
+
+
+def reference(q, k, v, lap, mask=None, causal=False, offset=None):
+  """float64 NumPy: per head, P = softmax(q k^T / sqrt(d) + mask); out = P v or v_self - P v."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  b, t, hq, d = q.shape
+  s, hkv = k.shape[1], k.shape[2]
+  g = hq // hkv
+  k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+  offset = np.broadcast_to(np.asarray(s - t if offset is None else offset), (b,))
+  pos = offset[:, None] + np.arange(t)[None]  # (B, T)
+  logits = np.einsum("btnd,bsnd->bnts", q, k) / np.sqrt(d)
+  allowed = np.ones((b, hq, t, s), bool)
+  if mask is not None:
+    allowed &= np.broadcast_to(np.asarray(mask), allowed.shape)
+  if causal:
+    allowed &= pos[:, None, :, None] >= np.arange(s)[None, None, None, :]
+  logits = np.where(allowed, logits, -np.inf)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  pv = np.einsum("bnts,bsnd->btnd", p, v)
+  v_self = np.take_along_axis(v, pos[:, :, None, None], axis=1)
+  lap = np.asarray(heads.head_mask(lap, hq))
+  return np.where(lap[None, None, :, None], v_self - pv, pv), p
+
+
+def _qkv(key, b, t, s, hq, hkv, d):
+  kq, kk, kv = jax.random.split(key, 3)
+  return (jax.random.normal(kq, (b, t, hq, d)), jax.random.normal(kk, (b, s, hkv, d)),
+          jax.random.normal(kv, (b, s, hkv, d)))
+
+
+CASES = [  # (B, T, S, Hq, Hkv, D, causal, lap spec, use mask, offset)
+    (2, 7, 7, 4, 4, 8, False, 0, False, None),
+    (2, 7, 7, 4, 4, 8, False, 4, False, None),
+    (2, 9, 9, 4, 4, 16, True, 2, False, None),
+    (3, 5, 5, 6, 6, 8, False, (True, False, True, False, False, True), True, None),
+    (2, 6, 6, 8, 2, 8, True, 3, False, None),       # GQA
+    (2, 6, 6, 8, 1, 8, False, 8, True, None),       # MQA + key padding
+    (2, 3, 10, 4, 2, 8, True, 2, False, None),      # T < S: last 3 positions
+    (2, 1, 10, 4, 4, 8, True, 4, False, 4),         # one decode step at position 4
+    (2, 2, 10, 4, 2, 8, True, (True, False, False, True), False, np.array([3, 6])),
+]
+
+
+@pytest.mark.parametrize("impl", [None, "explicit"])
+@pytest.mark.parametrize("case", CASES)
+def test_matches_float64_reference(case, impl):
+  b, t, s, hq, hkv, d, causal, lap, use_mask, offset = case
+  q, k, v = _qkv(jax.random.key(hash(case[:6]) % 2**31), b, t, s, hq, hkv, d)
+  mask = None
+  if use_mask:  # key padding: sequence i has its last i+1 keys padded
+    lengths = np.array([s - 1 - i for i in range(b)])
+    mask = (np.arange(s)[None, :] < lengths[:, None])[:, None, None, :]
+  out = laplacian_attention(q, k, v, lap, mask=mask, is_causal=causal, query_offset=offset,
+                            implementation=impl)
+  want, _ = reference(q, k, v, lap, mask, causal, offset)
+  np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=1e-5)
+
+
+def test_returned_probs_match_reference():
+  q, k, v = _qkv(jax.random.key(0), 2, 4, 6, 4, 2, 8)
+  _, p = laplacian_attention(q, k, v, 2, is_causal=True, return_probs=True)
+  _, want = reference(q, k, v, 2, causal=True)
+  np.testing.assert_allclose(np.asarray(p), want, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(p).sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal,offset,t,s", [(False, None, 5, 5), (True, None, 5, 5),
+                                               (True, 2, 2, 6)])
+def test_gradients_match_float64_reference(causal, offset, t, s):
+  """Gradients of a scalar loss agree with a float64 jnp reference under jax.grad."""
+  q, k, v = _qkv(jax.random.key(1), 2, t, s, 4, 2, 8)
+  lap = (False, True, True, False)
+  w = jax.random.normal(jax.random.key(2), (2, t, 4, 8))
+
+  def loss(fn, q, k, v):
+    return jnp.sum(fn(q, k, v) * w)
+
+  def ref_fn(q, k, v):  # float64 jnp mirror of the NumPy reference (differentiable)
+    g = q.shape[2] // k.shape[2]
+    kk, vv = jnp.repeat(k, g, 2), jnp.repeat(v, g, 2)
+    pos = (s - t if offset is None else offset) + jnp.arange(t)
+    logits = jnp.einsum("btnd,bsnd->bnts", q, kk) / np.sqrt(q.shape[-1])
+    if causal:
+      logits = jnp.where(pos[:, None] >= jnp.arange(s)[None], logits, -jnp.inf)
+    pv = jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(logits, -1), vv)
+    return jnp.where(jnp.array(lap)[None, None, :, None], vv[:, pos] - pv, pv)
+
+  ours = jax.grad(lambda *a: loss(lambda q, k, v: laplacian_attention(
+      q, k, v, lap, is_causal=causal, query_offset=offset), *a), argnums=(0, 1, 2))(q, k, v)
+  with jax.enable_x64(True):
+    q64, k64, v64, w64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (q, k, v, w))
+    want = jax.grad(lambda *a: jnp.sum(ref_fn(*a) * w64), argnums=(0, 1, 2))(q64, k64, v64)
+    want = [np.asarray(x) for x in want]
+  for got, exp in zip(ours, want):
+    np.testing.assert_allclose(np.asarray(got), exp, atol=5e-5, rtol=1e-4)
+
+
+def test_k0_equals_dot_product_attention():
+  q, k, v = _qkv(jax.random.key(3), 2, 8, 8, 4, 4, 16)
+  for causal in (False, True):
+    np.testing.assert_array_equal(
+        np.asarray(laplacian_attention(q, k, v, 0, is_causal=causal)),
+        np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=causal)))
+
+
+def test_laplacian_head_is_blind_to_shared_value_shift():
+  """(I - P) 1 = 0: adding one vector to every value row leaves a Laplacian head unchanged."""
+  q, k, v = _qkv(jax.random.key(4), 2, 6, 6, 4, 4, 8)
+  shift = jax.random.normal(jax.random.key(5), (1, 1, 4, 8))
+  lap = (True, False, True, False)
+  for causal in (False, True):
+    a = laplacian_attention(q, k, v, lap, is_causal=causal)
+    b = laplacian_attention(q, k, v + shift, lap, is_causal=causal)
+    np.testing.assert_allclose(np.asarray(a)[:, :, [0, 2]], np.asarray(b)[:, :, [0, 2]],
+                               atol=1e-5)
+    # ...while an ordinary head moves with the shift.
+    np.testing.assert_allclose(np.asarray(b - a)[:, :, 1], np.broadcast_to(shift[:, :, 1],
+                                                                           (2, 6, 8)), atol=1e-5)
+
+
+def test_causal_position_zero_is_exactly_zero():
+  q, k, v = _qkv(jax.random.key(6), 2, 5, 5, 4, 2, 8)
+  out = laplacian_attention(q, k, v, 4, is_causal=True)
+  assert np.all(np.asarray(out)[:, 0] == 0.0)
+
+
+def test_traced_head_row_equals_static_spec():
+  q, k, v = _qkv(jax.random.key(7), 2, 5, 5, 4, 4, 8)
+  row = jnp.array([False, True, False, True])
+  got = jax.jit(lambda r: laplacian_attention(q, k, v, r))(row)
+  want = laplacian_attention(q, k, v, (False, True, False, True))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+
+
+@pytest.mark.parametrize("spec,msg", [
+    (5, "laplacian_heads=5 but the layer has 4 heads"),
+    (-1, "laplacian_heads=-1 but the layer has 4 heads"),
+    ((True, False), "laplacian_heads has 2 entries but the layer has 4 heads"),
+    ("all", "neither an int nor a sequence"),
+])
+def test_bad_head_spec_raises_clear_error(spec, msg):
+  q, k, v = _qkv(jax.random.key(8), 1, 3, 3, 4, 4, 8)
+  with pytest.raises(ValueError, match=msg):
+    laplacian_attention(q, k, v, spec)
+  with pytest.raises(ValueError, match=msg):  # at module construction, before any trace
+    MultiHeadAttention(num_heads=4, head_dim=8, laplacian_heads=spec)
+
+
+def test_head_table_specs():
+  assert heads.head_table(2, 4, 3) == ((False, False, True, True),) * 3
+  assert heads.head_table([0, 4], 4, 2) == ((False,) * 4, (True,) * 4)
+  assert heads.head_table((True, False, False, False), 4, 2) == ((True, False, False, False),) * 2
+  with pytest.raises(ValueError, match="lists 3 layers but the model has 2 layers"):
+    heads.head_table([1, 1, 1], 4, 2)
+  assert heads.describe(4, 4, 2) == "k=4 (all)"
+  assert heads.describe([0, 2], 4, 2) == "k=[0,2]"
+
+
+def test_module_param_trees_identical_and_k0_module_equals_plain_attention():
+  x = jax.random.normal(jax.random.key(9), (2, 6, 32))
+  mods = [MultiHeadAttention(num_heads=4, head_dim=8, laplacian_heads=k, qk_norm="layer")
+          for k in (0, 2, 4)]
+  params = [m.init(jax.random.key(0), x) for m in mods]
+  shapes = [jax.tree.map(lambda a: a.shape, nn.unbox(p)) for p in params]
+  assert shapes[0] == shapes[1] == shapes[2]
+  y0 = mods[0].apply(params[0], x)
+  y4 = mods[2].apply(params[0], x)
+  assert not np.allclose(np.asarray(y0), np.asarray(y4))
+
+
+@pytest.mark.parametrize("lap,kv_heads", [(0, 4), (2, 4), (4, 2), ((True, False, True, False), 1)])
+def test_module_kv_cache_decoding_equals_full_forward(lap, kv_heads):
+  """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass."""
+  mod = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=kv_heads, laplacian_heads=lap,
+                           qk_norm="rms", rope_theta=10000.0, is_causal=True, use_bias=False)
+  x = jax.random.normal(jax.random.key(10), (2, 7, 32))
+  variables = mod.init(jax.random.key(0), x)
+  full = mod.apply(variables, x)
+  cache = mod.init(jax.random.key(0), x, decode=True)["cache"]
+  outs = []
+  for sl in (slice(0, 2),) + tuple(slice(i, i + 1) for i in range(2, 7)):
+    y, upd = mod.apply({**variables, "cache": cache}, x[:, sl], decode=True, mutable=["cache"])
+    cache = upd["cache"]
+    outs.append(y)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), atol=2e-5)
