@@ -167,8 +167,9 @@ class MultiHeadAttention(nn.Module):
   use_bias: bool = True
   is_causal: bool = False
   implementation: str | None = None
-  kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform()
-  out_init: Callable[..., Any] = nn.initializers.xavier_uniform()
+  # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
+  kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+  out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -184,11 +185,17 @@ class MultiHeadAttention(nn.Module):
     super().__post_init__()
 
   def _proj(self, x, heads: int, name: str):
-    return nn.DenseGeneral(
-        (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, name=name,
-        kernel_init=nn.with_logical_partitioning(self.kernel_init, ("embed", "heads", "head_dim")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "head_dim")))(x)
+    """(B, T, E) -> (B, T, heads, head_dim). Explicit params (not DenseGeneral, which inits a
+    flattened kernel) so the logical names match the kernel's rank."""
+    kernel = self.param(name, nn.with_logical_partitioning(
+        self.kernel_init, ("embed", "heads", "head_dim")),
+        (x.shape[-1], heads, self.head_dim), self.param_dtype)
+    y = jnp.einsum("bte,ehd->bthd", x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      bias = self.param(name + "_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("heads", "head_dim")), (heads, self.head_dim), self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
 
   def _norm(self, x, name: str):
     if self.qk_norm == "layer":
@@ -242,9 +249,12 @@ class MultiHeadAttention(nn.Module):
     probs = None
     if return_probs:
       out, probs = out
-    y = nn.DenseGeneral(
-        x.shape[-1], axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, name="out",
-        kernel_init=nn.with_logical_partitioning(self.out_init, ("heads", "head_dim", "embed")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(out)
+    kernel = self.param("out", nn.with_logical_partitioning(
+        self.out_init, ("heads", "head_dim", "embed")),
+        (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)
+    y = jnp.einsum("bthd,hde->bte", out.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      y = y + self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                  ("embed",)),
+                         (x.shape[-1],), self.param_dtype).astype(self.dtype)
     return (y, probs) if return_probs else y

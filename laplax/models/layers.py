@@ -1,0 +1,70 @@
+"""Building blocks shared by the models: MLP, LayerScale, stochastic depth."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def logical(init: Callable[..., Any], *names: str | None):
+  """An initializer whose parameter carries logical axis names (mapped to the mesh by rules)."""
+  return nn.with_logical_partitioning(init, names)
+
+
+class Mlp(nn.Module):
+  """Two-layer MLP, (B, T, E) -> (B, T, E). activation 'gelu' (ViT) or 'relu2' (ReLU^2, GPT)."""
+
+  hidden_dim: int
+  activation: str = "gelu"
+  use_bias: bool = True
+  dropout: float = 0.0
+  out_init: Callable[..., Any] = nn.initializers.xavier_uniform()
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, train: bool = False) -> Array:
+    dense = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    h = nn.Dense(self.hidden_dim, name="fc1",
+                 kernel_init=logical(nn.initializers.xavier_uniform(), "embed", "mlp"),
+                 bias_init=logical(nn.initializers.normal(1e-6), "mlp"), **dense)(x)
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    if self.activation == "gelu":
+      h = nn.gelu(h, approximate=False)
+    elif self.activation == "relu2":
+      h = jnp.square(nn.relu(h))
+    else:
+      raise ValueError(f"activation={self.activation!r}; use 'gelu' or 'relu2'")
+    h = nn.Dropout(self.dropout, deterministic=not train)(h)
+    return nn.Dense(x.shape[-1], name="fc2", kernel_init=logical(self.out_init, "mlp", "embed"),
+                    bias_init=logical(nn.initializers.zeros, "embed"), **dense)(h)
+
+
+class LayerScale(nn.Module):
+  """Per-channel residual branch scale (DeiT-III/CaiT), initialised to `init_value`."""
+
+  init_value: float
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    gamma = self.param("gamma", logical(nn.initializers.constant(self.init_value), "embed"),
+                       (x.shape[-1],), self.param_dtype)
+    return x * gamma.astype(x.dtype)
+
+
+def drop_path(x: Array, rate: Array | float, rng: Array | None) -> Array:
+  """Stochastic depth: drops the whole residual branch per example with probability `rate`.
+
+  x (B, ...); `rate` may be traced (scanned layers carry their own rate). rng=None -> identity.
+  """
+  if rng is None:
+    return x
+  keep = 1.0 - rate
+  mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+  return jnp.where(mask, x / jnp.maximum(keep, 1e-6), jnp.zeros_like(x)).astype(x.dtype)

@@ -1,0 +1,177 @@
+"""DeiT-III-style Vision Transformer with per-layer Laplacian heads.
+
+Pre-norm blocks, class token without position embedding, learned patch position embeddings,
+LayerScale, optional QK-norm, stochastic depth with a linear per-layer rate. The Laplacian head
+table is static: unrolled blocks get their row as an attribute; scanned blocks (`scan_layers`,
+fast compiles for deep models) get it as a scanned (depth, heads) input.
+
+`ViT(...)(images, train=..., return_tokens=True)` returns (logits, {'tokens': (depth + 1, B, 1 + N,
+E)}): index 0 is the embedding, index l the output of block l; token 0 is the class token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import heads as heads_lib
+from laplax.attention import MultiHeadAttention
+from laplax.models.layers import LayerScale, Mlp, drop_path, logical
+
+Array = jax.Array
+
+# width, depth, heads, mlp dim. Tiny ones are CPU-sized; S/B/L are the standard ViT sizes.
+PRESETS = {
+    "mu": dict(hidden_dim=32, depth=2, num_heads=2, mlp_dim=64),
+    "tiny": dict(hidden_dim=64, depth=4, num_heads=4, mlp_dim=128),
+    "small-cpu": dict(hidden_dim=128, depth=6, num_heads=4, mlp_dim=256),
+    "Ti": dict(hidden_dim=192, depth=12, num_heads=3, mlp_dim=768),
+    "S": dict(hidden_dim=384, depth=12, num_heads=6, mlp_dim=1536),
+    "B": dict(hidden_dim=768, depth=12, num_heads=12, mlp_dim=3072),
+    "L": dict(hidden_dim=1024, depth=24, num_heads=16, mlp_dim=4096),
+}
+
+
+def preset(name: str) -> dict[str, int]:
+  """Model size preset by name ('tiny', 'S', 'B', ...)."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown ViT preset {name!r}; choose one of {sorted(PRESETS)}")
+  return dict(PRESETS[name])
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block: x + ls(attn(ln(x))), then x + ls(mlp(ln(x)))."""
+
+  num_heads: int
+  mlp_dim: int
+  laplacian_heads: heads_lib.LayerSpec = 0
+  qk_norm: bool = True
+  layerscale_init: float | None = 1e-4
+  attention_impl: str | None = None
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, head_row: Array | None = None, drop_rate: Array | float = 0.0, *,
+               train: bool = False) -> Array:
+    width = x.shape[-1]
+    norm = lambda name: nn.LayerNorm(
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name,
+        scale_init=logical(nn.initializers.ones, "embed"),
+        bias_init=logical(nn.initializers.zeros, "embed"))
+    scale = ((lambda name: LayerScale(self.layerscale_init, self.param_dtype, name=name))
+             if self.layerscale_init is not None else (lambda name: (lambda y: y)))
+    rng = self.make_rng("dropout") if train else None
+    rngs = (None, None) if rng is None else tuple(jax.random.split(rng))
+
+    y = MultiHeadAttention(
+        num_heads=self.num_heads, head_dim=width // self.num_heads,
+        laplacian_heads=self.laplacian_heads, qk_norm="layer" if self.qk_norm else None,
+        implementation=self.attention_impl, dtype=self.dtype, param_dtype=self.param_dtype,
+        name="attn")(norm("norm1")(x), head_mask=head_row)
+    x = x + drop_path(scale("ls1")(y), drop_rate, rngs[0])
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    y = Mlp(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")(
+        norm("norm2")(x), train=train)
+    x = x + drop_path(scale("ls2")(y), drop_rate, rngs[1])
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class _ScanBlock(Block):
+  """Block with the (carry, xs) -> (carry, ys) signature nn.scan needs."""
+
+  train: bool = False
+
+  def __call__(self, x, xs):
+    head_row, drop_rate = xs
+    x = super().__call__(x, head_row, drop_rate, train=self.train)
+    return x, x
+
+
+class ViT(nn.Module):
+  """images (B, H, W, C) -> logits (B, num_classes) [, {'tokens': (depth+1, B, 1+N, E)}]."""
+
+  num_classes: int
+  patch_size: int = 4
+  hidden_dim: int = 64
+  depth: int = 4
+  num_heads: int = 4
+  mlp_dim: int = 128
+  laplacian_heads: Any = 0  # int k (last k heads of every layer) or a per-layer list
+  qk_norm: bool = True
+  layerscale_init: float | None = 1e-4
+  drop_path_rate: float = 0.0
+  pool: str = "cls"  # 'cls' (DeiT) or 'gap' (mean of patch tokens)
+  scan_layers: bool = False
+  attention_impl: str | None = None
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    if self.hidden_dim % self.num_heads:
+      raise ValueError(f"hidden_dim={self.hidden_dim} is not divisible by "
+                       f"num_heads={self.num_heads}")
+    if self.pool not in ("cls", "gap"):
+      raise ValueError(f"pool={self.pool!r}; use 'cls' or 'gap'")
+    self.head_table  # validates laplacian_heads with a clear ValueError at construction
+    super().__post_init__()
+
+  @property
+  def head_table(self) -> tuple[tuple[bool, ...], ...]:
+    return heads_lib.head_table(self.laplacian_heads, self.num_heads, self.depth)
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False, return_tokens: bool = False):
+    b, h, w, _ = images.shape
+    p = self.patch_size
+    if h % p or w % p:
+      raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
+    x = nn.Conv(self.hidden_dim, (p, p), strides=(p, p), padding="VALID", name="embedding",
+                dtype=self.dtype, param_dtype=self.param_dtype,
+                kernel_init=logical(nn.initializers.lecun_normal(), None, None, None, "embed"),
+                bias_init=logical(nn.initializers.zeros, "embed"))(images.astype(self.dtype))
+    x = x.reshape(b, -1, self.hidden_dim)
+    pos = self.param("pos_embedding", logical(nn.initializers.normal(0.02), None, "length",
+                                              "embed"),
+                     (1, x.shape[1], self.hidden_dim), self.param_dtype)
+    cls = self.param("cls", logical(nn.initializers.zeros, None, None, "embed"),
+                     (1, 1, self.hidden_dim), self.param_dtype)
+    # DeiT-III: the class token carries no position embedding.
+    x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, self.hidden_dim)).astype(self.dtype),
+                         x + pos.astype(self.dtype)], axis=1)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+    block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, qk_norm=self.qk_norm,
+                    layerscale_init=self.layerscale_init, attention_impl=self.attention_impl,
+                    dtype=self.dtype, param_dtype=self.param_dtype)
+    rates = np.linspace(0.0, self.drop_path_rate, self.depth)
+    tokens = [x]
+    if self.scan_layers:
+      stack = nn.scan(_ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True,
+                                                                           "dropout": True},
+                      in_axes=0, length=self.depth,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x, ys = stack(train=train, name="blocks", **block_kw)(
+          x, (jnp.asarray(self.head_table), jnp.asarray(rates, jnp.float32)))
+      tokens.extend(ys[i] for i in range(self.depth))
+    else:
+      for i, row in enumerate(self.head_table):
+        x = Block(laplacian_heads=row, name=f"block{i}", **block_kw)(
+            x, drop_rate=float(rates[i]), train=train)
+        tokens.append(x)
+    x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="norm",
+                     scale_init=logical(nn.initializers.ones, "embed"),
+                     bias_init=logical(nn.initializers.zeros, "embed"))(x)
+    pooled = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(axis=1)
+    logits = nn.Dense(self.num_classes, name="head", dtype=jnp.float32,
+                      param_dtype=self.param_dtype,
+                      kernel_init=logical(nn.initializers.zeros, "embed", "classes"),
+                      bias_init=logical(nn.initializers.zeros, "classes"))(pooled)
+    if return_tokens:
+      return logits, {"tokens": jnp.stack(tokens), "pre_logits": pooled}
+    return logits

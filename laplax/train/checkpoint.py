@@ -1,0 +1,502 @@
+"""The one checkpoint wrapper: orbax CheckpointManager plus checksums.
+
+Each step directory holds two orbax items, `state` (a pytree of arrays, saved
+with StandardSave, possibly sharded) and `extra` (a small JSON dict: the data
+iterator state, the epoch, ...), plus our checksum manifest.
+
+Why checksums: orbax records none, so random bytes written into a data file
+restore silently as wrong values (zstd-compressed OCDBT chunks carry no
+checksum either). After a step is finalised we record the size and sha256 of
+every file in it; restore verifies them and falls back to the previous step,
+with one plain log line, when a file is damaged, missing or unreadable.
+
+Where the manifest lives: inside the step directory, as `laplax_checksums.json`.
+Tried on orbax 0.12.8: an extra file there is ignored by `all_steps`,
+`item_metadata`, `restore` and keep-N deletion, and orbax never rewrites files
+of a finalised step (hashes unchanged after later saves and restores). Inside,
+the manifest is deleted together with its step by the keep-N policy and moves
+with the step if the directory is copied; a sibling directory would need its
+own clean-up and could drift out of sync.
+
+Steps without a manifest: with async saves the manifest is written only once
+the save is finalised (at the next `save()`, `wait_until_finished()`,
+`latest_step()` or `close()`), so a kill in between leaves a complete,
+orbax-finalised step without a manifest. Orbax finalises by an atomic rename,
+so such a step is whole; we accept it, log that it is unverified, and still
+fall back if orbax fails to read it. Rejecting it would silently throw away up
+to one save interval of work to guard against bit rot in a window of seconds.
+
+Single host, local file systems (the manifest is written with pathlib).
+"""
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+import hashlib
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+
+MANIFEST_NAME = "laplax_checksums.json"
+_MANIFEST_TMP = MANIFEST_NAME + ".tmp"
+# Corrupt steps are moved here (not deleted) before the next save, so that the
+# run can save those step numbers again. Orbax ignores non-numeric names.
+CORRUPT_DIR_NAME = "corrupt"
+# A JSON object {_BYTES_KEY: "<base64>"} stands for a bytes value in `extra`.
+_BYTES_KEY = "__bytes_base64__"
+_STATE, _EXTRA = "state", "extra"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint cannot be used; the message is one plain line."""
+
+
+class Checkpointer:
+  """Saves and restores (step, state pytree, extra JSON dict) with checksums.
+
+  Usage in a trainer:
+    ckpt = Checkpointer(workdir / "checkpoints", save_interval_steps=100)
+    restored = ckpt.restore(abstract_state)   # None: fresh start
+    ...
+    ckpt.save(step, state, {"data": iterator.get_state(), "epoch": epoch})
+    ...
+    ckpt.save(last_step, state, extra, force=True)
+    ckpt.close()
+  """
+
+  def __init__(
+      self,
+      directory: str | os.PathLike[str],
+      *,
+      max_to_keep: int | None = 3,
+      save_interval_steps: int = 1,
+      async_save: bool = False,
+      log: Callable[[str], None] = print,
+  ):
+    """Opens (creating if needed) a checkpoint directory.
+
+    Args:
+      directory: the directory that holds one sub-directory per step.
+      max_to_keep: how many most recent steps to keep (None: all).
+      save_interval_steps: `save()` writes only when step % this == 0 (unless
+        forced).
+      async_save: write in a background thread; `save()` returns once the
+        arrays are copied to host memory.
+      log: receives one-line messages (corrupt steps, fallbacks).
+    """
+    if max_to_keep is not None and not _is_positive_int(max_to_keep):
+      raise ValueError(
+          f"max_to_keep={max_to_keep!r}; use an integer >= 1, or None to keep every step")
+    if not _is_positive_int(save_interval_steps):
+      raise ValueError(f"save_interval_steps={save_interval_steps!r}; use an integer >= 1")
+    self.directory = pathlib.Path(directory).expanduser().absolute()
+    self._log = log
+    self._async = async_save
+    # Orbax's default policy also saves the first step it sees, whatever the
+    # interval; we want exactly the multiples (and preemption saves).
+    policy = ocp.checkpoint_managers.AnySavePolicy([
+        ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
+        ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+    ])
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        save_decision_policy=policy,
+        enable_async_checkpointing=async_save,
+        # Temp dirs are left only by interrupted saves; nobody else writes here.
+        cleanup_tmp_directories=True,
+        create=True,
+    )
+    # Handlers registered up front so that item_metadata() works on a fresh
+    # manager (without them it warns and returns None for every item).
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=options,
+        item_handlers={
+            _STATE: ocp.StandardCheckpointHandler(),
+            _EXTRA: ocp.JsonCheckpointHandler(),
+        },
+    )
+    self._pending_step: int | None = None  # async save without manifest yet
+    self._bad_steps: set[int] = set()  # found corrupt by restore()
+
+  # --- public API ---------------------------------------------------------
+
+  def all_steps(self) -> list[int]:
+    """Every step orbax has finalised (or is writing), ascending, unverified."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest step whose checksums verify (or that has no manifest yet).
+
+    Hashes the step's files; does not read them through orbax, so a step with
+    valid checksums can still be rejected by restore() (e.g. model mismatch).
+    A step still being written by an async save, or found corrupt by an
+    earlier restore(), is skipped.
+    """
+    self._finish_pending(wait=False)
+    for step in reversed(self.all_steps()):
+      if step == self._pending_step or step in self._bad_steps:
+        continue
+      problem, _ = self._verify(step)
+      if problem is None:
+        return step
+    return None
+
+  def save(
+      self, step: int, state: PyTree, extra: Mapping[str, Any], *, force: bool = False
+  ) -> bool:
+    """Saves `state` and `extra` at `step` if the interval (or `force`) says so.
+
+    Args:
+      step: the training step (int >= 0).
+      state: pytree of jax/numpy arrays and Python scalars, possibly sharded.
+      extra: JSON-like dict (str keys; bytes, tuples and NumPy scalars are
+        converted); restored exactly except tuples come back as lists.
+      force: save even off the interval (use at the end of training).
+
+    Returns:
+      True if a save was started; False if skipped by the interval or if this
+      step is the latest saved one already.
+
+    Raises:
+      CheckpointError: `step` is older than the latest saved step (after
+        restoring an earlier step on purpose: use a fresh directory).
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+      raise ValueError(f"step={step!r}; use an integer >= 0")
+    step = int(step)
+    if not isinstance(extra, Mapping):
+      raise ValueError(
+          f"extra is a {type(extra).__name__}; pass a dict, e.g. {{'data': it.get_state()}}")
+    extra_json = _to_json(extra)
+    self._finish_pending(wait=False)
+    if self._bad_steps:
+      self._quarantine_bad_steps()
+    steps = self.all_steps()
+    if steps and step < steps[-1]:
+      # Orbax would skip it silently (or refuse an existing step number).
+      raise CheckpointError(
+          f"cannot save step {step} in {self.directory}: it already holds the later step"
+          f" {steps[-1]}; resume from the latest step or use a fresh --workdir"
+      )
+    if steps and step == steps[-1]:
+      return False  # e.g. a forced final save right after an interval save
+    if not force and not self._manager.should_save(step):
+      return False
+    # Orbax would wait for the previous async save here anyway; wait first so
+    # that its manifest is written before the next save starts.
+    self._finish_pending(wait=True)
+    args = ocp.args.Composite(
+        **{_STATE: ocp.args.StandardSave(state), _EXTRA: ocp.args.JsonSave(extra_json)})
+    self._manager.save(step, args=args, force=True)
+    if self._async:
+      self._pending_step = step
+    else:
+      self._write_manifest(step)
+    return True
+
+  def restore(
+      self, abstract_state: PyTree, step: int | None = None
+  ) -> tuple[int, PyTree, dict[str, Any]] | None:
+    """Restores the newest good step (or exactly `step`).
+
+    Args:
+      abstract_state: the target pytree: `jax.ShapeDtypeStruct`s (with
+        `sharding=` to restore onto a mesh) or arrays (their sharding is used),
+        e.g. `jax.eval_shape(create_state, ...)` with shardings attached.
+      step: restore this step only (no fallback); None: newest good step.
+
+    Returns:
+      (step, state, extra), or None if the directory holds no checkpoint.
+
+    Raises:
+      CheckpointError: the checkpoint does not match `abstract_state`, or no
+        step is readable.
+    """
+    self._finish_pending(wait=True)
+    self._manager.reload()
+    steps = self.all_steps()
+    if not steps:
+      return None
+    if step is not None:
+      if step not in steps:
+        raise CheckpointError(
+            f"no checkpoint step {step} in {self.directory}; it holds steps {steps}")
+      candidates = [step]
+    else:
+      candidates = steps[::-1]
+    target = jax.tree.map(_to_abstract, abstract_state)
+    for i, candidate in enumerate(candidates):
+      problem, has_manifest = self._verify(candidate)
+      if problem is None:
+        if not has_manifest:
+          self._log(
+              f"checkpoint step {candidate} in {self.directory} has no checksum manifest (the"
+              " run stopped between saving it and recording checksums); restoring it unverified"
+          )
+        problem, restored = self._restore_verified(candidate, target)
+        if problem is None:
+          state, extra = restored
+          return candidate, state, extra
+      self._bad_steps.add(candidate)
+      if step is not None:
+        raise CheckpointError(
+            f"checkpoint step {candidate} in {self.directory} is corrupt ({problem})")
+      if i + 1 < len(candidates):
+        then = f"falling back to step {candidates[i + 1]}"
+      else:
+        then = "no earlier step remains"
+      self._log(f"checkpoint step {candidate} in {self.directory} is corrupt ({problem}); {then}")
+    raise CheckpointError(
+        f"every checkpoint in {self.directory} is corrupt (steps {candidates});"
+        " use a fresh --workdir or move the directory aside"
+    )
+
+  def wait_until_finished(self) -> None:
+    """Blocks until an async save is finalised and its manifest written."""
+    self._finish_pending(wait=True)
+
+  def close(self) -> None:
+    """Finishes any save in flight; call before the program exits."""
+    self._finish_pending(wait=True)
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  # --- internals ------------------------------------------------------------
+
+  def _step_dir(self, step: int) -> pathlib.Path:
+    # Default orbax step naming (no prefix, no padding), as configured above.
+    return self.directory / str(step)
+
+  def _finish_pending(self, *, wait: bool) -> None:
+    """Writes the manifest of the last async save once orbax finalised it."""
+    if self._pending_step is None:
+      return
+    if not wait and self._manager.is_saving_in_progress():
+      return
+    step, self._pending_step = self._pending_step, None
+    self._manager.wait_until_finished()  # re-raises a failed background save
+    if not self._step_dir(step).is_dir():
+      raise CheckpointError(
+          f"checkpoint step {step} was not written to {self.directory} (the async save"
+          " failed; see the orbax log)"
+      )
+    self._write_manifest(step)
+
+  def _write_manifest(self, step: int) -> None:
+    if jax.process_index() != 0:
+      return
+    step_dir = self._step_dir(step)
+    manifest = {"step": step, "algorithm": "sha256", "files": _digest_files(step_dir)}
+    # Write-then-rename: a kill leaves either no manifest or a whole one.
+    tmp = step_dir / _MANIFEST_TMP
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    os.replace(tmp, step_dir / MANIFEST_NAME)
+
+  def _verify(self, step: int) -> tuple[str | None, bool]:
+    """Returns (problem or None, whether the step has a manifest)."""
+    step_dir = self._step_dir(step)
+    manifest_path = step_dir / MANIFEST_NAME
+    if not manifest_path.exists():
+      return None, False
+    try:
+      files = json.loads(manifest_path.read_text())["files"]
+      expected = {str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+      return "checksum manifest unreadable", True
+    # Sizes first: cheap, and a truncation is named as such.
+    for rel, (size, _) in sorted(expected.items()):
+      path = step_dir / rel
+      if not path.is_file():
+        return f"missing file {rel}", True
+      actual = path.stat().st_size
+      if actual != size:
+        return f"size of {rel} changed from {size} to {actual} bytes", True
+    for rel, (_, digest) in sorted(expected.items()):
+      try:
+        actual_digest = _sha256(step_dir / rel)
+      except OSError as e:
+        return f"cannot read {rel}: {e.strerror}", True
+      if actual_digest != digest:
+        return f"checksum mismatch in {rel}", True
+    # Files not in the manifest are ignored: orbax reads only files that its
+    # own (checksummed) metadata and OCDBT manifests reference.
+    return None, True
+
+  def _restore_verified(self, step: int, target: PyTree) -> tuple[str | None, Any]:
+    """Checks the saved tree against `target`, then restores with orbax.
+
+    Returns (problem, None) if the step is unreadable, (None, (state, extra))
+    on success; raises CheckpointError on a model mismatch.
+    """
+    try:
+      saved = self._manager.item_metadata(step)[_STATE]
+    except Exception as e:  # pylint: disable=broad-except  # orbax/tensorstore raise many types
+      return f"state metadata unreadable: {_first_line(e)}", None
+    if saved is None:
+      return "state metadata missing", None
+    difference = _first_difference(getattr(saved, "tree", saved), target)
+    if difference is not None:
+      raise CheckpointError(
+          f"checkpoint in {self.directory} does not match this model: {difference};"
+          " use a fresh --workdir or the config it was saved with"
+      )
+    args = ocp.args.Composite(
+        **{_STATE: ocp.args.StandardRestore(target), _EXTRA: ocp.args.JsonRestore()})
+    try:
+      restored = self._manager.restore(step, args=args)
+      extra = _from_json(restored[_EXTRA])
+    except Exception as e:  # pylint: disable=broad-except
+      return f"restore failed: {_first_line(e)}", None
+    if not isinstance(extra, dict):
+      return "extra item is not a JSON object", None
+    return None, (restored[_STATE], extra)
+
+  def _quarantine_bad_steps(self) -> None:
+    """Moves corrupt steps aside so that their step numbers can be saved again."""
+    self._finish_pending(wait=True)
+    corrupt_root = self.directory / CORRUPT_DIR_NAME
+    for step in sorted(self._bad_steps):
+      source = self._step_dir(step)
+      if not source.exists():
+        continue
+      corrupt_root.mkdir(exist_ok=True)
+      dest, n = corrupt_root / str(step), 1
+      while dest.exists():
+        dest, n = corrupt_root / f"{step}.{n}", n + 1
+      os.replace(source, dest)
+      self._log(f"moved corrupt checkpoint step {step} to {dest}")
+    self._bad_steps.clear()
+    self._manager.reload()
+
+
+# --- helpers ----------------------------------------------------------------
+
+
+def _is_positive_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _sha256(path: pathlib.Path) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _digest_files(step_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
+  """{relative path: {size, sha256}} for every file of a step (sorted)."""
+  out = {}
+  for path in sorted(step_dir.rglob("*")):
+    if path.is_file() and path.name not in (MANIFEST_NAME, _MANIFEST_TMP):
+      rel = path.relative_to(step_dir).as_posix()
+      out[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+  return out
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+  """A short one-line description; orbax/tensorstore messages run to pages."""
+  text = str(e).strip().splitlines()
+  line = text[0] if text else type(e).__name__
+  line = line.split(" See full TensorStore details")[0]
+  return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _to_abstract(leaf: Any) -> Any:
+  """Arrays become ShapeDtypeStructs keeping their sharding; others pass."""
+  if isinstance(leaf, jax.Array):
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+  return leaf
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _leaf_table(tree: PyTree) -> dict[str, Any]:
+  """{'params/Dense_0/kernel': leaf} in flatten order.
+
+  Orbax stores dataclass/namedtuple fields as dict keys and tuples as lists,
+  so attribute, dict and sequence keys are all reduced to their names.
+  """
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {"/".join(_key_name(k) for k in path): leaf for path, leaf in flat}
+
+
+def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype | None]:
+  if isinstance(leaf, (bool, int, float, complex)):
+    return (), None
+  shape = tuple(getattr(leaf, "shape", ()) or ())
+  dtype = getattr(leaf, "dtype", None)
+  return shape, (np.dtype(dtype) if dtype is not None else None)
+
+
+def _first_difference(saved_tree: PyTree, target: PyTree) -> str | None:
+  """Describes the first structural/shape/dtype difference, or None."""
+  saved = _leaf_table(saved_tree)
+  wanted = _leaf_table(target)
+  for path, leaf in wanted.items():
+    if path not in saved:
+      return f"{path} is in this model but not in the checkpoint"
+    saved_shape, saved_dtype = _shape_dtype(saved[path])
+    shape, dtype = _shape_dtype(leaf)
+    if saved_shape != shape:
+      return f"{path} has shape {saved_shape} in the checkpoint but {shape} in this model"
+    # Scalars (step counters) may be saved as Python ints (int64) and restored
+    # as int32; only arrays with dimensions must agree on dtype.
+    if shape and saved_dtype is not None and dtype is not None and saved_dtype != dtype:
+      return f"{path} has dtype {saved_dtype} in the checkpoint but {dtype} in this model"
+  for path in saved:
+    if path not in wanted:
+      return f"{path} is in the checkpoint but not in this model"
+  return None
+
+
+def _to_json(value: Any, where: str = "extra") -> Any:
+  """Makes `extra` JSON-safe: bytes -> {_BYTES_KEY: base64}, tuples -> lists."""
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, (bytes, bytearray)):
+    return {_BYTES_KEY: base64.b64encode(bytes(value)).decode("ascii")}
+  if isinstance(value, np.generic) and not isinstance(value, (np.bytes_, np.str_, np.void)):
+    return value.item()
+  if isinstance(value, Mapping):
+    if set(value.keys()) == {_BYTES_KEY}:
+      raise ValueError(
+          f"{where} is a dict with the single key {_BYTES_KEY!r}, which marks bytes; rename it")
+    out = {}
+    for k, v in value.items():
+      if not isinstance(k, str):
+        raise ValueError(f"{where} has the key {k!r}; JSON keys must be strings")
+      out[k] = _to_json(v, f"{where}[{k!r}]")
+    return out
+  if isinstance(value, (list, tuple)):
+    return [_to_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+  raise ValueError(
+      f"{where} is a {type(value).__name__}, which cannot be stored as JSON;"
+      " put arrays in the state pytree and convert other values to str/int/float/bytes"
+  )
+
+
+def _from_json(value: Any) -> Any:
+  """Inverse of _to_json (except that tuples stay lists)."""
+  if isinstance(value, dict):
+    if set(value.keys()) == {_BYTES_KEY}:
+      return base64.b64decode(value[_BYTES_KEY])
+    return {k: _from_json(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_from_json(v) for v in value]
+  return value
