@@ -1,0 +1,173 @@
+"""k-NN, linear and per-patch probes on planted data; segmentation scores; the horse loader."""
+import numpy as np
+import pytest
+
+from laplax.evals import knn
+from laplax.evals import linear_probe
+from laplax.evals import segmentation
+
+NUM_CLASSES = 5
+
+
+def _blobs(seed: int, n: int, d: int = 32):
+  """Gaussian blobs around 5 fixed centres (far apart in angle): separable by design."""
+  centres = np.random.default_rng(0).normal(size=(NUM_CLASSES, d)) * 4.0
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, NUM_CLASSES, size=n)
+  return (centres[labels] + rng.normal(size=(n, d))).astype(np.float32), labels.astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def blobs():
+  train_x, train_y = _blobs(1, 600)
+  test_x, test_y = _blobs(2, 400)
+  shuffled_y = np.random.default_rng(3).permutation(train_y)
+  return train_x, train_y, test_x, test_y, shuffled_y
+
+
+# Accuracy with labels unrelated to the features: chance 1/C, binomial std over 400 points.
+CHANCE, CHANCE_STD = 1 / NUM_CLASSES, np.sqrt(0.2 * 0.8 / 400)
+
+
+def test_knn_separates_blobs_and_is_at_chance_on_shuffled_labels(blobs):
+  train_x, train_y, test_x, test_y, shuffled_y = blobs
+  scores = knn.knn_accuracy(train_x, train_y, test_x, test_y, num_classes=NUM_CLASSES,
+                            ks=(10, 20, 100), batch_size=128)
+  assert set(scores) == {"knn_top1_k10", "knn_top1_k20", "knn_top1_k100"}
+  assert min(scores.values()) > 0.95
+  chance = knn.knn_accuracy(train_x, shuffled_y, test_x, test_y, num_classes=NUM_CLASSES,
+                            ks=(20,))
+  assert abs(chance["knn_top1_k20"] - CHANCE) < 4 * CHANCE_STD
+
+
+def _knn_reference(train_x, train_y, test_x, num_classes, k, temperature):
+  """The DINO weighted vote, brute force in float64."""
+  train = train_x / np.linalg.norm(train_x, axis=1, keepdims=True)
+  test = test_x / np.linalg.norm(test_x, axis=1, keepdims=True)
+  predictions = []
+  for query in test.astype(np.float64):
+    similarity = train.astype(np.float64) @ query
+    nearest = np.argsort(-similarity)[:k]
+    votes = np.zeros(num_classes)
+    for j in nearest:
+      votes[train_y[j]] += np.exp(similarity[j] / temperature)
+    predictions.append(np.argmax(votes))
+  return np.array(predictions)
+
+
+def test_knn_predict_matches_brute_force():
+  rng = np.random.default_rng(4)
+  train_x, test_x = rng.normal(size=(150, 12)), rng.normal(size=(53, 12))
+  train_y = rng.integers(0, 4, size=150)
+  for k, temperature in ((1, 0.07), (10, 0.07), (25, 0.5)):
+    # batch_size 8 does not divide 53: the padded last batch must not change anything.
+    predicted = knn.knn_predict(train_x, train_y, test_x, num_classes=4, k=k,
+                                temperature=temperature, batch_size=8)
+    expected = _knn_reference(train_x, train_y, test_x, 4, k, temperature)
+    np.testing.assert_array_equal(np.asarray(predicted), expected)
+
+
+def test_knn_rejects_k_larger_than_the_training_set():
+  x = np.zeros((5, 3), np.float32)
+  with pytest.raises(ValueError, match=r"ks=\(20,\).*N=5"):
+    knn.knn_predict(x, np.zeros(5, np.int32), x, num_classes=2, k=20)
+
+
+def test_linear_probe_separates_blobs_and_is_at_chance_on_shuffled_labels(blobs):
+  train_x, train_y, test_x, test_y, shuffled_y = blobs
+  kwargs = dict(num_classes=NUM_CLASSES, epochs=20, lr=1e-2, batch_size=64, seed=0)
+  assert linear_probe.linear_probe_accuracy(train_x, train_y, test_x, test_y, **kwargs) > 0.95
+  assert linear_probe.linear_probe_accuracy(train_x, train_y, test_x, test_y,
+                                            optimizer="sgd", **kwargs) > 0.95
+  chance = linear_probe.linear_probe_accuracy(train_x, shuffled_y, test_x, test_y, **kwargs)
+  assert abs(chance - CHANCE) < 4 * CHANCE_STD
+
+
+def test_linear_probe_is_deterministic_and_standardises_with_train_statistics(blobs):
+  train_x, train_y, *_ = blobs
+  kwargs = dict(num_classes=NUM_CLASSES, epochs=2, lr=1e-2, batch_size=64)
+  first = linear_probe.train_linear_probe(train_x, train_y, seed=7, **kwargs)
+  again = linear_probe.train_linear_probe(train_x, train_y, seed=7, **kwargs)
+  other = linear_probe.train_linear_probe(train_x, train_y, seed=8, **kwargs)
+  for name in first:
+    np.testing.assert_array_equal(first[name], again[name])
+  assert not np.array_equal(first["kernel"], other["kernel"])
+  np.testing.assert_allclose(first["mean"], train_x.mean(0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(first["scale"], 1 / train_x.std(0), rtol=1e-4)
+
+
+def test_linear_probe_rejects_labels_out_of_range():
+  with pytest.raises(ValueError, match="num_classes=3"):
+    linear_probe.train_linear_probe(np.zeros((4, 2)), np.array([0, 1, 2, 3]), num_classes=3)
+
+
+def test_segmentation_scores_on_hand_made_masks():
+  target = np.zeros((1, 4, 4), np.int32)
+  target[0, :, :2] = 1  # foreground: the left half (8 pixels)
+  pred = np.zeros((1, 4, 4), np.int32)
+  pred[0, :, :3] = 1  # the left three quarters (12 pixels): 8 right, 4 wrong
+  scores = segmentation.segmentation_scores(pred, target, num_classes=2)
+  # fg IoU 8/12; bg IoU 4/8; pixels right 12/16.
+  assert scores == pytest.approx({"fg_iou": 2 / 3, "miou": (2 / 3 + 1 / 2) / 2,
+                                  "pixel_acc": 0.75})
+  # Three classes, class 2 in neither map: left out of the mean; fg merges classes 1 and 2.
+  pred3 = np.array([[[0, 1], [1, 1]]])
+  target3 = np.array([[[0, 0], [1, 1]]])
+  scores3 = segmentation.segmentation_scores(pred3, target3, num_classes=3)
+  assert scores3 == pytest.approx({"fg_iou": 2 / 3, "miou": (1 / 2 + 2 / 3) / 2,
+                                   "pixel_acc": 0.75})
+  with pytest.raises(ValueError, match="num_classes=2"):
+    segmentation.segmentation_scores(pred3 + 1, target3, num_classes=2)
+
+
+def _planted_patches(seed: int, n: int = 12, grid: int = 6, d: int = 16):
+  """Random binary masks; features = one-hot(mask) in the first 2 dims + small noise."""
+  rng = np.random.default_rng(seed)
+  masks = (rng.random((n, grid, grid)) < 0.3).astype(np.int32)
+  features = rng.normal(scale=0.1, size=(n, grid, grid, d)).astype(np.float32)
+  features[..., :2] += np.eye(2, dtype=np.float32)[masks]
+  return features, masks
+
+
+def test_patch_probe_recovers_a_planted_segmentation():
+  train_features, train_masks = _planted_patches(5)
+  test_features, test_masks = _planted_patches(6)
+  params = segmentation.train_patch_probe(train_features, train_masks, num_classes=2,
+                                          epochs=10, lr=1e-2, batch_size=64)
+  pred = segmentation.predict_masks(params, test_features)
+  scores = segmentation.segmentation_scores(pred, test_masks, num_classes=2)
+  assert scores == {"fg_iou": 1.0, "miou": 1.0, "pixel_acc": 1.0}
+
+
+def test_predict_masks_resizes_logits_bilinearly():
+  # Two patches side by side; logit margin +3 for class 1 on the left, -1 on the right. The
+  # interpolated margin 3 - 4t crosses zero 3/4 of the way from the left patch centre to the
+  # right one, so the left class spreads one output pixel past the patch border (at 4x).
+  features = np.array([[[[0.0, 3.0], [1.0, 0.0]]]], np.float32)  # (1, 1, 2, 2)
+  params = {"mean": np.zeros(2), "scale": np.ones(2), "kernel": np.eye(2), "bias": np.zeros(2)}
+  pred = segmentation.predict_masks(params, features, (2, 8))
+  np.testing.assert_array_equal(pred[0], [[1, 1, 1, 1, 1, 0, 0, 0]] * 2)
+
+
+def test_patch_labels_takes_the_majority():
+  masks = np.zeros((1, 4, 4), np.int32)
+  masks[0, :2, :2] = [[1, 1], [1, 0]]  # 3 of 4 pixels
+  masks[0, 2:, 2:] = [[1, 0], [0, 0]]  # 1 of 4 pixels
+  np.testing.assert_array_equal(segmentation.patch_labels(masks, (2, 2), 2), [[[1, 0], [0, 0]]])
+
+
+def test_weizmann_horse_loader(shared_data, tmp_path):
+  root = shared_data / "weizmann_horse"
+  data = segmentation.load_weizmann_horse(root, image_size=(24, 32), split="test")
+  assert data.images.shape == (98, 24, 32, 3) and data.images.dtype == np.uint8
+  assert data.masks.shape == (98, 24, 32)
+  assert set(np.unique(data.masks)) == {0, 1}
+  assert all(0 < m.mean() < 1 for m in data.masks)  # every image has horse and background
+  assert 0.1 < data.masks.mean() < 0.5  # horses cover a minority of the pixels
+  names = sorted(p.name for p in (root / "rgb").glob("*.jpg"))
+  train = segmentation.horse_split(names, "train")
+  assert list(data.names) == segmentation.horse_split(names, "test")
+  assert len(train) == 230 and not set(train) & set(data.names)
+  assert set(train) | set(data.names) == set(names)
+  with pytest.raises(ValueError, match="shenshutao"):
+    segmentation.load_weizmann_horse(tmp_path, image_size=32, split="test")
