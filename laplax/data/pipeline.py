@@ -1,0 +1,271 @@
+"""grain pipelines over in-memory image arrays: shuffled, sharded, augmented, checkpointable.
+
+The arrays come from `laplax.data.builders.load_split` (uint8 (N, H, W, C), int32 (N,)).
+Per-record Python work is slow (about 2k examples/s), so each element of these pipelines is a
+whole batch: grain shuffles and shards example *indices*, and one NumPy gather + one batched
+crop/flip + one normalisation make the batch.
+
+Training stream (`train_dataset`): epoch e is a fresh permutation of all N examples (grain's
+`shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
+`batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
+skipped except the final remainder of a finite run. Host p takes positions p, p + P, p + 2P, ...
+of each global batch: the hosts' batches are disjoint and together form the global batch.
+Augmentation is drawn per global batch from (seed, step), so it does not depend on the number
+of hosts and a restored iterator reproduces it exactly.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import grain
+import numpy as np
+
+AUGMENTATIONS = ('none', 'crop', 'crop_flip')
+
+# Streams of randomness derived from the user's seed (so the shuffle and the augmentation
+# never share a seed, and seed s's epoch e+1 is not seed s+1's epoch e).
+_SHUFFLE_STREAM = 0
+_AUGMENT_STREAM = 1
+_SPLIT_STREAM = 2
+
+
+def _derive_seed(seed: int, stream: int) -> int:
+  """A 32-bit seed for one use of the user's seed."""
+  return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+
+
+def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
+  if images.ndim != 4 or images.dtype != np.uint8:
+    raise ValueError(f'images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}')
+  if labels.shape != images.shape[:1]:
+    raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
+
+
+def _check_seed(seed: int) -> None:
+  if not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f'seed={seed!r} must be a non-negative integer')
+
+
+def _check_hosts(process_index: int, process_count: int) -> None:
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} must be in [0, process_count='
+                     f'{process_count})')
+
+
+def normalization(mean: Sequence[float] | float, std: Sequence[float] | float,
+                  channels: int) -> tuple[np.ndarray, np.ndarray]:
+  """(scale, shift), float32 (C,), with uint8 x -> x * scale - shift == (x / 255 - mean) / std."""
+  mean = np.asarray(mean, np.float64).reshape(-1)
+  std = np.asarray(std, np.float64).reshape(-1)
+  if mean.size not in (1, channels) or std.size not in (1, channels):
+    raise ValueError(f'mean={mean.tolist()} and std={std.tolist()} need 1 or {channels} values '
+                     '(one per channel)')
+  mean, std = np.broadcast_to(mean, (channels,)), np.broadcast_to(std, (channels,))
+  if np.any(std <= 0):
+    raise ValueError(f'std={std.tolist()} must be positive')
+  return (1.0 / (255.0 * std)).astype(np.float32), (mean / std).astype(np.float32)
+
+
+def _apply_normalization(images: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+  """uint8 (..., W, C) -> float32 images * scale - shift."""
+  w, c = images.shape[-2:]
+  # On a (..., W * C) view the per-channel constants broadcast over rows of W * C values
+  # instead of rows of C: about 5x faster for C = 3.
+  out = images.astype(np.float32).reshape(*images.shape[:-2], w * c)
+  out *= np.tile(scale, w)
+  out -= np.tile(shift, w)
+  return out.reshape(images.shape)
+
+
+def normalize(images: np.ndarray, *, mean: Sequence[float] | float,
+              std: Sequence[float] | float) -> np.ndarray:
+  """uint8 (..., H, W, C) -> float32 (x / 255 - mean) / std, per channel."""
+  return _apply_normalization(images, *normalization(mean, std, images.shape[-1]))
+
+
+def crop_and_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
+                  pad: int) -> np.ndarray:
+  """Batched random crop with zero padding, then horizontal flip (one gather for both).
+
+  Args:
+    images: (B, H, W, C).
+    offsets: int (B, 2), the crop's top-left corner (row, column) in the padded image, each in
+      [0, 2 * pad]; (pad, pad) keeps the image in place.
+    flips: bool (B,), mirror left-right.
+    pad: zeros added on every side before cropping (zeros are black, as in torchvision's
+      RandomCrop(padding=pad), i.e. before normalisation).
+
+  Returns:
+    (B, H, W, C), same dtype.
+  """
+  b, h, w, _ = images.shape
+  if pad:
+    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  # Two cheap gathers instead of one per pixel (about 4x faster): whole padded rows first,
+  # then each row's window of W pixels through a strided view.
+  rows = images[np.arange(b)[:, None], offsets[:, :1] + np.arange(h)]  # (B, H, W + 2 pad, C)
+  windows = np.lib.stride_tricks.sliding_window_view(rows, w, axis=2)  # (B, H, 2 pad + 1, C, W)
+  out = windows[np.arange(b)[:, None], np.arange(h), offsets[:, 1:]]  # (B, H, C, W)
+  out = np.ascontiguousarray(np.moveaxis(out, 2, 3))
+  out[flips] = out[flips, :, ::-1]
+  return out
+
+
+def augment_params(seed: int, step: int, global_batch_size: int, *, pad: int,
+                   flip: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Crop offsets int (G, 2) in [0, 2 * pad] and flips bool (G,) for global batch `step`."""
+  rng = np.random.default_rng([seed, step])
+  offsets = rng.integers(0, 2 * pad + 1, size=(global_batch_size, 2))
+  flips = rng.random(global_batch_size) < 0.5 if flip else np.zeros(global_batch_size, bool)
+  return offsets, flips
+
+
+def _read_options(num_threads: int, prefetch: int) -> grain.ReadOptions:
+  # grain's defaults (16 threads, 500 elements) would buffer 500 whole batches.
+  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
+
+
+def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, seed: int,
+                  augment: str = 'none', pad: int = 4, mean: Sequence[float] | float,
+                  std: Sequence[float] | float, process_index: int = 0, process_count: int = 1,
+                  num_epochs: int | None = None, num_threads: int = 1,
+                  prefetch: int = 2) -> grain.IterDataset:
+  """The training stream of this host's batches (see the module docstring).
+
+  Args:
+    images: uint8 (N, H, W, C), all hosts' training data (every host holds the arrays).
+    labels: int (N,).
+    batch_size: examples per batch on THIS host; the global batch is
+      `batch_size * process_count`.
+    seed: shuffling and augmentation seed (same on every host).
+    augment: 'none', 'crop' (random crop after `pad` zeros each side) or 'crop_flip' (plus
+      horizontal flips with probability 1/2).
+    pad: padding for the crop.
+    mean, std: per-channel normalisation in [0, 1] pixel units (see `dataset_info`).
+    process_index, process_count: this host and the number of hosts.
+    num_epochs: None repeats forever; otherwise the stream ends after `num_epochs` passes,
+      dropping the last incomplete global batch.
+    num_threads, prefetch: grain threads and batches made ahead of the consumer.
+
+  Returns:
+    `grain.IterDataset` of {'image': float32 (B, H, W, C), 'label': int32 (B,)}. `iter()` gives
+    a `grain.DatasetIterator`; its `get_state()`/`set_state()` resume exactly.
+  """
+  _check_arrays(images, labels)
+  _check_seed(seed)
+  _check_hosts(process_index, process_count)
+  if augment not in AUGMENTATIONS:
+    raise ValueError(f'augment={augment!r} is not one of {AUGMENTATIONS}')
+  if pad < 0:
+    raise ValueError(f'pad={pad} must be >= 0')
+  n = len(images)
+  global_batch = batch_size * process_count
+  if batch_size < 1 or global_batch > n:
+    raise ValueError(f'batch_size={batch_size} x process_count={process_count} must be in '
+                     f'[1, {n}] (the number of training examples)')
+  if num_epochs is not None and num_epochs < 1:
+    raise ValueError(f'num_epochs={num_epochs} must be None (forever) or >= 1')
+  scale, shift = normalization(mean, std, images.shape[-1])
+  augment_seed = _derive_seed(seed, _AUGMENT_STREAM)
+
+  def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
+    x = images[indices]
+    if augment != 'none':
+      offsets, flips = augment_params(augment_seed, step, global_batch, pad=pad,
+                                      flip=augment == 'crop_flip')
+      # This host's examples sit at positions process_index::process_count of the global batch.
+      host = slice(process_index, None, process_count)
+      x = crop_and_flip(x, offsets[host], flips[host], pad=pad)
+    return {'image': _apply_normalization(x, scale, shift),
+            'label': labels[indices].astype(np.int32)}
+
+  # Example index at each position of the global stream; epoch e uses shuffle seed + e.
+  ds = grain.MapDataset.range(n).shuffle(_derive_seed(seed, _SHUFFLE_STREAM))
+  ds = ds.repeat(num_epochs)
+  if num_epochs is not None:
+    ds = ds[:len(ds) // global_batch * global_batch]  # Every host gets the same step count.
+  ds = ds[process_index::process_count]
+  ds = ds.batch(batch_size, drop_remainder=True)
+  ds = ds.map_with_index(make_batch)
+  return ds.to_iter_dataset(_read_options(num_threads, prefetch))
+
+
+def eval_batches(images: np.ndarray, labels: np.ndarray, *, batch_size: int,
+                 mean: Sequence[float] | float, std: Sequence[float] | float,
+                 process_index: int = 0, process_count: int = 1, num_threads: int = 1,
+                 prefetch: int = 2) -> grain.IterDataset:
+  """Ordered evaluation batches with fixed shapes: the last one is padded and masked.
+
+  Global batch j holds examples [j * G, (j + 1) * G) with G = batch_size * process_count; host p
+  takes the contiguous block p of it. All hosts get ceil(N / G) batches.
+
+  Returns:
+    `grain.IterDataset` of {'image': float32 (B, H, W, C), 'label': int32 (B,), 'mask': bool
+    (B,)}; padded entries are zero images, label 0, mask False.
+  """
+  _check_arrays(images, labels)
+  _check_hosts(process_index, process_count)
+  n = len(images)
+  if batch_size < 1 or n == 0:
+    raise ValueError(f'batch_size={batch_size} must be >= 1 and the {n} images non-empty')
+  global_batch = batch_size * process_count
+  num_batches = -(-n // global_batch)
+  scale, shift = normalization(mean, std, images.shape[-1])
+
+  def make_batch(step: int) -> dict[str, np.ndarray]:
+    positions = step * global_batch + process_index * batch_size + np.arange(batch_size)
+    mask = positions < n
+    indices = np.minimum(positions, n - 1)
+    x = _apply_normalization(images[indices], scale, shift)
+    x[~mask] = 0.0
+    return {'image': x, 'label': np.where(mask, labels[indices], 0).astype(np.int32),
+            'mask': mask}
+
+  ds = grain.MapDataset.range(num_batches).map(make_batch)
+  return ds.to_iter_dataset(_read_options(num_threads, prefetch))
+
+
+def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | float,
+                    seed: int, stratify: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """A seeded hold-out from the training data.
+
+  Args:
+    images: (N, ...); labels: int (N,).
+    val_size: number of held-out examples, or a fraction in (0, 1).
+    seed: chooses the examples.
+    stratify: keep each class's share (largest-remainder rounding) rather than a uniform draw.
+
+  Returns:
+    train_images, train_labels, val_images, val_labels; both parts keep the input order.
+  """
+  _check_seed(seed)
+  n = len(labels)
+  if labels.shape != (n,) or len(images) != n:
+    raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
+  if isinstance(val_size, float):
+    if not 0.0 < val_size < 1.0:
+      raise ValueError(f'val_size={val_size} as a fraction must be in (0, 1)')
+    val_size = round(val_size * n)
+  if not 0 < val_size < n:
+    raise ValueError(f'val_size={val_size} must be in [1, {n - 1}] (N={n})')
+  rng = np.random.default_rng(_derive_seed(seed, _SPLIT_STREAM))
+  order = rng.permutation(n)
+  if stratify:
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    share = val_size * counts / n
+    quota = np.floor(share).astype(np.int64)
+    # Largest remainders get the leftover examples (ties: lower class first).
+    leftover = val_size - quota.sum()
+    quota[np.argsort(-(share - quota), kind='stable')[:leftover]] += 1
+    # Rank of each permuted example within its class: the first quota[c] are held out.
+    by_class = np.argsort(inverse[order], kind='stable')
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(n, np.int64)
+    rank[by_class] = np.arange(n) - np.repeat(starts, counts)
+    is_val = np.zeros(n, bool)
+    is_val[order] = rank < quota[inverse[order]]
+  else:
+    is_val = np.zeros(n, bool)
+    is_val[order[:val_size]] = True
+  return images[~is_val], labels[~is_val], images[is_val], labels[is_val]
