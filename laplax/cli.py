@@ -8,7 +8,25 @@ from typing import Callable
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
 
-USER_ERRORS = (ValueError, DataError, CheckpointError, FileNotFoundError, KeyError)
+USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
+
+
+def one_line(e: BaseException, limit: int = 400) -> str:
+  """An exception's message folded onto one line (config_flags nests newlines and quotes)."""
+  text = str(e).replace("\\n", "\n").replace("\\'", "'")
+  text = " ".join(part.strip() for part in text.splitlines() if part.strip()).strip("'\" ")
+  text = text or type(e).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing with a one-line error (bad flag, config typo, bad value) and exit 2."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    print(f"error: {one_line(e)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def run_main(main: Callable[[], object]) -> None:
@@ -20,6 +38,5 @@ def run_main(main: Callable[[], object]) -> None:
           file=sys.stderr)
     sys.exit(130)
   except USER_ERRORS as e:
-    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(e)}", file=sys.stderr)
     sys.exit(1)

@@ -116,6 +116,8 @@ def evaluate(eval_step, params, images: np.ndarray, labels: np.ndarray, *, batch
              info, mesh, rules) -> dict[str, float]:
   """Accuracy and mean loss over a whole split (padded last batch masked out)."""
   totals = np.zeros(3)
+  dp = sharding.data_parallel_size(mesh)
+  batch_size = -(-batch_size // dp) * dp  # padded batches must split evenly over the devices
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=info.mean,
                                        std=info.std):
@@ -263,3 +265,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       f"test accuracy {results['test']['accuracy']:.4f}")
   return results
 
+
+
+def load_trained(workdir: str | pathlib.Path, *, log=print):
+  """(config, model, params, step) of a trained run's latest good checkpoint, on one device."""
+  workdir = pathlib.Path(workdir)
+  if not (workdir / "config.json").exists():
+    raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
+  config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  info = builders.dataset_info(config.data.name)
+  model = build_model(config.model, info.num_classes)
+  tx = make_optimizer(config.optim, 1)
+  sample = jnp.zeros((1,) + info.image_shape, jnp.float32)
+  abstract = jax.eval_shape(
+      lambda: nn.unbox(TrainState.create(
+          model.init({"params": jax.random.key(0)}, sample)["params"], tx)))
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", log=log)
+  restored = checkpointer.restore(abstract)
+  checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no checkpoint in {workdir / 'checkpoints'}: train first")
+  step, state, _ = restored
+  return config, model, state.params, step

@@ -6,6 +6,9 @@ import importlib
 
 TRAINERS = {
     "classification": "laplax.train.classification",
+    "study": "laplax.study",
+    "dino": "laplax.train.dino",
+    "lm": "laplax.train.lm",
 }
 
 

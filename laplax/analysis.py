@@ -1,0 +1,89 @@
+"""Per-layer token geometry of a trained ViT classifier, streamed over a data split.
+
+Which tokens each metric uses (layer 0 = patch embedding + positions, layer l = output of block
+l, before the final LayerNorm):
+  * variance decomposition, within-sequence cosine: all 1 + N tokens of an image (the sequence);
+  * spectrum (components for 90/95/99 % of the variance, effective rank): the N patch tokens;
+  * Neural Collapse on sequence means (`nc_mean_*`): the mean of all tokens of an image;
+  * Neural Collapse on the class token (`nc_cls_*`);
+  * NC3 / NC4 (`classifier_*`): the final, normalised class token against the linear head.
+Statistics accumulate in float64 batch by batch, so memory does not grow with the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import geometry
+from laplax.data import pipeline
+
+_update = {cls: jax.jit(cls.update) for cls in (
+    geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats,
+    geometry.NeuralCollapseStats)}
+_finalize = {cls: jax.jit(cls.finalize) for cls in (
+    geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats)}
+_finalize_nc = jax.jit(geometry.NeuralCollapseStats.finalize)
+
+
+def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
+  return {prefix + k: float(v) for k, v in d.items() if np.ndim(v) == 0}
+
+
+def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
+                   batch_size: int, mean, std) -> list[dict[str, float]]:
+  """forward(params, images (B,H,W,C)) -> tokens (L+1, B, 1+N, E). Returns one dict per layer."""
+  accs = None
+  for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean, std=std):
+    n = int(np.sum(batch["mask"]))
+    tokens = np.asarray(forward(params, batch["image"]))[:, :n]  # float32, outside x64
+    y = np.asarray(batch["label"][:n])
+    with jax.enable_x64(True):
+      depth, _, seq, dim = tokens.shape
+      if accs is None:
+        accs = [dict(variance=geometry.VarianceStats.init(num_classes, dim, seq, dtype=np.float64),
+                     cosine=geometry.CosineStats.init(dtype=np.float64),
+                     spectrum=geometry.CovarianceStats.init(dim, dtype=np.float64),
+                     nc_mean=geometry.NeuralCollapseStats.init(num_classes, dim,
+                                                               dtype=np.float64),
+                     nc_cls=geometry.NeuralCollapseStats.init(num_classes, dim,
+                                                              dtype=np.float64))
+                for _ in range(depth)]
+      for layer, acc in enumerate(accs):
+        t = jnp.asarray(tokens[layer], jnp.float64)
+        acc["variance"] = _update[geometry.VarianceStats](acc["variance"], t, y)
+        acc["cosine"] = _update[geometry.CosineStats](acc["cosine"], t)
+        acc["spectrum"] = _update[geometry.CovarianceStats](acc["spectrum"], t[:, 1:])
+        acc["nc_mean"] = _update[geometry.NeuralCollapseStats](acc["nc_mean"], t.mean(1), y)
+        acc["nc_cls"] = _update[geometry.NeuralCollapseStats](acc["nc_cls"], t[:, 0], y)
+  out = []
+  with jax.enable_x64(True):
+    for acc in accs:
+      row = _scalars(_finalize[geometry.VarianceStats](acc["variance"]))
+      row.update(_scalars(_finalize[geometry.CosineStats](acc["cosine"])))
+      eig = _finalize[geometry.CovarianceStats](acc["spectrum"])["eigenvalues"]
+      row.update({k: float(v) for k, v in geometry.spectral_decay(eig).items()})
+      row.update(_scalars(_finalize_nc(acc["nc_mean"]), "nc_mean_"))
+      row.update(_scalars(_finalize_nc(acc["nc_cls"]), "nc_cls_"))
+      out.append(row)
+  return out
+
+
+def analyze_vit(model, params, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
+                batch_size: int, mean, std) -> dict[str, Any]:
+  """Every metric at every layer, plus NC3 / NC4 of the final class token against the head."""
+  forward = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1]["tokens"])
+  layers = layer_geometry(forward, params, images, labels, num_classes=num_classes,
+                          batch_size=batch_size, mean=mean, std=std)
+  pre_logits = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1][
+      "pre_logits"])
+  feats = np.concatenate([
+      np.asarray(pre_logits(params, b["image"]))[:int(np.sum(b["mask"]))]
+      for b in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean, std=std)])
+  head = params["head"]
+  final = geometry.neural_collapse(feats, labels, np.asarray(head["kernel"]).T,
+                                   num_classes=num_classes, bias=np.asarray(head["bias"]))
+  return {"layers": layers, "classifier": _scalars(final), "num_examples": int(len(labels))}

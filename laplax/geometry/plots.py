@@ -1,0 +1,84 @@
+"""Per-layer geometry plots (matplotlib, Agg): one curve per model variant, mean +- std bands."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+# figure name -> (title, [(metric key, panel title)])
+FIGURES = {
+    "variance": ("Variance decomposition (all tokens)", [
+        ("within_sequence", "within-sequence fraction"),
+        ("between_sequence", "between-sequence (within class) fraction"),
+        ("between_class", "between-class fraction")]),
+    "collapse": ("Neural Collapse", [
+        ("nc_mean_nc1", "NC1 of sequence means (log)"),
+        ("nc_cls_nc1", "NC1 of class token (log)"),
+        ("nc_mean_etf_distance", "ETF distance of sequence means")]),
+    "smoothing": ("Smoothing and spectral decay (patch tokens)", [
+        ("within_sequence_cosine", "within-sequence cosine"),
+        ("components_99", "components for 99 % variance"),
+        ("effective_rank", "effective rank")]),
+}
+LOG_SCALE = {"nc_mean_nc1", "nc_cls_nc1"}
+
+
+def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: pathlib.Path,
+                      figure: str) -> pathlib.Path:
+  """groups: label -> analyses (each {'layers': [{metric: value}, ...]}); one PNG per figure."""
+  title, panels = FIGURES[figure]
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6))
+  for ax, (key, panel_title) in zip(np.atleast_1d(axes), panels):
+    for label, runs in groups.items():
+      values = np.array([[layer[key] for layer in run["layers"]] for run in runs], float)
+      x = np.arange(values.shape[1])
+      mean, std = values.mean(0), values.std(0)
+      ax.plot(x, mean, marker="o", ms=3, label=f"{label} (n={len(runs)})")
+      if len(runs) > 1:
+        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+    if key in LOG_SCALE:
+      ax.set_yscale("log")
+    ax.set_title(panel_title, fontsize=10)
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.grid(alpha=0.3)
+  np.atleast_1d(axes)[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def plot_run(analysis: dict[str, Any], outdir: pathlib.Path, title: str = "run"
+             ) -> list[pathlib.Path]:
+  """Every figure for one analysed run."""
+  return [plot_layer_curves({title: [analysis]}, pathlib.Path(outdir) / f"{name}.png", name)
+          for name in FIGURES]
+
+
+def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
+                  path: pathlib.Path) -> pathlib.Path:
+  """Test accuracy per variant: every seed as a dot, mean +- std as a bar."""
+  fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels), 3.4))
+  for i, accs in enumerate(accuracies):
+    accs = np.asarray(accs, float) * 100
+    ax.bar(i, accs.mean(), yerr=accs.std(ddof=1) if len(accs) > 1 else 0, alpha=0.4,
+           capsize=4)
+    ax.scatter(np.full(len(accs), i), accs, color="k", s=12, zorder=3)
+  ax.set_xticks(range(len(labels)), labels)
+  lo = min(np.min(a) for a in accuracies) * 100
+  ax.set_ylim(max(lo - 3, 0), None)
+  ax.set_ylabel("test accuracy (%)")
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Idempotent setup: the Debian Fashion-MNIST files and a venv with the pinned requirements.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -r requirements.txt

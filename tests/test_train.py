@@ -1,0 +1,171 @@
+"""The training system: loss falls, kill-and-resume, sharded == unsharded, plain errors."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO
+from laplax import sharding
+from laplax.models.vit import ViT
+from laplax.train import classification
+from laplax.train.metrics import read_metrics
+from laplax.train.state import make_optimizer
+from laplax.train.steps import make_train_step
+
+sys.path.insert(0, str(REPO))
+from configs import fashion_mnist_vit  # noqa: E402
+
+
+def tiny_config(cache, steps=40, **overrides):
+  c = fashion_mnist_vit.get_config()
+  c.data.cache_dir = str(cache)
+  c.data.train_subset = 2048
+  c.data.eval_subset = 512
+  c.data.batch_size = 64
+  c.model.preset = "mu"
+  c.model.patch_size = 7
+  c.model.laplacian_heads = 2
+  c.total_steps = steps
+  c.log_every = 5
+  c.optim.warmup_steps = 5
+  c.checkpoint.every_steps = 10
+  for k, v in overrides.items():
+    obj = c
+    *path, last = k.split(".")
+    for p in path:
+      obj = obj[p]
+    obj[last] = v
+  return c
+
+
+def _losses(workdir):
+  return {r["step"]: r["loss"] for r in read_metrics(pathlib.Path(workdir) / "metrics.jsonl")
+          if r["split"] == "train"}
+
+
+def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
+  config = tiny_config(data_cache, steps=60)
+  config.optim.lr = 4e-3
+  results = classification.train_and_evaluate(config, tmp_path, log=lambda m: None)
+  losses = _losses(tmp_path)
+  first, last = losses[min(losses)], losses[max(losses)]
+  assert last < first - 0.3, losses
+  assert results["test"]["accuracy"] > 0.25  # 10 classes: chance is 0.1
+  for name in ("config.json", "metrics.jsonl", "results.json"):
+    assert (tmp_path / name).exists()
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["laplacian_heads"] == 2
+
+
+def _run_train(workdir, cache, *extra, wait=True):
+  args = [sys.executable, str(REPO / "train.py"), "--config=" + str(REPO / "configs/fashion_mnist_vit.py"),
+          f"--workdir={workdir}", f"--config.data.cache_dir={cache}",
+          "--config.data.train_subset=2048", "--config.data.eval_subset=256",
+          "--config.data.batch_size=64", "--config.model.preset=mu", "--config.model.patch_size=7",
+          "--config.model.laplacian_heads=1", "--config.total_steps=30", "--config.log_every=1",
+          "--config.optim.warmup_steps=5", "--config.checkpoint.every_steps=5", *extra]
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True)
+  if wait:
+    out, _ = proc.communicate(timeout=600)
+    return proc.returncode, out
+  return proc
+
+
+def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
+  """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted."""
+  classification.load_data(tiny_config(data_cache))  # prepare data outside the timed run
+  rc, out = _run_train(tmp_path / "straight", data_cache)
+  assert rc == 0, out
+  killed = tmp_path / "killed"
+  proc = _run_train(killed, data_cache, wait=False)
+  deadline = time.time() + 300
+  while time.time() < deadline:  # kill once a checkpoint beyond step 10 exists
+    steps = [int(p.name) for p in (killed / "checkpoints").glob("[0-9]*") if p.name.isdigit()] \
+        if (killed / "checkpoints").exists() else []
+    if any(s >= 10 for s in steps):
+      break
+    time.sleep(0.2)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert not (killed / "results.json").exists()
+  rc, out = _run_train(killed, data_cache)
+  assert rc == 0, out
+  assert "resumed from step" in out
+  straight, resumed = _losses(tmp_path / "straight"), _losses(killed)
+  assert max(resumed) == 30
+  for step in range(11, 31):
+    np.testing.assert_allclose(resumed[step], straight[step], rtol=1e-6, err_msg=f"step {step}")
+  a = json.loads((tmp_path / "straight" / "results.json").read_text())
+  b = json.loads((killed / "results.json").read_text())
+  assert a["test"] == b["test"]
+
+
+@pytest.mark.parametrize("mesh_shape", [{"data": 4, "model": 2}, {"data": 2, "fsdp": 2, "model": 2}])
+def test_sharded_step_equals_single_device(mesh_shape):
+  config = tiny_config("/unused")
+  model = ViT(num_classes=10, patch_size=7, hidden_dim=32, depth=2, num_heads=2, mlp_dim=64,
+              laplacian_heads=[0, 2])
+  tx = make_optimizer(config.optim, 10)
+  batch = {"image": jax.random.normal(jax.random.key(0), (16, 28, 28, 1)),
+           "label": jnp.arange(16) % 10}
+  results = []
+  for shape, devices in (({"data": 1}, jax.devices()[:1]), (mesh_shape, jax.devices()[:8])):
+    mesh = sharding.make_mesh(shape, devices)
+    rules = sharding.rules_from_config(())
+    state, shardings = classification.create_state(model, tx, mesh, rules,
+                                                   jnp.zeros((1, 28, 28, 1)), seed=0)
+    step = make_train_step(classification.classification_loss(model, 0.1), tx, seed=0)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      step = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                     out_shardings=(shardings, None))
+      gb = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
+      losses = []
+      for _ in range(3):
+        state, metrics = step(state, gb)
+        losses.append(float(metrics["loss"]))
+    results.append((losses, jax.tree.map(np.asarray, state.params)))
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), results[0][1],
+               results[1][1])
+
+
+def test_grad_accumulation_equals_one_big_batch():
+  config = tiny_config("/unused")
+  model = ViT(num_classes=10, patch_size=7, hidden_dim=32, depth=1, num_heads=2, mlp_dim=64,
+              laplacian_heads=1)
+  tx = make_optimizer(config.optim, 10)
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  rules = sharding.rules_from_config(())
+  state, _ = classification.create_state(model, tx, mesh, rules, jnp.zeros((1, 28, 28, 1)), 0)
+  batch = {"image": jax.random.normal(jax.random.key(1), (8, 28, 28, 1)),
+           "label": jnp.arange(8) % 10}
+  loss_fn = classification.classification_loss(model, 0.0)
+  outs = [jax.jit(make_train_step(loss_fn, tx, seed=0, grad_accum_steps=a))(state, batch)
+          for a in (1, 4)]
+  np.testing.assert_allclose(float(outs[0][1]["loss"]), float(outs[1][1]["loss"]), rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), outs[0][0].params,
+               outs[1][0].params)
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.model.laplacian_heads=7", "laplacian_heads=7 but the layer has 2 heads"),
+    ("--config.data.batch_size=100", "data.batch_size=100 must be a positive multiple"),
+    ("--config.data.augmnt=crop", "augmnt"),
+    ("--config.data.source_dir=/nonexistent/fmnist", "/nonexistent/fmnist"),
+    ("--config.data.augment=rotate", "data.augment='rotate'"),
+])
+def test_bad_input_gives_one_line_error(tmp_path, data_cache, flag, message):
+  rc, out = _run_train(tmp_path / "w", data_cache, flag)
+  assert rc != 0
+  assert message in out, out
+  assert "Traceback" not in out, out
