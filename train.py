@@ -4,7 +4,7 @@ r"""Trains a model from an ml_collections config; resumes from the workdir's che
       --config.model.laplacian_heads=4
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from laplax import cli
@@ -19,6 +19,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
   import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
     jax.distributed.initialize()

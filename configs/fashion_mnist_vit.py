@@ -32,7 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.name = "vit"
   c.model.preset = "tiny"  # width 64, depth 4, 4 heads, MLP 128
   c.model.patch_size = 4
-  c.model.laplacian_heads = 0
+  # int k, or a per-layer list / per-head bools; field_type=object lets the flag parse either:
+  # --config.model.laplacian_heads=4  or  --config.model.laplacian_heads='(0,0,4,4)'
+  c.model.laplacian_heads = ml_collections.FieldReference(0, field_type=object)
   c.model.qk_norm = True
   c.model.layerscale_init = 0.1
   c.model.drop_path_rate = 0.0

@@ -43,12 +43,11 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
   if sizes.count(-1) > 1:
     raise ValueError(f"mesh {dict(shape)}: at most one axis may be -1")
   fixed = int(np.prod([s for s in sizes if s != -1]))
-  if fixed <= 0 or len(devices) % fixed:
+  if fixed <= 0 or (-1 in sizes and len(devices) % fixed) or fixed > len(devices):
     raise ValueError(f"mesh {dict(shape)} does not fit {len(devices)} devices")
+  if -1 not in sizes:
+    devices = devices[:fixed]  # an explicit smaller mesh uses the first devices
   sizes = [len(devices) // fixed if s == -1 else s for s in sizes]
-  if int(np.prod(sizes)) != len(devices):
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices "
-                     f"but {len(devices)} are available; use -1 for one axis")
   # Auto axes: GSPMD propagates shardings from the logical constraints (linen's model).
   return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))

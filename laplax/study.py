@@ -36,10 +36,9 @@ def spec_name(spec) -> str:
 def cell_config(config: ml_collections.ConfigDict, spec, seed: int) -> ml_collections.ConfigDict:
   """The base run's config with this cell's head spec and seed."""
   cfg = copy.deepcopy(config.base)
-  with cfg.unlocked():
-    cfg.model.laplacian_heads = spec if isinstance(spec, int) else list(spec)
-    cfg.seed = int(seed)
-    cfg.name = f"{spec_name(spec)}_s{seed}"
+  cfg.model.laplacian_heads = spec if isinstance(spec, int) else list(spec)
+  cfg.seed = int(seed)
+  cfg.name = f"{spec_name(spec)}_s{seed}"
   return cfg
 
 
