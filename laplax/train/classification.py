@@ -118,9 +118,11 @@ def evaluate(eval_step, params, images: np.ndarray, labels: np.ndarray, *, batch
   totals = np.zeros(3)
   dp = sharding.data_parallel_size(mesh)
   batch_size = -(-batch_size // dp) * dp  # padded batches must split evenly over the devices
+  hosts = jax.process_count()
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=info.mean,
-                                       std=info.std):
+    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size // hosts,
+                                       mean=info.mean, std=info.std,
+                                       process_index=jax.process_index(), process_count=hosts):
       out = eval_step(params, sharding.host_batch_to_global(batch, mesh))
       totals += np.array([float(o) for o in out])
   correct, loss, count = totals
