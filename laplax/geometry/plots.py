@@ -46,6 +46,7 @@ def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: path
     if key in LOG_SCALE:
       ax.set_yscale("log")
     ax.set_title(panel_title, fontsize=10)
+    ax.set_xticks(np.arange(len(next(iter(groups.values()))[0]["layers"])))
     ax.set_xlabel("layer (0 = embedding)")
     ax.grid(alpha=0.3)
   np.atleast_1d(axes)[0].legend(fontsize=8)
