@@ -46,7 +46,10 @@ PATTERN = (r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+|\d{1,3}| ?(?:[^\s\w]|_)+|\s+(?!\S)
 BOS = "<|bos|>"
 # Directory sources keep these suffixes (not .md: the shared data folders hold SOURCES.md).
 TEXT_SUFFIXES = (".txt", ".rst", ".py")
-_SPLIT_STREAM = 3  # laplax.data.pipeline uses 0-2 of the seed's streams
+_SHUFFLE_STREAM = 3  # laplax.data.pipeline uses streams 0-2 of the seed
+# Part of every cache key: bump it when tokenising or splitting changes, so that old caches
+# are not reused.
+CACHE_VERSION = 3
 
 
 def _derive_seed(seed: int, stream: int) -> int:
@@ -115,7 +118,8 @@ class BPETokenizer:
   @classmethod
   def train(cls, texts: Iterable[str | bytes], vocab_size: int,
             special_tokens: Sequence[str] = (BOS,), pattern: str = PATTERN) -> "BPETokenizer":
-    """Learns vocab_size - 256 - len(special_tokens) merges from `texts`.
+    """Learns vocab_size - 256 - len(special_tokens) merges from `texts` (fewer when every
+    pre-token has become a single token: the vocabulary is then smaller than asked).
 
     Merges never cross pre-token boundaries. Each step merges the most frequent adjacent pair
     (ties: the smallest pair of ids). Incremental: only words that contain the merged pair are
@@ -301,15 +305,19 @@ def read_document(path: pathlib.Path) -> str:
   return _to_str(path.read_bytes())
 
 
-def split_text(text: str, val_fraction: float) -> tuple[str, str]:
-  """(train, val): val is the last `val_fraction` of the text, starting at a line start when
-  there is one in the tail."""
+def split_text(text: str, val_fraction: float, *, search: int = 1000) -> tuple[str, str]:
+  """(train, val): val is the last `val_fraction` of the text, starting at the next line start
+  (within `search` characters; some files are one long line), else at the next whitespace."""
   if val_fraction <= 0:
     return text, ""
   cut = int(len(text) * (1.0 - val_fraction))
-  newline = text.find("\n", cut)
+  # Look no further than half the tail: a file's final newline must not swallow the split.
+  newline = text.find("\n", cut, cut + min(search, (len(text) - cut) // 2))
   if newline != -1:
-    cut = newline + 1
+    return text[:newline + 1], text[newline + 1:]
+  space = re.compile(r"\s").search(text, cut)
+  if space is not None:
+    cut = space.start()
   return text[:cut], text[cut:]
 
 
@@ -337,8 +345,9 @@ def tokenize_corpus(paths: Sequence[pathlib.Path], tokenizer: BPETokenizer, cach
   The key hashes the tokenizer, the files (path, size, mtime) and the split; a finished
   directory (with its meta.json) is reused as is. Returns that directory.
   """
-  key = hashlib.sha256(f"{tokenizer.fingerprint()}|{_sources_fingerprint(paths)}|"
-                       f"{val_fraction}|{shard_tokens}".encode()).hexdigest()[:16]
+  key = hashlib.sha256(f"{CACHE_VERSION}|{tokenizer.fingerprint()}|"
+                       f"{_sources_fingerprint(paths)}|{val_fraction}|{shard_tokens}"
+                       .encode()).hexdigest()[:16]
   root = pathlib.Path(cache_dir).expanduser()
   out = root / f"tokens-{key}"
   if (out / "meta.json").exists():
@@ -443,7 +452,7 @@ def train_dataset(shards: TokenShards, *, batch_size: int, seed: int, process_in
     raise ValueError(f"batch_size={batch_size} x {process_count} hosts must be in [1, "
                      f"{shards.num_windows}] (windows of {shards.seq_len + 1} tokens in the "
                      "training split): use more text or a smaller batch / seq_len")
-  ds = grain.MapDataset.range(shards.num_windows).shuffle(_derive_seed(seed, _SPLIT_STREAM))
+  ds = grain.MapDataset.range(shards.num_windows).shuffle(_derive_seed(seed, _SHUFFLE_STREAM))
   ds = ds.repeat(None)[process_index::process_count]
   ds = ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda idx: {"tokens": shards.windows(idx)})
@@ -508,13 +517,14 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   tokenizer = None
   if tokenizer_path is not None and pathlib.Path(tokenizer_path).exists():
     tokenizer = BPETokenizer.load(tokenizer_path)
-    if tokenizer.vocab_size != data_config.vocab_size:
+    if tokenizer.vocab_size > data_config.vocab_size:
       raise ValueError(f"{tokenizer_path} has vocab_size {tokenizer.vocab_size}, the config "
                        f"{data_config.vocab_size}: use the config the run was made with")
   if tokenizer is None:
     budget = int(data_config.get("tokenizer_train_chars", 2_000_000))
-    key = hashlib.sha256(f"{_sources_fingerprint(paths)}|{val_fraction}|{budget}|"
-                         f"{data_config.vocab_size}|{PATTERN}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CACHE_VERSION}|{_sources_fingerprint(paths)}|{val_fraction}|"
+                         f"{budget}|{data_config.vocab_size}|{PATTERN}".encode()
+                         ).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
     if cached.exists():
       tokenizer = BPETokenizer.load(cached)
@@ -527,6 +537,9 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
       log(f"training a {data_config.vocab_size}-token BPE on "
           f"{sum(len(s) for s in sample):,} characters of {len(paths)} documents")
       tokenizer = BPETokenizer.train(sample, int(data_config.vocab_size))
+      if tokenizer.vocab_size < data_config.vocab_size:
+        log(f"the text has only {tokenizer.vocab_size - 256 - 1} distinct merges: vocabulary "
+            f"{tokenizer.vocab_size}, not {data_config.vocab_size}")
       tokenizer.save(cached)
     if tokenizer_path is not None:
       tokenizer.save(tokenizer_path)

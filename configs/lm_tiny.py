@@ -1,0 +1,90 @@
+r"""CPU-sized nanochat-style GPT on the local text corpora: baseline (k=0) or Laplacian heads.
+
+  python train.py --config=configs/lm_tiny.py --workdir=runs/lm_k0
+  python train.py --config=configs/lm_tiny.py --workdir=runs/lm_k2 --config.model.laplacian_heads=2
+
+Data: data.sources (default: $LAPLAX_SHARED_DATA/text, i.e. Tiny Shakespeare + 233 State of the
+Union addresses, about 12 MB); add the Python standard library as a code corpus with
+--config.data.include_stdlib=True, or other text with
+--config.data.sources='("/path/to/dir", "/path/*.txt")'.
+Model: depth 4, width 128, 4 heads of 32, ReLU^2 MLP 512, 2048-token BPE: 1.31M parameters.
+400 steps x 16 x 256 tokens = 1.6M tokens (about half an epoch of the 3.4M training tokens).
+
+Measured (2 CPU cores, seed 0; about 4,000 tokens/s when the machine is otherwise idle, so
+about 7 min, plus 5 s to train the tokenizer and tokenise the corpus once):
+  laplacian_heads=0  val bpb 2.024 (step 100), 1.832 (200), 1.751 (300), 1.686 (400)
+  laplacian_heads=2  val bpb 2.062, 1.848, 1.760, 1.696 (400)
+  laplacian_heads=4  (all heads) val bpb 2.087, 1.876, 1.796, 1.738 (400)
+One seed each and a very short run: differences of this size need seeds before any claim.
+For scale: a unigram model of the same tokens gives 2.68 bpb, gzip -9 of the text 2.70.
+"""
+
+import os
+import pathlib
+
+import ml_collections
+
+_SHARED = pathlib.Path(os.environ.get(
+    "LAPLAX_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "lm_tiny"
+  c.task = "lm"
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "text"
+  c.data.sources = (str(_SHARED / "text"),)  # files, directories (recursive) or globs
+  c.data.suffixes = (".txt", ".rst", ".py")  # what directory sources contribute
+  c.data.include_stdlib = False  # also the Python standard library (.py) as a code corpus
+  c.data.cache_dir = ""  # '' = ~/.cache/laplax/text (tokenizers and token shards)
+  c.data.vocab_size = 2048  # BPE vocabulary incl. the BOS token
+  c.data.tokenizer_train_chars = 2_000_000
+  c.data.val_fraction = 0.02  # the last 2 % of every document
+  c.data.seq_len = 256
+  c.data.batch_size = 16  # global, in windows of seq_len + 1 tokens
+  c.data.eval_batch_size = 32
+  c.data.eval_windows = 0  # first N validation windows (0 = all)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "gpt"
+  c.model.depth = 4
+  c.model.width = 128  # 0 = 64 * depth
+  c.model.head_dim = 32  # 4 heads
+  c.model.num_kv_heads = 0  # 0 = no GQA
+  c.model.mlp_ratio = 4
+  c.model.laplacian_heads = 0  # k (last k heads of every layer) or a per-layer list
+  c.model.rope_theta = 10000.0
+  c.model.logit_softcap = 15.0
+  c.model.attention_impl = ml_collections.FieldReference(None, field_type=str)
+  c.model.dtype = "float32"
+  c.model.param_dtype = "float32"
+  c.model.vocab_multiple = 64
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 3e-3
+  c.optim.embed_lr_scale = 10.0
+  c.optim.unembed_lr_scale = 1.0
+  c.optim.warmup_steps = 30
+  c.optim.warmdown_fraction = 0.3
+  c.optim.final_lr_fraction = 0.0
+  c.optim.weight_decay = 0.0
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.95
+  c.optim.clip_norm = 1.0
+  c.optim.grad_accum_steps = 1
+
+  c.total_steps = 400
+  c.log_every = 25
+  c.eval_every = 100
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 100
+  c.checkpoint.keep = 2
+  c.checkpoint.async_save = ml_collections.FieldReference(None, field_type=bool)
+
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
+  c.axis_rules = ()
+  return c

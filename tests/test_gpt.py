@@ -1,0 +1,160 @@
+"""GPT: KV-cache decoding equals the full forward, causal Laplacian position 0 is zero, the
+parameter tree does not depend on k, and a sharded (data, fsdp, model) step equals one device."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from laplax import sharding
+from laplax.models import gpt
+from laplax.train import lm
+from laplax.train.classification import create_state
+
+TINY = dict(vocab_size=64, depth=2, width=32, head_dim=8)  # 4 heads of 8
+
+
+def _random_params(model, seed=0, scale=0.3):
+  """Init, then noise on every tensor: zero-initialised output projections would make every
+  block the identity and the decoding tests trivially true."""
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(seed), tokens)["params"])
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return treedef.unflatten([p + scale * jax.random.normal(k, p.shape)
+                            for p, k in zip(leaves, keys)])
+
+
+@pytest.mark.parametrize("extra", [dict(laplacian_heads=0), dict(laplacian_heads=[1, 4]),
+                                   dict(laplacian_heads=2, num_kv_heads=2)],
+                         ids=["baseline", "laplacian", "laplacian_gqa"])
+def test_kv_cache_generate_equals_full_forward(extra):
+  model = gpt.GPT({**TINY, **extra})
+  params = _random_params(model)
+  prompt = jax.random.randint(jax.random.key(7), (2, 5), 0, TINY["vocab_size"])
+  cached = gpt.generate(model, {"params": params}, prompt, 8)
+  full = gpt.generate(model, {"params": params}, prompt, 8, use_cache=False)
+  assert cached.shape == (2, 13) and cached.dtype == jnp.int32
+  np.testing.assert_array_equal(cached[:, :5], prompt)
+  np.testing.assert_array_equal(cached, full)
+  # Greedy means each new token is the argmax of the full forward over its prefix.
+  logits = model.apply({"params": params}, full[:, :-1])
+  np.testing.assert_array_equal(full[:, 5:], jnp.argmax(logits[:, 4:], -1))
+  assert len(np.unique(np.asarray(full[:, 5:]))) > 1  # not a constant continuation
+
+
+def test_cached_logits_match_full_forward_token_by_token():
+  model = gpt.GPT({**TINY, "laplacian_heads": 2, "num_kv_heads": 2})
+  params = _random_params(model, seed=3)
+  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, TINY["vocab_size"])
+  full = model.apply({"params": params}, tokens)
+  cache = gpt.init_cache(model, 2, 9)
+  chunks = []
+  apply = jax.jit(lambda v, x: model.apply(v, x, decode=True, mutable=["cache"]))
+  for start, stop in [(0, 4), (4, 5), (5, 6), (6, 7), (7, 9)]:  # prefill, steps, a chunk
+    out, mutated = apply({"params": params, "cache": cache}, tokens[:, start:stop])
+    cache = mutated["cache"]
+    chunks.append(out)
+  np.testing.assert_allclose(jnp.concatenate(chunks, 1), full, atol=2e-5)
+
+
+def test_sampling_is_seeded_and_matches_the_full_forward():
+  model = gpt.GPT({**TINY, "laplacian_heads": 4})
+  params = _random_params(model, seed=5, scale=0.1)  # small logits: a flat distribution
+  prompt = jnp.array([[1, 2, 3], [4, 5, 6]], jnp.int32)
+  kw = dict(temperature=1.0, rng=jax.random.key(42))
+  a = gpt.generate(model, {"params": params}, prompt, 6, **kw)
+  b = gpt.generate(model, {"params": params}, prompt, 6, use_cache=False, **kw)
+  np.testing.assert_array_equal(a, b)
+  other = gpt.generate(model, {"params": params}, prompt, 6, temperature=1.0,
+                       rng=jax.random.key(43))
+  assert not np.array_equal(a, other)
+  with pytest.raises(ValueError, match="rng"):
+    gpt.generate(model, {"params": params}, prompt, 2, temperature=0.5)
+
+
+def test_laplacian_heads_output_zero_at_causal_position_zero():
+  tokens = jax.random.randint(jax.random.key(2), (2, 6), 0, TINY["vocab_size"])
+  outputs = {}
+  for k in (0, 4):  # 4 = every head of every layer
+    model = gpt.GPT({**TINY, "laplacian_heads": k})
+    params = _random_params(model)
+    _, inter = model.apply({"params": params}, tokens, capture_intermediates=True,
+                           mutable=["intermediates"])
+    outputs[k] = [inter["intermediates"][f"block{i}"]["attn"]["__call__"][0] for i in range(2)]
+  for attn_out in outputs[4]:
+    np.testing.assert_array_equal(attn_out[:, 0], 0.0)  # v_0 - P_00 v_0 with P_00 = 1
+    assert np.abs(attn_out[:, 1:]).min() > 0  # later positions are not zero
+  for attn_out in outputs[0]:
+    assert np.abs(attn_out[:, 0]).min() > 0
+
+
+def test_parameter_trees_identical_for_every_k():
+  shapes = []
+  for spec in (0, 2, 4, [0, 3]):
+    model = gpt.GPT({**TINY, "laplacian_heads": spec})
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+    shapes.append(jax.tree.map(lambda x: (x.shape, x.dtype), nn.unbox(variables)))
+  assert all(s == shapes[0] for s in shapes[1:])
+  # nanochat's zero-initialised output projections: every block is the identity at step 0.
+  params = nn.unbox(gpt.GPT(TINY).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+  assert not np.any(params["params"]["block0"]["attn"]["out"])
+  assert not np.any(params["params"]["block1"]["mlp"]["fc2"]["kernel"])
+
+
+def test_forward_shapes_hidden_states_and_softcap():
+  model = gpt.GPT(ml_collections.ConfigDict({**TINY, "logit_softcap": 2.0}))
+  params = _random_params(model, scale=3.0)
+  tokens = jnp.zeros((3, 7), jnp.int32)
+  logits, aux = model.apply({"params": params}, tokens, return_hidden=True)
+  assert logits.shape == (3, 7, 64) and logits.dtype == jnp.float32
+  assert aux["hidden"].shape == (3, 3, 7, 32)  # depth + 1
+  raw = gpt.GPT({**TINY, "logit_softcap": 0.0}).apply({"params": params}, tokens)
+  assert np.abs(raw).max() > 4.0  # the cap matters here
+  np.testing.assert_allclose(logits, 2.0 * np.tanh(raw / 2.0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(laplacian_heads=5), "laplacian_heads=5"),
+    (dict(num_kv_heads=3), "num_kv_heads=3"),
+    (dict(width=30), "head_dim"),
+    (dict(colour="red"), "colour"),
+])
+def test_config_errors_name_the_bad_value(bad, match):
+  with pytest.raises(ValueError, match=match):
+    gpt.GPT({**TINY, **bad})
+
+
+def test_sharded_fsdp_model_step_equals_one_device():
+  model = gpt.GPT({**TINY, "laplacian_heads": 2, "num_kv_heads": 2})
+  optim = ml_collections.ConfigDict(dict(
+      lr=1e-2, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=1,
+      warmdown_fraction=0.5, final_lr_fraction=0.0, weight_decay=0.1, b1=0.9, b2=0.95,
+      clip_norm=1.0))
+  tx = lm.make_optimizer(optim, 4)
+  rules = sharding.rules_from_config(())
+  # One batch three times: its loss must fall.
+  batches = [{"tokens": np.asarray(jax.random.randint(jax.random.key(0), (8, 17), 0, 64),
+                                   np.int32)}] * 3
+  sample = jnp.zeros((1, 16), jnp.int32)
+  losses, params = {}, {}
+  for name, shape, devices in [("one", {"data": 1}, jax.devices()[:1]),
+                               ("mesh", {"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])]:
+    mesh = sharding.make_mesh(shape, devices)
+    state, shardings = create_state(model, tx, mesh, rules, sample, seed=0)
+    step = lm.jit_train_step(model, tx, mesh, rules, shardings, seed=0)
+    losses[name] = []
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      for batch in batches:
+        state, metrics = step(state, sharding.host_batch_to_global(batch, mesh))
+        losses[name].append(float(metrics["loss"]))
+    params[name] = jax.device_get(state.params)
+    if name == "mesh":  # really sharded: the q kernel over fsdp (embed) and model (heads)
+      spec = state.params["block0"]["attn"]["query"].sharding.spec
+      assert tuple(spec)[:2] == ("fsdp", "model")
+  np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=1e-5, atol=1e-5)
+  assert losses["one"][2] < losses["one"][0]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params["mesh"],
+               params["one"])

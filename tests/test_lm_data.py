@@ -1,0 +1,217 @@
+"""LM data and metrics: BPE, token shards, the grain text pipeline, bits per byte, and a short
+end-to-end training run through train_and_evaluate."""
+
+import json
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from laplax.data import text
+from laplax.data.builders import DataError
+from laplax.models import gpt
+from laplax.train import lm
+
+
+def test_bpe_learns_the_planted_merges():
+  # Pre-tokens: "ab" once, " ab" three times, " cd" once. Pair counts: (a, b) 4, (' ', a) 3,
+  # (' ', c) 1, (c, d) 1 -> merge 256 = (a, b); then (' ', 256) 3 -> merge 257 = (' ', 256).
+  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + 1)
+  assert tok.merges == [(97, 98), (32, 256)]
+  assert tok.vocab_size == 259 and tok.bos_id == 258
+  assert tok.encode("ab ab").tolist() == [256, 257]
+  assert tok.encode(" cd").tolist() == [32, 99, 100]
+  np.testing.assert_array_equal(tok.token_byte_lengths()[[97, 256, 257, 258]], [1, 2, 3, 0])
+
+
+def test_bpe_round_trip_and_compression(tmp_path):
+  corpus = ("The quick brown fox jumps over the lazy dog. " * 50
+            + "def f(x):\n    return x ** 2  # 1234567\n" * 30)
+  tok = text.BPETokenizer.train([corpus], vocab_size=290)
+  assert tok.vocab_size == 290
+  ids = tok.encode(corpus)
+  assert len(ids) < 0.6 * len(corpus.encode())  # merges reduce the token count
+  assert tok.decode(ids) == corpus
+  rng = np.random.default_rng(0)
+  samples = [rng.bytes(3000), "naïve café — 東京 🙂 <|bos|>\r\n\t x".encode(), b"", b"\xff\xfe a"]
+  for data in samples:
+    assert tok.decode_bytes(tok.encode(data)) == data
+  tok.save(tmp_path / "tok.json")
+  loaded = text.BPETokenizer.load(tmp_path / "tok.json")
+  np.testing.assert_array_equal(loaded.encode(corpus), ids)
+  assert loaded.fingerprint() == tok.fingerprint()
+  # Every pre-token is one token long before 4000 merges: training stops early.
+  full = text.BPETokenizer.train([corpus], vocab_size=4000)
+  assert full.vocab_size < 4000
+  assert len(full.encode(corpus)) == len(re.findall(text.PATTERN, corpus))
+  with pytest.raises(ValueError, match="vocab_size=100"):
+    text.BPETokenizer.train([corpus], vocab_size=100)
+
+
+def test_split_text_cuts_at_a_line_start():
+  body = "".join(f"line {i}\n" for i in range(100))
+  train, val = text.split_text(body, 0.1)
+  assert train + val == body
+  assert val.startswith("line ") and 0.08 < len(val) / len(body) < 0.12
+  one_line = "word " * 1000  # no line break: cut at a space
+  train, val = text.split_text(one_line, 0.1)
+  assert train + val == one_line and val.startswith(" word") and len(val) == 496
+  train, val = text.split_text(one_line + "\n", 0.1)  # only a final newline: still a split
+  assert val.startswith(" word") and len(val) == 497
+
+
+def _corpus(tmp_path, n_docs=3, lines=200):
+  src = tmp_path / "src"
+  src.mkdir()
+  for d in range(n_docs):
+    (src / f"doc{d}.txt").write_text("".join(f"document {d} says {i} things\n"
+                                             for i in range(lines)))
+  (src / "SOURCES.md").write_text("not text for training\n")
+  return src
+
+
+def test_token_shards_are_cached_and_windows_pack_documents(tmp_path):
+  src = _corpus(tmp_path)
+  paths = text.list_documents([str(src)])
+  assert [p.name for p in paths] == ["doc0.txt", "doc1.txt", "doc2.txt"]
+  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
+                             shard_tokens=1000, log=None)
+  assert text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
+                              shard_tokens=1000, log=None) == out  # reused
+  meta = json.loads((out / "meta.json").read_text())
+  assert len(meta["shards"]["train"]) > 1 and meta["dtype"] == "uint16"
+  # The train stream is [BOS] + train part of each document, concatenated.
+  expected = np.concatenate([np.concatenate([[tok.bos_id], tok.encode(
+      text.split_text(p.read_text(), 0.1)[0])]) for p in paths])
+  stream = np.concatenate([np.load(out / s["file"]) for s in meta["shards"]["train"]])
+  np.testing.assert_array_equal(stream, expected)
+  shards = text.TokenShards(out, "train", seq_len=16)
+  first = shards.arrays[0]
+  np.testing.assert_array_equal(shards.windows([0, 1]), [first[0:17], first[16:33]])
+  # The first window of shard 1 starts at that shard's start: no window crosses shards.
+  n0 = (len(first) - 1) // 16
+  np.testing.assert_array_equal(shards.windows([n0])[0], shards.arrays[1][:17])
+  assert tok.decode_bytes(stream).decode() == "".join(
+      text.split_text(p.read_text(), 0.1)[0] for p in paths)
+
+
+def test_train_stream_resumes_exactly_and_hosts_are_disjoint(tmp_path):
+  src = _corpus(tmp_path)
+  paths = text.list_documents([str(src)])
+  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
+  shards = text.TokenShards(out, "train", seq_len=8)
+  it = iter(text.train_dataset(shards, batch_size=4, seed=3))
+  for _ in range(3):
+    next(it)
+  state = it.get_state()
+  after = [next(it)["tokens"] for _ in range(shards.num_windows // 4 + 2)]  # past an epoch
+  resumed = iter(text.train_dataset(shards, batch_size=4, seed=3))
+  resumed.set_state(json.loads(json.dumps(state)))  # the state survives a JSON checkpoint
+  for batch in after:
+    np.testing.assert_array_equal(next(resumed)["tokens"], batch)
+  # One epoch visits every window once; another seed gives another order.
+  epoch = np.concatenate([b["tokens"] for b in
+                          _take(text.train_dataset(shards, batch_size=1, seed=3),
+                                shards.num_windows)])
+  assert sorted(map(tuple, epoch)) == sorted(map(tuple, shards.windows(
+      np.arange(shards.num_windows))))
+  other = next(iter(text.train_dataset(shards, batch_size=4, seed=4)))["tokens"]
+  assert not np.array_equal(other, _take(text.train_dataset(shards, batch_size=4, seed=3),
+                                         1)[0]["tokens"])
+  # Two hosts: disjoint halves of the one-host global batch.
+  whole = _take(text.train_dataset(shards, batch_size=4, seed=3), 2)
+  hosts = [_take(text.train_dataset(shards, batch_size=2, seed=3, process_index=p,
+                                    process_count=2), 2) for p in range(2)]
+  for step in range(2):
+    np.testing.assert_array_equal(hosts[0][step]["tokens"], whole[step]["tokens"][0::2])
+    np.testing.assert_array_equal(hosts[1][step]["tokens"], whole[step]["tokens"][1::2])
+
+
+def _take(ds, n):
+  it = iter(ds)
+  return [next(it) for _ in range(n)]
+
+
+def test_eval_batches_cover_windows_in_order_with_a_masked_tail(tmp_path):
+  src = _corpus(tmp_path)
+  paths = text.list_documents([str(src)])
+  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
+  shards = text.TokenShards(out, "val", seq_len=8)
+  batches = list(text.eval_batches(shards, batch_size=4, max_windows=10))
+  assert len(batches) == 3
+  mask = np.concatenate([b["mask"] for b in batches])
+  assert mask.tolist() == [True] * 10 + [False] * 2
+  tokens = np.concatenate([b["tokens"] for b in batches])[:10]
+  np.testing.assert_array_equal(tokens, shards.windows(np.arange(10)))
+
+
+def test_list_documents_errors(tmp_path):
+  with pytest.raises(DataError, match="does not exist"):
+    text.list_documents([str(tmp_path / "missing")])
+  with pytest.raises(DataError, match="matches no files"):
+    text.list_documents([str(tmp_path / "*.txt")])
+
+
+def test_bits_per_byte_on_a_known_distribution():
+  # Vocabulary of 4: ids 0-2 are 1, 2 and 3 bytes long, id 3 is a special token (0 bytes).
+  token_bytes = jnp.array([1, 2, 3, 0])
+  probs = np.array([[0.5, 0.25, 0.125, 0.125],
+                    [0.1, 0.2, 0.3, 0.4],
+                    [0.25, 0.25, 0.25, 0.25]])
+  logits = jnp.log(jnp.asarray(probs))[None]  # (1, 3, 4)
+  targets = jnp.array([[1, 2, 3]])  # the special token is neither scored nor counted
+  nats, nbytes, count = lm.token_nats_and_bytes(logits, targets, token_bytes)
+  expected_bits = -math.log2(0.25) - math.log2(0.3)
+  assert int(count) == 2 and int(nbytes) == 5
+  assert lm.bits_per_byte(nats, nbytes) == pytest.approx(expected_bits / 5, rel=1e-6)
+  # A masked-out sequence contributes nothing; ids beyond the tokenizer (vocab padding) 0 bytes.
+  nats2, nbytes2, _ = lm.token_nats_and_bytes(jnp.concatenate([logits, logits]),
+                                              jnp.array([[1, 2, 3], [0, 0, 0]]), token_bytes,
+                                              jnp.array([1, 0]))
+  assert float(nats2) == pytest.approx(float(nats)) and int(nbytes2) == 5
+  _, nbytes3, count3 = lm.token_nats_and_bytes(jnp.zeros((1, 2, 8)), jnp.array([[0, 6]]),
+                                               token_bytes)
+  assert int(nbytes3) == 1 and int(count3) == 1
+
+
+def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location(
+      "lm_test", pathlib.Path(__file__).resolve().parents[1] / "configs" / "lm_test.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
+  config.data.cache_dir = str(tmp_path / "cache")
+  lines = []
+  results = lm.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+  vocab = -(-config.data.vocab_size // 64) * 64
+  records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  val = [r for r in records if r["split"] == "val"]
+  assert [r["step"] for r in val] == [20, 40]
+  # Zero-initialised blocks and a 0.001-std head start at ln(vocab): the loss must fall well
+  # below that, and keep falling.
+  assert val[0]["loss"] < math.log(vocab) - 1.0
+  assert val[1]["loss"] < val[0]["loss"]
+  assert results["val_bpb"] == pytest.approx(val[1]["bpb"])
+  assert 0 < results["val_bpb"] < val[0]["bpb"]
+  assert (tmp_path / "run" / "tokenizer.json").exists()
+  assert json.loads((tmp_path / "run" / "results.json").read_text())["step"] == 40
+  # Resume: 10 more steps from the step-40 checkpoint, not from scratch.
+  config.total_steps = 50
+  lines.clear()
+  results = lm.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+  assert any("resumed from step 40" in l for l in lines) and results["step"] == 50
+  # What eval.py and the geometry analysis load: the step-50 parameters and the tokenizer.
+  model, variables, tokenizer, _ = lm.load_trained(tmp_path / "run", log=lines.append)
+  assert sum(x.size for x in jax.tree.leaves(variables)) == results["params"]
+  prompt = tokenizer.encode("ROMEO:")[None]
+  out = gpt.generate(model, variables, prompt, 4)
+  assert out.shape == (1, prompt.shape[1] + 4) and int(out.max()) < model.config.vocab_size
