@@ -5,9 +5,19 @@ r"""Evaluates, exports and analyses a train.py run.
   python eval.py --workdir=runs/fmnist --analyze       # + analysis/geometry.json and plots
 
 `--workdir` may also be a directory made by --export (export.npz + config.json).
+
+Language-model runs (config task 'lm'): benchmark accuracies next to chance, and with --analyze
+linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
+
+  python eval.py --workdir=runs/lm --tasks=arc_easy,arc_challenge,mmlu,gsm8k,humaneval,lambada \
+      --limit=50 --analyze
+
+Task data is read from --data_dir (default $LAPLAX_SHARED_DATA, else ../shared/data next to the
+repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 """
 
 import json
+import os
 import pathlib
 
 from absl import app, flags
@@ -20,6 +30,11 @@ flags.DEFINE_bool("export", False, "Write export.npz (flat parameter arrays) and
 flags.DEFINE_bool("analyze", False, "Per-layer token geometry on the test split, with plots.")
 flags.DEFINE_integer("analysis_examples", 2000, "Test examples used for the geometry analysis.")
 flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
+flags.DEFINE_list("tasks", [], "LM runs: benchmark tasks (arc_easy, arc_challenge, mmlu, gsm8k, "
+                  "humaneval, lambada).")
+flags.DEFINE_integer("limit", None, "LM runs: only the first N items of every task.")
+flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (default: "
+                    "$LAPLAX_SHARED_DATA or ../shared/data).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -27,9 +42,15 @@ def main(argv):
   del argv
   from laplax import evaluate
   out = pathlib.Path(FLAGS.out or FLAGS.workdir)
+  data_dir = FLAGS.data_dir or os.environ.get(
+      "LAPLAX_SHARED_DATA", str(pathlib.Path(__file__).resolve().parents[1] / "shared" / "data"))
+  analysis_examples = FLAGS.analysis_examples
+  if evaluate.run_task(FLAGS.workdir) == "lm" and not FLAGS["analysis_examples"].present:
+    analysis_examples = 256  # validation windows for an lm run's geometry
   cli.run_main(lambda: print(json.dumps(evaluate.run(
       FLAGS.workdir, out, export=FLAGS.export, analyze=FLAGS.analyze,
-      analysis_examples=FLAGS.analysis_examples), indent=2)))
+      analysis_examples=analysis_examples, tasks=FLAGS.tasks, limit=FLAGS.limit,
+      data_dir=data_dir), indent=2)))
 
 
 if __name__ == "__main__":

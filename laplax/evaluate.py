@@ -1,4 +1,9 @@
-"""eval.py's work: accuracy of a trained run, export for analysis, per-layer geometry + plots."""
+"""eval.py's work: accuracy of a trained run, export for analysis, per-layer geometry + plots.
+
+Dispatches on the run's config.json 'task': 'lm' runs -> `run_lm` (benchmark tasks from
+laplax.evals.lm_tasks, linguistic collapse and spectra from laplax.analysis_lm); every other
+run -> the image-classifier path (`run`).
+"""
 
 from __future__ import annotations
 
@@ -49,10 +54,31 @@ def load_run(workdir: pathlib.Path, log=print):
   return config, model, params, None
 
 
+def run_task(workdir) -> str:
+  """config.task of a train.py workdir (or export directory); '' when it has no config.json."""
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.exists():
+    return ""
+  return json.loads(path.read_text()).get("task", "classification")
+
+
 def run(workdir, out, *, export: bool = False, analyze: bool = False,
-        analysis_examples: int = 2000, log=print) -> dict[str, Any]:
-  """Test accuracy (always); export and geometry when asked. Writes out/eval.json."""
+        analysis_examples: int = 2000, tasks=None, limit: int | None = None, data_dir=None,
+        log=print) -> dict[str, Any]:
+  """Test accuracy (always); export and geometry when asked. Writes out/eval.json.
+
+  LM runs (config.task == 'lm') go to `run_lm` with tasks / limit / data_dir; analysis_examples
+  is then the number of validation windows for the geometry.
+  """
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
+  if run_task(workdir) == "lm":
+    if export:
+      raise ValueError("--export is for image classifiers; an lm run's checkpoint is its export")
+    return run_lm(workdir, out, tasks=tasks, limit=limit, data_dir=data_dir, analyze=analyze,
+                  analysis_windows=analysis_examples, log=log)
+  if tasks:
+    raise ValueError(f"tasks={list(tasks)} are LM benchmarks, but {workdir} is a "
+                     f"{run_task(workdir) or 'classification'} run")
   config, model, params, step = load_run(workdir, log=log)
   data = classification.load_data(config)
   info = data["info"]
@@ -78,5 +104,52 @@ def run(workdir, out, *, export: bool = False, analyze: bool = False,
     from laplax.geometry import plots
     plots.plot_run(geo, adir, title=config.get("name", "run"))
     result["analysis"] = str(adir / "geometry.json")
+  (out / "eval.json").write_text(json.dumps(result, indent=2))
+  return result
+
+
+def run_lm(workdir, out, *, tasks=None, limit: int | None = None, data_dir=None,
+           analyze: bool = False, analysis_windows: int = 256, max_len: int | None = None,
+           batch_size: int = 8, log=print) -> dict[str, Any]:
+  """Benchmark tasks (each accuracy next to its chance level), validation bpb, and with
+  `analyze` linguistic collapse + per-layer spectral decay (analysis/geometry.json and
+  analysis/spectrum.png). Writes out/eval.json."""
+  from laplax import analysis_lm
+  from laplax.data import text
+  from laplax.evals import lm_tasks
+  from laplax.train import lm
+
+  workdir, out = pathlib.Path(workdir), pathlib.Path(out)
+  tasks = [t for t in (tasks or []) if t]
+  for t in tasks:
+    lm_tasks.get_task(t)  # an unknown name fails before the checkpoint is read
+  if tasks and data_dir is None:
+    raise ValueError("LM tasks need data_dir= (--data_dir): the folder with arc/, mmlu/, "
+                     "gsm8k/, humaneval/, llmfoundry_extra/")
+  model, variables, tokenizer, config = lm.load_trained(workdir, log=log)
+  result: dict[str, Any] = {"task": "lm", "limit": limit}
+  if tasks:
+    logprob_fn, generate_fn = lm_tasks.make_model_fns(
+        model, variables, tokenizer, max_len=max_len or max(config.data.seq_len, 256),
+        batch_size=batch_size)
+    result["tasks"] = lm_tasks.run_tasks(tasks, data_dir, logprob_fn=logprob_fn,
+                                         generate_fn=generate_fn, limit=limit, log=log)
+  out.mkdir(parents=True, exist_ok=True)
+  if analyze:
+    cache_dir = pathlib.Path(config.data.cache_dir or pathlib.Path.home() / ".cache" / "laplax"
+                             / "text").expanduser()
+    _, token_dir = text.prepare(config.data, cache_dir, tokenizer_path=workdir / "tokenizer.json",
+                                log=log)
+    shards = text.TokenShards(token_dir, "val", config.data.seq_len)
+    batches = text.eval_batches(shards, batch_size=batch_size, max_windows=analysis_windows)
+    windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
+    geo = analysis_lm.analyze_lm(model, variables, windows, batch_size=batch_size)
+    adir = out / "analysis"
+    adir.mkdir(exist_ok=True)
+    (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
+    analysis_lm.plot_spectrum({config.get("name", "run"): geo}, adir / "spectrum.png",
+                              title=f"Spectral decay: {config.get('name', 'run')}")
+    result["analysis"] = str(adir / "geometry.json")
+    result["collapse"] = geo["collapse"]
   (out / "eval.json").write_text(json.dumps(result, indent=2))
   return result

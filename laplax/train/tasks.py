@@ -9,6 +9,7 @@ TRAINERS = {
     "study": "laplax.study",
     "dino": "laplax.train.dino",
     "lm": "laplax.train.lm",
+    "lm_study": "laplax.study_lm",
 }
 
 

@@ -1,0 +1,33 @@
+r"""The LM study: baseline vs Laplacian GPT (lm_tiny) on the default corpus, three seeds.
+
+  python train.py --config=configs/study_lm.py --workdir=runs/study_lm
+
+Cells are lm_tiny runs (configs/lm_tiny.py) differing only in model.laplacian_heads and seed;
+each is evaluated on the benchmarks (first `eval_limit` items) and analysed for linguistic
+collapse. report.md, summary.json and spectrum.png are written to the workdir.
+"""
+
+import importlib.util
+import pathlib
+
+import ml_collections
+
+_spec = importlib.util.spec_from_file_location(
+    "lm_tiny", pathlib.Path(__file__).resolve().with_name("lm_tiny.py"))
+lm_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lm_tiny)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "study_lm"
+  c.task = "lm_study"
+  c.base = lm_tiny.get_config()
+  c.study = ml_collections.ConfigDict()
+  c.study.laplacian_heads = [0, 2]  # the first entry is the baseline
+  c.study.seeds = [0, 1, 2]
+  c.study.eval_tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
+  c.study.eval_limit = 100  # first N items per task (0 = all; CPU runs cannot afford all)
+  c.study.data_dir = str(lm_tiny._SHARED)
+  c.study.analysis_windows = 256
+  return c

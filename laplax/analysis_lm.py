@@ -1,0 +1,132 @@
+"""Geometry of a trained GPT on validation text: linguistic collapse and per-layer spectra.
+
+Linguistic collapse (Wu & Papyan 2024): every position of a validation window is one example
+whose class is its next-token id. The features are the final, normalised hidden state that the
+unembedding reads (rms_norm of the last block's output). Per-class statistics stream batch by
+batch (`ClassStats`, (vocab, E) sums), then CDNV averages over pairs of classes in tiles, so no
+(vocab, vocab) matrix exists. Classes seen fewer than `min_count` times are excluded and
+counted ('num_excluded'); classes never seen are counted as 'num_absent'.
+
+Spectral decay: per layer (0 = normalised embedding, l = residual stream after block l), the
+covariance of all token representations (`CovarianceStats`) -> components for 90/95/99 % of the
+variance and the effective rank.
+
+Statistics accumulate in float64 (64-bit mode is switched on only around the accumulators).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import geometry
+from laplax.attention import rms_norm
+
+_update_class = jax.jit(geometry.ClassStats.update)
+_update_cov = jax.jit(geometry.CovarianceStats.update)
+_finalize_cov = jax.jit(geometry.CovarianceStats.finalize)
+
+
+def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_count: int = 2,
+               tile: int = 1024, fractions=(0.9, 0.95, 0.99)) -> dict[str, Any]:
+  """Linguistic collapse and per-layer spectral decay over token windows.
+
+  Args:
+    model: a laplax GPT. params: its parameters (the 'params' tree or {'params': ...}).
+    windows: int (N, T + 1) token windows; positions 0..T-1 are inputs, 1..T their classes.
+      Ids < 0 are padding (not counted).
+    batch_size: windows per forward pass. min_count / tile: see `geometry.cdnv_from_stats`.
+  Returns:
+    {'collapse': {cdnv, num_pairs, num_classes, num_excluded, num_absent, ...},
+     'layers': [{'components_90', ..., 'effective_rank'}, ...] (depth + 1 entries),
+     'num_tokens': scored positions}.
+  """
+  windows = np.asarray(windows)
+  if windows.ndim != 2 or windows.shape[1] < 2 or len(windows) == 0:
+    raise ValueError(f"windows have shape {windows.shape}; expected (N >= 1, T + 1 >= 2) ids")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size} must be >= 1")
+  variables = {"params": params["params"] if "params" in params else params}
+
+  @jax.jit
+  def forward(variables, tokens):
+    _, aux = model.apply(variables, tokens, return_hidden=True)
+    hidden = aux["hidden"]  # (depth + 1, B, T, E)
+    return hidden, rms_norm(hidden[-1])
+
+  vocab = model.config.vocab_size
+  class_stats, cov_stats = None, None
+  num_tokens = 0
+  for start in range(0, len(windows), batch_size):
+    chunk = windows[start:start + batch_size]
+    # A fixed batch shape: one compilation; padded rows get label -1 (ignored) below.
+    tokens = np.zeros((batch_size, windows.shape[1]), np.int32)
+    tokens[:len(chunk)] = np.maximum(chunk, 0)
+    labels = np.full((batch_size, windows.shape[1] - 1), -1, np.int64)
+    labels[:len(chunk)] = chunk[:, 1:]
+    inputs_ok = np.zeros((batch_size, windows.shape[1] - 1), bool)
+    inputs_ok[:len(chunk)] = chunk[:, :-1] >= 0
+    labels[~inputs_ok] = -1
+    hidden, final = forward(variables, jnp.asarray(tokens[:, :-1]))
+    hidden, final = np.asarray(hidden, np.float32), np.asarray(final, np.float32)
+    keep = labels >= 0
+    num_tokens += int(keep.sum())
+    with jax.enable_x64(True):
+      dim = final.shape[-1]
+      if class_stats is None:
+        class_stats = geometry.ClassStats.init(vocab, dim, dtype=np.float64)
+        cov_stats = [geometry.CovarianceStats.init(dim, dtype=np.float64)
+                     for _ in range(hidden.shape[0])]
+      class_stats = _update_class(class_stats, jnp.asarray(final, jnp.float64),
+                                  jnp.asarray(labels))
+      for layer in range(hidden.shape[0]):
+        # Only real positions enter the spectrum (padding rows would add copies of token 0).
+        cov_stats[layer] = _update_cov(cov_stats[layer],
+                                       jnp.asarray(hidden[layer][keep], jnp.float64))
+  with jax.enable_x64(True):
+    collapse = geometry.cdnv_from_stats(class_stats, min_count=min_count, tile=tile)
+    collapse = {k: float(v) for k, v in collapse.items()}
+    layers = []
+    for acc in cov_stats:
+      eig = _finalize_cov(acc)["eigenvalues"]
+      layers.append({k: float(v) for k, v in geometry.spectral_decay(eig, fractions).items()})
+  collapse["min_count"] = int(min_count)
+  return {"collapse": collapse, "layers": layers, "num_tokens": num_tokens,
+          "num_windows": int(len(windows))}
+
+
+def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spectral decay"):
+  """Components for 99 % variance and effective rank per layer; one curve per label."""
+  import pathlib
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  keys = [("components_99", "components for 99 % variance"), ("effective_rank",
+                                                               "effective rank")]
+  fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6))
+  for ax, (key, panel) in zip(axes, keys):
+    for label, runs in analyses.items():
+      runs = runs if isinstance(runs, list) else [runs]
+      values = np.array([[l[key] for l in r["layers"]] for r in runs], float)
+      x = np.arange(values.shape[1])
+      ax.plot(x, values.mean(0), marker="o", ms=3, label=f"{label} (n={len(runs)})")
+      if len(runs) > 1:
+        ax.fill_between(x, values.mean(0) - values.std(0), values.mean(0) + values.std(0),
+                        alpha=0.2)
+    ax.set_xticks(np.arange(values.shape[1]))
+    ax.set_title(panel, fontsize=10)
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
