@@ -500,3 +500,26 @@ def _from_json(value: Any) -> Any:
   if isinstance(value, list):
     return [_from_json(v) for v in value]
   return value
+
+
+def resume(directory, checkpoint_config, state: PyTree, state_shardings: PyTree, data_iter,
+           *, log: Callable[[str], None] = print) -> tuple[Checkpointer, PyTree]:
+  """Opens a trainer's Checkpointer (async on accelerators unless the config says otherwise)
+  and restores the latest good step into `state`'s sharded layout and `data_iter`'s position.
+
+  Returns (checkpointer, state): the restored state, or `state` itself on a fresh start.
+  """
+  async_save = checkpoint_config.get("async_save")
+  if async_save is None:
+    async_save = jax.default_backend() != "cpu"
+  checkpointer = Checkpointer(directory, max_to_keep=checkpoint_config.keep,
+                              save_interval_steps=checkpoint_config.every_steps,
+                              async_save=async_save, log=log)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state, state_shardings)
+  restored = checkpointer.restore(abstract)
+  if restored is not None:
+    step, state, extra = restored
+    data_iter.set_state(extra["data"])
+    log(f"resumed from step {step}")
+  return checkpointer, state

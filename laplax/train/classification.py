@@ -203,19 +203,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       process_index=jax.process_index(), process_count=jax.process_count())
   train_iter = iter(train_ds)
 
-  async_save = config.checkpoint.get("async_save")
-  if async_save is None:
-    async_save = jax.default_backend() != "cpu"
-  checkpointer = ckpt_lib.Checkpointer(
-      workdir / "checkpoints", max_to_keep=config.checkpoint.keep,
-      save_interval_steps=config.checkpoint.every_steps, async_save=async_save, log=log)
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          state, state_shardings)
-  restored = checkpointer.restore(abstract)
-  if restored is not None:
-    start_step, state, extra = restored
-    train_iter.set_state(extra["data"])
-    log(f"resumed from step {start_step}")
+  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, state,
+                                        state_shardings, train_iter, log=log)
   start_step = int(state.step)
 
   batch_sharding = sharding.batch_sharding(mesh)
