@@ -12,6 +12,12 @@ linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
   python eval.py --workdir=runs/lm --tasks=arc_easy,arc_challenge,mmlu,gsm8k,humaneval,lambada \
       --limit=50 --analyze
 
+DINO runs (config task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and
+test, and with --analyze the per-layer spectral decay of its patch tokens on the first
+--analysis_examples test images (analysis/spectra.json, analysis/spectrum.png):
+
+  python eval.py --workdir=runs/dino_k3 --analyze
+
 Task data is read from --data_dir (default $LAPLAX_SHARED_DATA, else ../shared/data next to the
 repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 """

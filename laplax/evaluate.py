@@ -1,15 +1,15 @@
 """eval.py's work: accuracy of a trained run, export for analysis, per-layer geometry + plots.
 
 Dispatches on the run's config.json 'task': 'lm' runs -> `run_lm` (benchmark tasks from
-laplax.evals.lm_tasks, linguistic collapse and spectra from laplax.analysis_lm); every other
-run -> the image-classifier path (`run`).
+laplax.evals.lm_tasks, linguistic collapse and spectra from laplax.analysis_lm); 'dino' runs ->
+`run_dino` (k-NN / linear probes of the frozen teacher, patch-token spectra from
+laplax.analysis_dino); every other run -> the image-classifier path (`run`).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 from typing import Any
 
 import flax.traverse_util
@@ -76,6 +76,11 @@ def run(workdir, out, *, export: bool = False, analyze: bool = False,
       raise ValueError("--export is for image classifiers; an lm run's checkpoint is its export")
     return run_lm(workdir, out, tasks=tasks, limit=limit, data_dir=data_dir, analyze=analyze,
                   analysis_windows=analysis_examples, log=log)
+  if run_task(workdir) == "dino":
+    if export or tasks:
+      raise ValueError(f"{workdir} is a dino run: --export and --tasks do not apply (its "
+                       "checkpoint holds the teacher; probes are image classification)")
+    return run_dino(workdir, out, analyze=analyze, analysis_examples=analysis_examples, log=log)
   if tasks:
     raise ValueError(f"tasks={list(tasks)} are LM benchmarks, but {workdir} is a "
                      f"{run_task(workdir) or 'classification'} run")
@@ -151,5 +156,38 @@ def run_lm(workdir, out, *, tasks=None, limit: int | None = None, data_dir=None,
                               title=f"Spectral decay: {config.get('name', 'run')}")
     result["analysis"] = str(adir / "geometry.json")
     result["collapse"] = geo["collapse"]
+  (out / "eval.json").write_text(json.dumps(result, indent=2))
+  return result
+
+
+def run_dino(workdir, out, *, probes: bool = True, analyze: bool = False,
+             analysis_examples: int = 2000, batch_size: int = 250, log=print) -> dict[str, Any]:
+  """A DINO run's frozen teacher: k-NN / linear probes on val and test (dino.probe_scores, as
+  at the end of training) and, with `analyze`, per-layer patch-token spectra of the first
+  analysis_examples test images (analysis/spectra.json, analysis/spectrum.png). Writes
+  out/eval.json."""
+  from laplax import analysis_dino
+  from laplax.train import dino
+
+  workdir, out = pathlib.Path(workdir), pathlib.Path(out)
+  model, teacher, config, base_grid = dino.load_teacher(workdir)
+  result: dict[str, Any] = {"task": "dino"}
+  data = classification.load_data(config)
+  if probes:
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rules = sharding.rules_from_config(config.get("axis_rules"))
+    feature_fn = dino.make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
+    result.update(dino.probe_scores(feature_fn, teacher, data, config, mesh=mesh, rules=rules))
+    log("test probes: " + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()
+                                    if k != "count"))
+  out.mkdir(parents=True, exist_ok=True)
+  if analyze:
+    info = data["info"]
+    spectra = analysis_dino.patch_spectra(model, teacher, data["test"][0][:analysis_examples],
+                                          base_grid=base_grid, mean=info.mean, std=info.std,
+                                          batch_size=batch_size)
+    path = analysis_dino.write_spectra(spectra, out / "analysis", config.get("name", "run"))
+    result["analysis"] = str(path)
+    result["spectra"] = spectra["layers"]
   (out / "eval.json").write_text(json.dumps(result, indent=2))
   return result

@@ -10,6 +10,7 @@ TRAINERS = {
     "dino": "laplax.train.dino",
     "lm": "laplax.train.lm",
     "lm_study": "laplax.study_lm",
+    "dino_study": "laplax.study_dino",
 }
 
 

@@ -1,0 +1,126 @@
+"""Geometry and pictures of a DINO teacher backbone: per-layer patch-token spectra, PCA figure.
+
+Spectral decay: per layer (0 = patch embedding + position table, l = residual stream after
+block l), the covariance of all PATCH tokens (class token excluded) over a set of images,
+streamed batch by batch through `geometry.CovarianceStats` -> components for 90/95/99 % of the
+variance and the effective rank (`geometry.spectral_decay`). The forward pass runs in float32;
+only the accumulators run in float64 (64-bit mode is switched on around them alone).
+
+PCA figure: `pca_comparison` draws several teachers side by side on any images (e.g. a grey data
+set's test images, where the horse photos cannot be read); for the Weizmann horses use
+laplax.train.dino.compare_pca, which also scores the PCA masks.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import geometry, sharding
+from laplax.data import builders, pipeline
+from laplax.evals import pca as pca_lib
+from laplax.models import dino as dino_lib
+from laplax.train import dino as dino_train
+
+_update_cov = jax.jit(geometry.CovarianceStats.update)
+_finalize_cov = jax.jit(geometry.CovarianceStats.finalize)
+
+
+def make_tokens_fn(model: dino_lib.DINO, base_grid: tuple[int, int]):
+  """-> jitted tokens(params, images (B, H, W, C) normalised) -> (depth + 1, B, h * w, E) f32.
+
+  The patch tokens of every layer (class token dropped), at the images' own patch grid (the
+  position table is resized from base_grid as in the probes).
+  """
+
+  @jax.jit
+  def tokens(params, images):
+    grid = dino_lib.patch_grid(model, images.shape[1:3])
+    backbone = dino_lib.params_for_grid(params, base_grid, grid)["backbone"]
+    _, out = model.backbone.apply({"params": backbone}, images, train=False, return_tokens=True)
+    n = grid[0] * grid[1]
+    return out["tokens"][:, :, -n:].astype(jnp.float32)  # patch tokens follow the class token
+
+  return tokens
+
+
+def patch_spectra(model: dino_lib.DINO, params, images: np.ndarray, *,
+                  base_grid: tuple[int, int], mean, std, batch_size: int = 250,
+                  fractions=(0.9, 0.95, 0.99)) -> dict[str, Any]:
+  """Per-layer spectral decay of the patch tokens of uint8 images (N, H, W, C).
+
+  Returns {'layers': [{'components_90', 'components_95', 'components_99', 'effective_rank'},
+  ...] (depth + 1 entries), 'num_images': N, 'num_tokens': N * h * w, 'dim': E}.
+  """
+  images = np.asarray(images)
+  if images.ndim != 4 or len(images) == 0:
+    raise ValueError(f"images have shape {images.shape}; expected (N >= 1, H, W, C) uint8")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size} must be >= 1")
+  tokens_fn = make_tokens_fn(model, base_grid)
+  stats, num_tokens = None, 0
+  labels = np.zeros(len(images), np.int32)
+  for batch in pipeline.eval_batches(images, labels, batch_size=min(batch_size, len(images)),
+                                     mean=mean, std=std):
+    mask = np.asarray(batch["mask"], bool)
+    hidden = np.asarray(tokens_fn(params, batch["image"]))[:, mask]  # (L, b, n, E), real rows
+    num_tokens += hidden.shape[1] * hidden.shape[2]
+    with jax.enable_x64(True):
+      if stats is None:
+        stats = [geometry.CovarianceStats.init(hidden.shape[-1], dtype=np.float64)
+                 for _ in range(hidden.shape[0])]
+      stats = [_update_cov(s, jnp.asarray(h, jnp.float64)) for s, h in zip(stats, hidden)]
+  layers = []
+  with jax.enable_x64(True):
+    for s in stats:
+      eig = _finalize_cov(s)["eigenvalues"]
+      layers.append({k: float(v) for k, v in geometry.spectral_decay(eig, fractions).items()})
+  return {"layers": layers, "num_images": int(len(images)), "num_tokens": int(num_tokens),
+          "dim": int(stats[0].dim)}
+
+
+def write_spectra(spectra: dict[str, Any], out: pathlib.Path, name: str) -> pathlib.Path:
+  """out/spectra.json and out/spectrum.png (analysis_lm.plot_spectrum) -> the JSON's path."""
+  from laplax import analysis_lm
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / "spectra.json"
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(spectra, indent=2))
+  tmp.replace(path)
+  analysis_lm.plot_spectrum({name: spectra}, out / "spectrum.png",
+                            title=f"Patch-token spectral decay: {name}")
+  return path
+
+
+def pca_comparison(workdirs: dict[str, str | pathlib.Path], images: np.ndarray,
+                   path: str | pathlib.Path, *, num_images: int = 6, batch_size: int = 250,
+                   row_labels=None) -> pathlib.Path:
+  """One PNG: PCA pictures of several DINO teachers' last-block patch tokens, side by side.
+
+  workdirs: {column name: DINO workdir}, all trained on the same data set; images: uint8
+  (N, H, W, C) in that data set's format. The PCA of each teacher is fitted over all N images
+  and the first num_images are drawn (no masks to score: see dino.compare_pca for horses).
+  """
+  images = np.asarray(images)
+  panels = {}
+  for name, workdir in workdirs.items():
+    model, teacher, config, base_grid = dino_train.load_teacher(workdir)
+    info = builders.dataset_info(config.data.name)
+    if images.ndim != 4 or images.shape[-1] != info.image_shape[-1]:
+      raise ValueError(f"images have shape {images.shape}; {workdir} reads "
+                       f"{info.image_shape[-1]}-channel images (N, H, W, C)")
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rules = sharding.rules_from_config(config.get("axis_rules"))
+    feature_fn = dino_train.make_feature_fn(model, base_grid, mesh, rules)
+    feats = dino_train.extract_features(feature_fn, teacher, images, batch_size=batch_size,
+                                        mean=info.mean, std=info.std, mesh=mesh, rules=rules,
+                                        keys=("patches",))["patches"]
+    rgb, mask, _ = pca_lib.pca_panel(feats)
+    panels[name] = (rgb[:num_images], mask[:num_images])
+  return pca_lib.pca_figure(images[:num_images], panels, path,
+                            row_labels=None if row_labels is None else row_labels[:num_images])

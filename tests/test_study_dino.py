@@ -1,0 +1,124 @@
+"""The DINO study end to end at toy size (2 specs x 1 seed, 2 steps of a 1-block ViT), its spectra against
+a direct NumPy eigendecomposition, a rerun that skips finished cells, and eval.py's DINO mode."""
+
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from laplax import analysis_dino, evaluate, study_dino
+from laplax.train import classification, dino, tasks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.fixture(scope="module")
+def finished_dino_study(tmp_path_factory, fashion_mnist_dir, data_cache):
+  config = _load("study_dino")
+  base = _load("dino_test")
+  base.data.source_dir = str(fashion_mnist_dir)
+  base.data.cache_dir = str(data_cache)
+  base.data.eval_subset = 64
+  base.data.eval_batch_size = 64
+  # Compilation dominates a cell here: one block, a one-layer head, one view size, one device.
+  base.model.depth = 1
+  base.head.num_layers = 1
+  base.multicrop.num_local = 0
+  base.mesh.data = 1
+  base.checkpoint.async_save = False
+  base.total_steps = 2
+  base.log_every = 1
+  base.checkpoint.every_steps = 2
+  base.eval.probe_train_size = 128
+  base.eval.probe_epochs = 1
+  config.base = base
+  config.study.laplacian_heads = [0, 1]  # 'mu' has 2 heads
+  config.study.seeds = [0]
+  config.study.analysis_examples = 48
+  config.study.pca_images = 2
+  config.study.pca_fit_images = 32
+  workdir = tmp_path_factory.mktemp("study_dino")
+  lines = []
+  report = study_dino.run_study(config, workdir, log=lines.append)
+  return config, workdir, report, lines
+
+
+def test_dino_study_report_and_rerun(finished_dino_study):
+  config, workdir, report, _ = finished_dino_study
+  assert tasks.TRAINERS["dino_study"] == "laplax.study_dino"
+  text = report.read_text()
+  for heading in ("## Verdict", "## Probe scores on the test split", "k-NN top-1 (k = 20)",
+                  "linear probe (class token)", "## Segmentation probe",
+                  "## Spectral decay of patch tokens", "![spectrum](spectrum.png)",
+                  "## PCA of patch features", "![pca](pca.png)"):
+    assert heading in text, heading
+  assert (workdir / "spectrum.png").stat().st_size > 0
+  assert (workdir / "pca.png").stat().st_size > 0
+  summary = json.loads((workdir / "summary.json").read_text())
+  base_row, lap_row = summary["rows"]
+  assert (base_row["spec"], lap_row["spec"]) == ("k0", "k1")
+  for key in ("knn_top1_k20", "linear_cls"):
+    mean, lo, hi = lap_row["paired_difference"][key]
+    assert mean == pytest.approx(lap_row["scores"][key][0] - base_row["scores"][key][0])
+    assert np.isnan(lo) and np.isnan(hi)  # one seed: no interval
+  assert "one seed, no intervals: not conclusive" in text
+  assert len(base_row["spectra"]) == 2  # embedding + 1 block
+  # A rerun trains nothing: both cells are skipped and their files are left alone.
+  metrics = workdir / "cells" / "k0_s0" / "metrics.jsonl"
+  before = metrics.stat().st_mtime_ns
+  lines = []
+  study_dino.run_study(config, workdir, log=lines.append)
+  assert sum("finished, skipped" in l for l in lines) == 2
+  assert metrics.stat().st_mtime_ns == before
+  assert report.read_text() == text
+
+
+def test_patch_spectra_match_numpy(finished_dino_study):
+  config, workdir, _, _ = finished_dino_study
+  cell = workdir / "cells" / "k1_s0"
+  stored = json.loads((cell / "analysis" / "spectra.json").read_text())
+  n = config.study.analysis_examples
+  assert stored["num_images"] == n and stored["num_tokens"] == n * 16 and stored["dim"] == 32
+  model, teacher, run_config, grid = dino.load_teacher(cell)
+  data = classification.load_data(run_config)
+  info = data["info"]
+  images = data["test"][0][:n]
+  x = (images.astype(np.float32) / 255.0 - np.float32(info.mean)) / np.float32(info.std)
+  hidden = np.asarray(analysis_dino.make_tokens_fn(model, grid)(teacher, x), np.float64)
+  assert hidden.shape == (2, n, 16, 32)
+  for layer, got in zip(hidden, stored["layers"]):
+    tokens = layer.reshape(-1, 32)
+    eig = np.sort(np.linalg.eigvalsh(np.cov(tokens, rowvar=False, bias=True)))[::-1]
+    frac = np.cumsum(eig) / eig.sum()
+    assert got["components_99"] == int(np.sum(frac < 0.99) + 1)
+    p = eig[eig > 0] / eig.sum()
+    assert got["effective_rank"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-4)
+  with pytest.raises(ValueError, match="expected \\(N >= 1"):
+    analysis_dino.patch_spectra(model, teacher, images[0], base_grid=grid, mean=info.mean,
+                                std=info.std)
+
+
+def test_eval_dino_mode(finished_dino_study, tmp_path):
+  _, workdir, _, _ = finished_dino_study
+  cell = workdir / "cells" / "k0_s0"
+  res = evaluate.run(cell, tmp_path / "out", analyze=True, analysis_examples=48,
+                     log=lambda m: None)
+  trained = json.loads((cell / "results.json").read_text())
+  assert res["task"] == "dino"
+  for key in ("knn_top1_k10", "knn_top1_k20", "linear_cls", "linear_last"):
+    assert res["test"][key] == pytest.approx(trained["test"][key]), key
+  spectra = json.loads((tmp_path / "out" / "analysis" / "spectra.json").read_text())
+  assert spectra["layers"] == res["spectra"]
+  assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())
+  assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
+  with pytest.raises(ValueError, match="dino run"):
+    evaluate.run(cell, tmp_path / "out2", export=True)
