@@ -23,7 +23,7 @@ from laplax import sharding
 from laplax.data import builders, pipeline
 from laplax.models import vit
 from laplax.train import checkpoint as ckpt_lib
-from laplax.train.metrics import MetricsWriter, Progress
+from laplax.train.metrics import MetricsWriter, Progress, interval_summary
 from laplax.train.state import TrainState, learning_rate_schedule, make_optimizer
 from laplax.train.steps import make_train_step
 
@@ -227,10 +227,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       step += 1
       pending.append(metrics)
       if step % config.log_every == 0 or step == total_steps:
-        summary = {k: float(np.mean([float(m[k]) for m in pending])) for k in pending[0]}
         now = time.time()
-        summary["images_per_s"] = len(pending) * config.data.batch_size / max(now - t_last, 1e-9)
-        summary["lr"] = float(schedule(step))
+        summary = interval_summary(pending, items_per_step=config.data.batch_size,
+                                   unit="images", seconds=now - t_last, lr=schedule(step))
         writer.write(step, "train", summary)
         progress.update(step, f"loss {summary['loss']:.4f}  acc {summary['accuracy']:.3f}")
         pending, t_last = [], now

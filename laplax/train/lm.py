@@ -29,7 +29,7 @@ from laplax.data import text
 from laplax.models import gpt
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train.classification import check_workdir_config, create_state
-from laplax.train.metrics import MetricsWriter, Progress, format_seconds
+from laplax.train.metrics import MetricsWriter, Progress, format_seconds, interval_summary
 from laplax.train.state import TrainState, decay_mask
 from laplax.train.steps import make_train_step
 
@@ -249,10 +249,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       step += 1
       pending.append(metrics)
       if step % config.log_every == 0 or step == total_steps:
-        summary = {k: float(np.mean([float(m[k]) for m in pending])) for k in pending[0]}
         now = time.time()
-        summary["tokens_per_s"] = len(pending) * tokens_per_step / max(now - t_last, 1e-9)
-        summary["lr"] = float(schedule(step))
+        summary = interval_summary(pending, items_per_step=tokens_per_step, unit="tokens",
+                                   seconds=now - t_last, lr=schedule(step))
         writer.write(step, "train", summary)
         progress.update(step, f"loss {summary['loss']:.4f}  "
                               f"{summary['tokens_per_s']:,.0f} tok/s")

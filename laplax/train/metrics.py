@@ -71,3 +71,12 @@ class Progress:
 def format_seconds(s: float) -> str:
   s = int(round(s))
   return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def interval_summary(pending: list[dict[str, Any]], *, items_per_step: int, unit: str,
+                     seconds: float, lr: float) -> dict[str, float]:
+  """Mean of each step metric over a logging interval, plus `<unit>_per_s` and `lr`."""
+  summary = {k: float(np.mean([float(m[k]) for m in pending])) for k in pending[0]}
+  summary[f"{unit}_per_s"] = len(pending) * items_per_step / max(seconds, 1e-9)
+  summary["lr"] = float(lr)
+  return summary
