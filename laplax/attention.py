@@ -12,7 +12,6 @@ attention: query head n reads kv head n // (Hq // Hkv)).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Callable
 
 import flax.linen as nn

@@ -14,6 +14,7 @@ import copy
 import json
 import pathlib
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
@@ -64,31 +65,48 @@ def run_cell(cfg: ml_collections.ConfigDict, cell_dir: pathlib.Path, analysis_ex
           "analysis": json.loads(analysis_path.read_text())}
 
 
-def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathlib.Path:
-  """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
-  workdir = pathlib.Path(workdir)
+def run_grid(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, num_heads: int,
+             depth: int, run_cell: Callable[[ml_collections.ConfigDict, pathlib.Path], dict],
+             finished_files: Sequence[str | pathlib.Path], name: str = "study", log=print
+             ) -> tuple[list, dict[tuple, dict[str, Any]]]:
+  """The grid every study runs: config.study.laplacian_heads x config.study.seeds.
+
+  Writes workdir/config.json, validates every head spec before any training, then calls
+  run_cell(cell_config, cell_dir) per cell in workdir/cells/<spec>_s<seed>; a cell whose
+  `finished_files` all exist is only read back (run_cell must then skip its work).
+  Returns (specs, {(spec, seed): run_cell's result}).
+  """
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
   specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
-  base_model = classification.build_model(config.base.model, 10)
   for s in specs:  # fail fast on a bad spec, before hours of training
-    heads_lib.head_table(s, base_model.num_heads, base_model.depth)
+    heads_lib.head_table(s, num_heads, depth)
   cells = [(s, seed) for seed in config.study.seeds for s in specs]
+  cell_dir = lambda spec, seed: workdir / "cells" / f"{spec_name(spec)}_s{seed}"
+  finished = lambda spec, seed: all((cell_dir(spec, seed) / f).exists() for f in finished_files)
   done: dict[tuple, dict[str, Any]] = {}
   t0, trained = time.time(), 0
   for i, (spec, seed) in enumerate(cells):
-    cell_dir = workdir / "cells" / f"{spec_name(spec)}_s{seed}"
-    finished = (cell_dir / "results.json").exists() and (cell_dir / "analysis.json").exists()
-    log(f"[study] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
-        + (" (finished, skipped)" if finished else ""))
-    done[(spec, seed)] = run_cell(cell_config(config, spec, seed), cell_dir,
-                                  config.study.analysis_examples, log=log)
-    if not finished:
+    skip = finished(spec, seed)
+    log(f"[{name}] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
+        + (" (finished, skipped)" if skip else ""))
+    done[(spec, seed)] = run_cell(cell_config(config, spec, seed), cell_dir(spec, seed))
+    if not skip:
       trained += 1
-      remaining = sum(1 for c in cells[i + 1:] if not (
-          workdir / "cells" / f"{spec_name(c[0])}_s{c[1]}" / "analysis.json").exists())
+      remaining = sum(not finished(*c) for c in cells[i + 1:])
       eta = (time.time() - t0) / trained * remaining
-      log(f"[study] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
+      log(f"[{name}] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
+  return specs, done
+
+
+def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathlib.Path:
+  """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
+  workdir = pathlib.Path(workdir)
+  base_model = classification.build_model(config.base.model, 10)
+  specs, done = run_grid(
+      config, workdir, num_heads=base_model.num_heads, depth=base_model.depth,
+      run_cell=lambda cfg, d: run_cell(cfg, d, config.study.analysis_examples, log=log),
+      finished_files=("results.json", "analysis.json"), name="study", log=log)
   report = write_report(workdir, config, specs, done, base_model.num_heads, base_model.depth)
   log(f"[study] report: {report}")
   return report
@@ -114,7 +132,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95):
   return mean, mean - half, mean + half
 
 
-def _mean_std(x) -> str:
+def mean_std(x) -> str:
   x = np.asarray(x, float) * 100
   return f"{x.mean():.2f} +- {x.std(ddof=1):.2f}" if len(x) > 1 else f"{x.mean():.2f}"
 
@@ -171,7 +189,7 @@ def verdict(summary: dict[str, Any]) -> list[str]:
     parts = [f"{name} {'' if ok else 'does not '}{verb[:-1] if not ok else verb} "
              f"({v0:.3g} -> {v:.3g})" for name, ok, v0, v, verb in checks]
     held = sum(ok for _, ok, *_ in checks)
-    lines.append(f"  Last-layer geometry vs baseline: " + "; ".join(parts)
+    lines.append("  Last-layer geometry vs baseline: " + "; ".join(parts)
                  + f" ({held}/3 as the paper reports).")
   return lines
 
@@ -214,7 +232,7 @@ def write_report(workdir: pathlib.Path, config, specs, done, num_heads: int, dep
       m, lo, hi = row["paired_difference"]
       diff = f"{m * 100:+.2f} ({lo * 100:+.2f}, {hi * 100:+.2f})"
     per_seed = ", ".join(f"{a * 100:.2f}" for a in row["test_accuracy"])
-    lines.append(f"| {row['name']} | {len(row['seeds'])} | {_mean_std(row['test_accuracy'])} | "
+    lines.append(f"| {row['name']} | {len(row['seeds'])} | {mean_std(row['test_accuracy'])} | "
                  f"{per_seed} | {diff} |")
   lines += ["", "![accuracy](accuracy.png)", "", "## Last layer geometry (mean over seeds)", "",
             "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
 from typing import Any
 
 import ml_collections
@@ -23,9 +22,8 @@ import numpy as np
 
 from laplax import analysis_dino, analysis_lm, evaluate, heads as heads_lib
 from laplax.data import builders
-from laplax.study import _mean_std, cell_config, paired_difference, spec_name
+from laplax.study import mean_std, paired_difference, run_grid, spec_name
 from laplax.train import classification, dino
-from laplax.train.metrics import format_seconds
 
 _SPECTRA = pathlib.Path("analysis") / "spectra.json"
 
@@ -45,29 +43,15 @@ def run_cell(cfg: ml_collections.ConfigDict, cell_dir: pathlib.Path, study, log=
 def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathlib.Path:
   """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
-  if len(specs) < 2:
-    raise ValueError(f"study.laplacian_heads={list(specs)}: give the baseline first, then at "
-                     "least one Laplacian spec")
+  if len(config.study.laplacian_heads) < 2:
+    raise ValueError(f"study.laplacian_heads={list(config.study.laplacian_heads)}: give the "
+                     "baseline first, then at least one Laplacian spec")
   backbone = classification.build_model(config.base.model, 1)
-  for s in specs:  # fail fast on a bad spec, before hours of training
-    heads_lib.head_table(s, backbone.num_heads, backbone.depth)
-  cells = [(s, seed) for seed in config.study.seeds for s in specs]
+  specs, done = run_grid(
+      config, workdir, num_heads=backbone.num_heads, depth=backbone.depth,
+      run_cell=lambda cfg, d: run_cell(cfg, d, config.study, log=log),
+      finished_files=("results.json", _SPECTRA), name="study_dino", log=log)
   cell_dir = lambda spec, seed: workdir / "cells" / f"{spec_name(spec)}_s{seed}"
-  done: dict[tuple, dict[str, Any]] = {}
-  t0, trained = time.time(), 0
-  for i, (spec, seed) in enumerate(cells):
-    d = cell_dir(spec, seed)
-    finished = (d / "results.json").exists() and (d / _SPECTRA).exists()
-    log(f"[study_dino] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
-        + (" (finished, skipped)" if finished else ""))
-    done[(spec, seed)] = run_cell(cell_config(config, spec, seed), d, config.study, log=log)
-    if not finished:
-      trained += 1
-      eta = (time.time() - t0) / trained * (len(cells) - i - 1)
-      log(f"[study_dino] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
   names = {s: heads_lib.describe(s, backbone.num_heads, backbone.depth) for s in specs}
   pca = pca_figure(config, specs, done, names, cell_dir, workdir / "pca.png")
   report = write_report(workdir, config, specs, done, names, pca)
@@ -230,7 +214,7 @@ def write_report(workdir: pathlib.Path, config, specs, done, names, pca: dict[st
             + " | ".join(f"{r['name']} - baseline" for r in summary["rows"][1:]) + " |",
             "| --- |" + " --- |" * (2 * len(summary["rows"]) - 1)]
   for k in keys:
-    cells = [_mean_std(r["scores"][k]) if k in r["scores"] else "-" for r in summary["rows"]]
+    cells = [mean_std(r["scores"][k]) if k in r["scores"] else "-" for r in summary["rows"]]
     diffs = [_pts(*r["paired_difference"][k]) if k in r.get("paired_difference", {}) else "-"
              for r in summary["rows"][1:]]
     lines.append(f"| {_label(k)} | " + " | ".join(cells + diffs) + " |")

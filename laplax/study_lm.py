@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
 from typing import Any
 
 import ml_collections
 import numpy as np
 
 from laplax import analysis_lm, evaluate, heads as heads_lib
-from laplax.study import cell_config, paired_difference, spec_name
+from laplax.study import paired_difference, run_grid, spec_name
 from laplax.train import lm
-from laplax.train.metrics import format_seconds
 
 
 def run_cell(cfg: ml_collections.ConfigDict, cell_dir: pathlib.Path, study, log=print
@@ -43,26 +41,11 @@ def run_cell(cfg: ml_collections.ConfigDict, cell_dir: pathlib.Path, study, log=
 def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathlib.Path:
   """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
   model = lm.build_model(config.base.model, config.base.data.vocab_size).config
-  for s in specs:  # fail fast on a bad spec, before hours of training
-    heads_lib.head_table(s, model.num_heads, model.depth)
-  cells = [(s, seed) for seed in config.study.seeds for s in specs]
-  done: dict[tuple, dict[str, Any]] = {}
-  t0, trained = time.time(), 0
-  for i, (spec, seed) in enumerate(cells):
-    cell_dir = workdir / "cells" / f"{spec_name(spec)}_s{seed}"
-    finished = (cell_dir / "results.json").exists() and (cell_dir / "eval.json").exists()
-    log(f"[study_lm] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
-        + (" (finished, skipped)" if finished else ""))
-    done[(spec, seed)] = run_cell(cell_config(config, spec, seed), cell_dir, config.study,
-                                  log=log)
-    if not finished:
-      trained += 1
-      eta = (time.time() - t0) / trained * (len(cells) - i - 1)
-      log(f"[study_lm] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
+  specs, done = run_grid(
+      config, workdir, num_heads=model.num_heads, depth=model.depth,
+      run_cell=lambda cfg, d: run_cell(cfg, d, config.study, log=log),
+      finished_files=("results.json", "eval.json"), name="study_lm", log=log)
   report = write_report(workdir, config, specs, done, model.num_heads, model.depth)
   log(f"[study_lm] report: {report}")
   return report

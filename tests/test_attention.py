@@ -1,6 +1,5 @@
 """laplacian_attention against an explicit float64 NumPy reference (I - softmax(QK^T/sqrt(d) + mask)) V."""
 
-import itertools
 
 import flax.linen as nn
 import jax

@@ -44,7 +44,7 @@ def components_for_variance(tokens_or_eigenvalues: ArrayLike, fraction: float) -
   if values.ndim >= 2:
     values = jnp.asarray(spectrum(values))
   elif values.ndim != 1:
-    raise ValueError(f"got a scalar; expected eigenvalues (d,) or tokens (..., d)")
+    raise ValueError("got a scalar; expected eigenvalues (d,) or tokens (..., d)")
   values = jnp.sort(jnp.maximum(values, 0))[::-1]
   explained = jnp.cumsum(values) / jnp.sum(values)
   return jnp.minimum(jnp.sum(explained < fraction) + 1, values.shape[0]).astype(jnp.int32)

@@ -11,7 +11,6 @@ E)}): index 0 is the embedding, index l the output of block l; token 0 is the cl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn

@@ -388,7 +388,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   progress = Progress(total_steps, name=config.get("name", "dino"), start=start_step)
   pending: list[dict[str, Array]] = []
-  t_last, step, t_train = time.time(), start_step, 0.0
+  t_last, step = time.time(), start_step
   last_summary: dict[str, float] = {}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     while step < total_steps:
