@@ -14,7 +14,9 @@ linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
 
 DINO runs (config task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and
 test, and with --analyze the per-layer spectral decay of its patch tokens on the first
---analysis_examples test images (analysis/spectra.json, analysis/spectrum.png):
+--analysis_examples test images (analysis/spectra.json, analysis/spectrum.png), and the PCA picture of photos
+(pca_photos.png; --photos=DIR for your own). Probes on other data sets come from the run's
+eval.transfer (CIFAR-10 runs: Fashion-MNIST):
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
@@ -41,6 +43,9 @@ flags.DEFINE_list("tasks", [], "LM runs: benchmark tasks (arc_easy, arc_challeng
 flags.DEFINE_integer("limit", None, "LM runs: only the first N items of every task.")
 flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (default: "
                     "$LAPLAX_SHARED_DATA or ../shared/data).")
+flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
+                    "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
+                    "of .jpg / .png photos; '' skips it (default: the run's eval.photos).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -56,7 +61,7 @@ def main(argv):
   cli.run_main(lambda: print(json.dumps(evaluate.run(
       FLAGS.workdir, out, export=FLAGS.export, analyze=FLAGS.analyze,
       analysis_examples=analysis_examples, tasks=FLAGS.tasks, limit=FLAGS.limit,
-      data_dir=data_dir), indent=2)))
+      data_dir=data_dir, photos=FLAGS.photos), indent=2)))
 
 
 if __name__ == "__main__":

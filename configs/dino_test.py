@@ -3,14 +3,9 @@ r"""Tiny DINO for tests: Fashion-MNIST subset, 2-layer ViT, 40 steps (a few seco
   python train.py --config=configs/dino_test.py --workdir=/tmp/dino_test
 """
 
-import importlib.util
-import pathlib
+import ml_collections
 
-# The sibling config file, loaded by path (configs/ is not a package).
-_spec = importlib.util.spec_from_file_location(
-    "dino_tiny", pathlib.Path(__file__).resolve().with_name("dino_tiny.py"))
-dino_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dino_tiny)
+from configs import dino_tiny
 
 
 def get_config():
@@ -45,6 +40,8 @@ def get_config():
   c.eval.probe_epochs = 10
   c.eval.last_layers = 2
   c.eval.horse_dir = ""  # a grey Fashion-MNIST model cannot read RGB photos
+  c.eval.photos = ""
+  c.eval.transfer = ml_collections.ConfigDict()  # tests add {'cifar10': ...} where needed
   c.total_steps = 40
   c.log_every = 10
   c.checkpoint.every_steps = 20

@@ -3,14 +3,7 @@ r"""Tiny GPT on Tiny Shakespeare for tests (seconds on CPU); not a meaningful mo
   python train.py --config=configs/lm_test.py --workdir=/tmp/lm_test
 """
 
-import importlib.util
-import pathlib
-
-# The sibling config file, loaded by path (configs/ is not a package).
-_spec = importlib.util.spec_from_file_location(
-    "lm_tiny", pathlib.Path(__file__).resolve().with_name("lm_tiny.py"))
-lm_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lm_tiny)
+from configs import lm_tiny
 
 
 def get_config():

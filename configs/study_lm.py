@@ -7,15 +7,9 @@ each is evaluated on the benchmarks (first `eval_limit` items) and analysed for 
 collapse. report.md, summary.json and spectrum.png are written to the workdir.
 """
 
-import importlib.util
-import pathlib
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "lm_tiny", pathlib.Path(__file__).resolve().with_name("lm_tiny.py"))
-lm_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lm_tiny)
+from configs import lm_tiny
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -6,9 +6,9 @@ streamed batch by batch through `geometry.CovarianceStats` -> components for 90/
 variance and the effective rank (`geometry.spectral_decay`). The forward pass runs in float32;
 only the accumulators run in float64 (64-bit mode is switched on around them alone).
 
-PCA figure: `pca_comparison` draws several teachers side by side on any images (e.g. a grey data
-set's test images, where the horse photos cannot be read); for the Weizmann horses use
-laplax.train.dino.compare_pca, which also scores the PCA masks.
+PCA figure: `pca_comparison` draws several teachers side by side on any images (the Weizmann
+horses, whose masks then score the thresholded first component; the photos of
+laplax.data.photos; a grey data set's test images, where the photos cannot be read).
 """
 
 from __future__ import annotations
@@ -98,16 +98,21 @@ def write_spectra(spectra: dict[str, Any], out: pathlib.Path, name: str) -> path
 
 
 def pca_comparison(workdirs: dict[str, str | pathlib.Path], images: np.ndarray,
-                   path: str | pathlib.Path, *, num_images: int = 6, batch_size: int = 250,
-                   row_labels=None) -> pathlib.Path:
+                   path: str | pathlib.Path, *, masks: np.ndarray | None = None,
+                   num_images: int = 6, batch_size: int = 250, row_labels=None,
+                   per_image: bool = False) -> dict[str, dict[str, float]]:
   """One PNG: PCA pictures of several DINO teachers' last-block patch tokens, side by side.
 
-  workdirs: {column name: DINO workdir}, all trained on the same data set; images: uint8
-  (N, H, W, C) in that data set's format. The PCA of each teacher is fitted over all N images
-  and the first num_images are drawn (no masks to score: see dino.compare_pca for horses).
+  workdirs: {column name: DINO workdir}, e.g. {'baseline': 'runs/dino_k0', 'Laplacian':
+  'runs/dino_k3'}, all trained on the same data set; images: uint8 (N, H, W, C) with that data
+  set's channels, any size divisible by the patch size (the position table is resized). The
+  PCA of each teacher is fitted over all N images (per_image: one per image, for unrelated
+  photos) and the first num_images are drawn. With
+  masks (N, H, W) {0, 1}, each thresholded first component is scored against them.
+  Returns {name: segmentation scores of the PCA mask} ({} without masks).
   """
   images = np.asarray(images)
-  panels = {}
+  panels, scores = {}, {}
   for name, workdir in workdirs.items():
     model, teacher, config, base_grid = dino_train.load_teacher(workdir)
     info = builders.dataset_info(config.data.name)
@@ -120,7 +125,10 @@ def pca_comparison(workdirs: dict[str, str | pathlib.Path], images: np.ndarray,
     feats = dino_train.extract_features(feature_fn, teacher, images, batch_size=batch_size,
                                         mean=info.mean, std=info.std, mesh=mesh, rules=rules,
                                         keys=("patches",))["patches"]
-    rgb, mask, _ = pca_lib.pca_panel(feats)
+    rgb, mask, pca = pca_lib.pca_panel(feats, per_image=per_image)
+    if masks is not None:
+      scores[name], _ = pca_lib.mask_scores(pca.components[..., 0], masks)
     panels[name] = (rgb[:num_images], mask[:num_images])
-  return pca_lib.pca_figure(images[:num_images], panels, path,
-                            row_labels=None if row_labels is None else row_labels[:num_images])
+  pca_lib.pca_figure(images[:num_images], panels, path,
+                     row_labels=None if row_labels is None else row_labels[:num_images])
+  return scores

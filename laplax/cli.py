@@ -14,6 +14,11 @@ USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
 def one_line(e: BaseException, limit: int = 400) -> str:
   """An exception's message folded onto one line (config_flags nests newlines and quotes)."""
   text = str(e).replace("\\n", "\n").replace("\\'", "'")
+  if "Traceback (most recent call last)" in text:
+    # config_flags embeds the config file's traceback: keep its head and the final error line.
+    head, _, tail = text.partition("Traceback (most recent call last)")
+    last = [l for l in tail.splitlines() if l.strip() and not l.startswith((" ", "\t"))]
+    text = head.rstrip(": \n") + ": " + (last[-1] if last else "")
   text = " ".join(part.strip() for part in text.splitlines() if part.strip()).strip("'\" ")
   text = text or type(e).__name__
   return text if len(text) <= limit else text[:limit - 3] + "..."

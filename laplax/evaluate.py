@@ -64,7 +64,7 @@ def run_task(workdir) -> str:
 
 def run(workdir, out, *, export: bool = False, analyze: bool = False,
         analysis_examples: int = 2000, tasks=None, limit: int | None = None, data_dir=None,
-        log=print) -> dict[str, Any]:
+        photos: str | None = None, log=print) -> dict[str, Any]:
   """Test accuracy (always); export and geometry when asked. Writes out/eval.json.
 
   LM runs (config.task == 'lm') go to `run_lm` with tasks / limit / data_dir; analysis_examples
@@ -80,7 +80,11 @@ def run(workdir, out, *, export: bool = False, analyze: bool = False,
     if export or tasks:
       raise ValueError(f"{workdir} is a dino run: --export and --tasks do not apply (its "
                        "checkpoint holds the teacher; probes are image classification)")
-    return run_dino(workdir, out, analyze=analyze, analysis_examples=analysis_examples, log=log)
+    return run_dino(workdir, out, analyze=analyze, analysis_examples=analysis_examples,
+                    photos=photos, log=log)
+  if photos:
+    raise ValueError(f"--photos is for DINO runs, but {workdir} is a "
+                     f"{run_task(workdir) or 'classification'} run")
   if tasks:
     raise ValueError(f"tasks={list(tasks)} are LM benchmarks, but {workdir} is a "
                      f"{run_task(workdir) or 'classification'} run")
@@ -161,33 +165,46 @@ def run_lm(workdir, out, *, tasks=None, limit: int | None = None, data_dir=None,
 
 
 def run_dino(workdir, out, *, probes: bool = True, analyze: bool = False,
-             analysis_examples: int = 2000, batch_size: int = 250, log=print) -> dict[str, Any]:
-  """A DINO run's frozen teacher: k-NN / linear probes on val and test (dino.probe_scores, as
-  at the end of training) and, with `analyze`, per-layer patch-token spectra of the first
-  analysis_examples test images (analysis/spectra.json, analysis/spectrum.png). Writes
-  out/eval.json."""
+             analysis_examples: int = 2000, batch_size: int = 250, photos: str | None = None,
+             log=print) -> dict[str, Any]:
+  """A DINO run's frozen teacher: k-NN / linear probes on val and test and on the transfer
+  data sets of eval.transfer (dino.probe_scores, as at the end of training); with `analyze`,
+  per-layer patch-token spectra of the first analysis_examples test images
+  (analysis/spectra.json, analysis/spectrum.png) and, for RGB models, the PCA picture of the
+  photos (out/pca_photos.png; photos: 'builtin', a folder, '' to skip, None = the run's
+  eval.photos). Writes out/eval.json."""
   from laplax import analysis_dino
+  from laplax.data import photos as photos_lib
   from laplax.train import dino
 
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
   model, teacher, config, base_grid = dino.load_teacher(workdir)
   result: dict[str, Any] = {"task": "dino"}
   data = classification.load_data(config)
+  info = data["info"]
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  feature_fn = dino.make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
   if probes:
-    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    rules = sharding.rules_from_config(config.get("axis_rules"))
-    feature_fn = dino.make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
     result.update(dino.probe_scores(feature_fn, teacher, data, config, mesh=mesh, rules=rules))
     log("test probes: " + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()
                                     if k != "count"))
+    transfer = dino.transfer_scores(feature_fn, teacher, config, dino.load_transfer(config),
+                                    mesh=mesh, rules=rules, log=log)
+    if transfer:
+      result["transfer"] = transfer
   out.mkdir(parents=True, exist_ok=True)
   if analyze:
-    info = data["info"]
     spectra = analysis_dino.patch_spectra(model, teacher, data["test"][0][:analysis_examples],
                                           base_grid=base_grid, mean=info.mean, std=info.std,
                                           batch_size=batch_size)
     path = analysis_dino.write_spectra(spectra, out / "analysis", config.get("name", "run"))
     result["analysis"] = str(path)
     result["spectra"] = spectra["layers"]
+    photos = config.eval.get("photos", "") if photos is None else photos
+    if photos and info.image_shape[-1] == 3:
+      result["photos"] = dino.photo_pca(
+          feature_fn, teacher, photos_lib.load_photos(config.eval.get("photo_size", 64), photos),
+          config, info, mesh=mesh, rules=rules, figure_path=out / "pca_photos.png")
   (out / "eval.json").write_text(json.dumps(result, indent=2))
   return result

@@ -22,6 +22,8 @@ import numpy as np
 
 from laplax import analysis_dino, analysis_lm, evaluate, heads as heads_lib
 from laplax.data import builders
+from laplax.data import photos as photos_lib
+from laplax.evals import segmentation
 from laplax.study import mean_std, paired_difference, run_grid, spec_name
 from laplax.train import classification, dino
 
@@ -34,7 +36,7 @@ def run_cell(cfg: ml_collections.ConfigDict, cell_dir: pathlib.Path, study, log=
   if not (cell_dir / "results.json").exists():
     dino.train_and_evaluate(cfg, cell_dir, log=log)
   if not (cell_dir / _SPECTRA).exists():
-    evaluate.run_dino(cell_dir, cell_dir, probes=False, analyze=True,
+    evaluate.run_dino(cell_dir, cell_dir, probes=False, analyze=True, photos="",
                       analysis_examples=study.analysis_examples, log=log)
   return {"results": json.loads((cell_dir / "results.json").read_text()),
           "spectra": json.loads((cell_dir / _SPECTRA).read_text())}
@@ -66,8 +68,10 @@ def train_and_evaluate(config, workdir, *, log=print):
 
 def pca_figure(config, specs, done, names, cell_dir, path: pathlib.Path) -> dict[str, Any]:
   """PCA pictures of the baseline and the first Laplacian spec for the first seed that has
-  both: on the horse photos (with PCA-mask IoU) for an RGB base with eval.horse_dir, else on
-  the data set's first test images. -> {'path', 'seed', 'images', 'scores' (horses only)}."""
+  both. RGB models: the horse test photos at path (with PCA-mask IoU, when eval.horse_dir is
+  set) and the packaged photos (laplax.data.photos) at path's sibling pca_photos.png (when
+  eval.photos is set); grey ones: the data set's first test images at path.
+  -> {'seed', 'figures': [{'path', 'images', 'scores' (horses only)}]}."""
   base, lap = specs[0], specs[1]
   seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
   if not seeds:
@@ -75,16 +79,27 @@ def pca_figure(config, specs, done, names, cell_dir, path: pathlib.Path) -> dict
   seed = seeds[0]
   workdirs = {names[base]: cell_dir(base, seed), names[lap]: cell_dir(lap, seed)}
   b, n = config.base, config.study.pca_images
-  rgb = builders.dataset_info(b.data.name).image_shape[-1] == 3
-  if rgb and b.eval.get("horse_dir"):
-    scores = dino.compare_pca(workdirs, b.eval.horse_dir, path, image_size=b.eval.horse_size,
-                              num_images=n, batch_size=b.data.eval_batch_size)
-    return {"path": path.name, "seed": seed, "images": "Weizmann horse test photos",
-            "scores": scores}
-  images = classification.load_data(b)["test"][0][:config.study.pca_fit_images]
-  analysis_dino.pca_comparison(workdirs, images, path, num_images=n,
-                               batch_size=b.data.eval_batch_size)
-  return {"path": path.name, "seed": seed, "images": f"{b.data.name} test images"}
+  kw = dict(batch_size=b.data.eval_batch_size)
+  figures = []
+  if builders.dataset_info(b.data.name).image_shape[-1] == 1:
+    images = classification.load_data(b)["test"][0][:config.study.pca_fit_images]
+    analysis_dino.pca_comparison(workdirs, images, path, num_images=n, **kw)
+    figures.append({"path": path.name, "images": f"{b.data.name} test images"})
+  if b.eval.get("horse_dir"):
+    test = segmentation.load_weizmann_horse(b.eval.horse_dir, b.eval.horse_size, "test")
+    scores = analysis_dino.pca_comparison(workdirs, test.images, path, masks=test.masks,
+                                          num_images=n, row_labels=test.names, **kw)
+    figures.append({"path": path.name, "images": "Weizmann horse test photos",
+                    "scores": scores})
+  if b.eval.get("photos"):
+    photo_names, photos = photos_lib.load_photos(b.eval.photo_size, b.eval.photos)
+    other = path.with_name("pca_photos.png")
+    analysis_dino.pca_comparison(workdirs, photos, other, num_images=len(photos),
+                                 row_labels=photo_names, per_image=True, **kw)
+    figures.append({"path": other.name, "images": "photos shipped with scikit-image, "
+                    "scikit-learn and matplotlib" if b.eval.photos == "builtin"
+                    else f"the photos in {b.eval.photos}", "per_image": True})
+  return {"seed": seed, "figures": figures}
 
 
 # ------------------------------------------------------------------------------------------
@@ -99,6 +114,8 @@ def _metrics(results: dict[str, Any]) -> dict[str, float]:
     out["horse_probe_fg_iou"] = float(horse["probe"]["fg_iou"])
     out["horse_probe_miou"] = float(horse["probe"]["miou"])
     out["horse_pca_mask_fg_iou"] = float(horse["pca_mask"]["fg_iou"])
+  for name, scores in results.get("transfer", {}).items():
+    out.update({f"{name}/{k}": float(v) for k, v in scores["test"].items() if k != "count"})
   return out
 
 
@@ -135,6 +152,9 @@ _LABELS = {"linear_cls": "linear probe (class token)",
 
 
 def _label(key: str) -> str:
+  if "/" in key:  # a transfer probe: '<data set>/<score>'
+    name, score = key.split("/", 1)
+    return f"{name}: {_label(score)}"
   if key.startswith("knn_top1_k"):
     return f"k-NN top-1 (k = {key[len('knn_top1_k'):]})"
   return _LABELS.get(key, key)
@@ -162,7 +182,9 @@ def verdict(summary: dict[str, Any]) -> list[str]:
       lines.append(head + "; 95 % CI above 0 for " + (", ".join(map(_label, better)) or "none")
                    + "; below 0 for " + (", ".join(map(_label, worse)) or "none")
                    + ("; all other intervals contain 0 (seed noise at this scale)."
-                      if len(better) + len(worse) < len(diffs) else "."))
+                      if len(better) + len(worse) < len(diffs) else ".")
+                   + f" With {len(diffs)} scores, about {0.05 * len(diffs):.1f} intervals would "
+                   "exclude 0 by chance alone (no multiple-comparison correction).")
     c0, c = base["spectra"][-1]["components_99"], row["spectra"][-1]["components_99"]
     r0, r = base["spectra"][-1]["effective_rank"], row["spectra"][-1]["effective_rank"]
     faster = c < c0
@@ -226,6 +248,11 @@ def write_report(workdir: pathlib.Path, config, specs, done, names, pca: dict[st
   else:
     lines.append(f"Not measured: the base run has no eval.horse_dir or reads grey "
                  f"{b.data.name} images, which cannot read RGB horse photos.")
+  transfer = sorted({k.split("/")[0] for k in keys if "/" in k})
+  if transfer:
+    lines += ["", f"Rows `{', '.join(transfer)}: ...` probe the same frozen teachers on "
+              f"another data set (transfer): its images converted to {b.data.name}'s channels "
+              "and crop size, the probes trained on its training split."]
   lines += ["", "## Spectral decay of patch tokens (mean over seeds)", "",
             "Layer 0 is the patch embedding, layer l the output of block l (no final norm); "
             "class token excluded.", "",
@@ -238,12 +265,18 @@ def write_report(workdir: pathlib.Path, config, specs, done, names, pca: dict[st
                    f"{s['effective_rank']:.2f} |")
   lines += ["", "![spectrum](spectrum.png)", "", "## PCA of patch features", ""]
   if pca:
-    lines.append(f"Seed {pca['seed']}, {pca['images']}: the first three principal components "
-                 "of the last-block patch tokens as RGB, and the first one thresholded at 0.")
-    for name, s in pca.get("scores", {}).items():
-      lines.append(f"- {name}: PCA-mask fg IoU {s['fg_iou'] * 100:.2f}, mIoU "
-                   f"{s['miou'] * 100:.2f}")
-    lines += ["", f"![pca]({pca['path']})"]
+    lines.append(f"Seed {pca['seed']}: the first three principal components of the last-block "
+                 "patch tokens as RGB, and the first one thresholded at 0 (sign: the border "
+                 "patches are background).")
+    for fig in pca["figures"]:
+      lines += ["", f"### {fig['images']}", ""]
+      lines.append("One PCA per photo (unrelated scenes: a joint PCA's first component would "
+                   "mostly separate the photos)." if fig.get("per_image") else
+                   "One PCA over all images of the set (first rows drawn).")
+      for name, s in fig.get("scores", {}).items():
+        lines.append(f"- {name}: PCA-mask fg IoU {s['fg_iou'] * 100:.2f}, mIoU "
+                     f"{s['miou'] * 100:.2f}")
+      lines += ["", f"![pca]({fig['path']})"]
   else:
     lines.append("No seed has both the baseline and a Laplacian cell yet.")
   path = workdir / "report.md"

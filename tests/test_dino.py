@@ -211,6 +211,25 @@ def test_centre_and_loss_on_the_mesh_match_one_device(mesh_step, images):
   np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-4)
 
 
+def test_step_fed_precomputed_crops_equals_the_in_step_crops(initial_state, images):
+  # benchmarks/multicrop_bench.py times this variant against the in-step crops: fed the crops
+  # the step itself would draw (batch-major, as a host pipeline stacks them), it is the same step.
+  model = _tiny_model()
+  crops, dino_cfg, tx = _tiny_setup()
+  kw = dict(seed=3, total_steps=10, steps_per_epoch=4, mean=(0.5,) * 3, std=(0.25,) * 3)
+  k_aug = jax.random.split(jax.random.fold_in(jax.random.key(3), 0), 3)[0]
+  globals_, locals_ = jax.jit(lambda k, x: mc.multicrop(k, x, crops, mean=kw["mean"],
+                                                      std=kw["std"]))(k_aug, images)
+  state = jax.tree.map(jnp.asarray, initial_state)
+  want, _ = jax.jit(dino_train.make_dino_step(model, tx, crops, dino_cfg, **kw))(
+      state, {"image": images})
+  step = dino_train.make_dino_step(model, tx, crops, dino_cfg, precomputed_crops=True, **kw)
+  got, _ = jax.jit(step)(state, {"globals": jnp.swapaxes(globals_, 0, 1),
+                                 "locals": jnp.swapaxes(locals_, 0, 1)})
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               (got.params, got.extra), (want.params, want.extra))
+
+
 def test_centre_is_the_global_batch_mean_under_sharding():
   # Teacher logits sharded over a 4x2 mesh (batch over 'data', prototypes over 'model'): the
   # jitted update equals the one-device formula, i.e. the mean is over the GLOBAL batch (the

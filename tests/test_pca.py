@@ -114,6 +114,26 @@ def test_pca_figure_writes_one_png(tmp_path):
     pca.pca_figure(images, {"bad": (rgb[:2], mask)}, tmp_path / "x.png")
 
 
+def test_per_image_pca_finds_each_images_foreground():
+  # Two images whose foregrounds differ along DIFFERENT directions, and a large offset between
+  # the images: a joint PCA's first component separates the images, per-image ones the objects.
+  rng = np.random.default_rng(3)
+  h = w = 6
+  fg = np.zeros((2, h, w), bool)
+  fg[0, 1:4, 1:4] = True
+  fg[1, 2:5, 2:5] = True
+  feats = 0.05 * rng.normal(size=(2, h, w, 4))
+  feats[0][fg[0]] += [1.0, 0, 0, 0]
+  feats[1][fg[1]] += [0, 1.0, 0, 0]
+  feats[1] += [0, 0, 20.0, 0]
+  _, joint, _ = pca.pca_panel(feats)
+  assert not np.array_equal(joint, fg)
+  rgb, mask, fitted = pca.pca_panel(feats, per_image=True)
+  np.testing.assert_array_equal(mask, fg)
+  assert rgb.shape == (2, h, w, 3) and fitted.components.shape == (2, h, w, 3)
+  assert fitted.explained_variance_ratio[0] > 0.9
+
+
 def test_bad_feature_shapes_are_rejected():
   with pytest.raises(ValueError, match=r"\(N, h, w, d\)"):
     pca.patch_pca(np.zeros((4, 16, 8)))

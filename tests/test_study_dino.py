@@ -5,6 +5,7 @@ import importlib.util
 import json
 import pathlib
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -22,13 +23,25 @@ def _load(name):
 
 
 @pytest.fixture(scope="module")
-def finished_dino_study(tmp_path_factory, fashion_mnist_dir, data_cache):
+def finished_dino_study(tmp_path_factory, shared_data, fashion_mnist_dir, data_cache):
   config = _load("study_dino")
+  # An RGB (CIFAR-10) base, so that the horse probe, the PCA pictures of horses and of the
+  # packaged photos, and the transfer probes on Fashion-MNIST all run.
   base = _load("dino_test")
-  base.data.source_dir = str(fashion_mnist_dir)
+  base.data.name = "cifar10"
+  base.data.source_dir = str(shared_data / "cifar10")
   base.data.cache_dir = str(data_cache)
   base.data.eval_subset = 64
   base.data.eval_batch_size = 64
+  base.model.patch_size = 8
+  base.multicrop.global_size = 32
+  base.multicrop.local_size = 16
+  base.eval.horse_dir = str(shared_data / "weizmann_horse")
+  base.eval.horse_size = 32
+  base.eval.seg_epochs = 2
+  base.eval.photos = "builtin"
+  base.eval.photo_size = 32
+  base.eval.transfer = {"fashion_mnist": str(fashion_mnist_dir)}
   # Compilation dominates a cell here: one block, a one-layer head, one view size, one device.
   base.model.depth = 1
   base.head.num_layers = 1
@@ -59,14 +72,20 @@ def test_dino_study_report_and_rerun(finished_dino_study):
   for heading in ("## Verdict", "## Probe scores on the test split", "k-NN top-1 (k = 20)",
                   "linear probe (class token)", "## Segmentation probe",
                   "## Spectral decay of patch tokens", "![spectrum](spectrum.png)",
-                  "## PCA of patch features", "![pca](pca.png)"):
+                  "## PCA of patch features", "![pca](pca.png)", "![pca](pca_photos.png)",
+                  "horse segmentation probe fg IoU", "horse PCA-mask fg IoU",
+                  "fashion_mnist: k-NN top-1 (k = 20)", "fashion_mnist: linear probe"):
     assert heading in text, heading
-  assert (workdir / "spectrum.png").stat().st_size > 0
-  assert (workdir / "pca.png").stat().st_size > 0
+  for name in ("spectrum.png", "pca.png", "pca_photos.png"):
+    assert (workdir / name).stat().st_size > 0
+  for cell in ("k0_s0", "k1_s0"):  # every run draws its own pictures too
+    assert (workdir / "cells" / cell / "pca_photos.png").stat().st_size > 0
+    assert (workdir / "cells" / cell / "pca_horses.png").stat().st_size > 0
   summary = json.loads((workdir / "summary.json").read_text())
   base_row, lap_row = summary["rows"]
   assert (base_row["spec"], lap_row["spec"]) == ("k0", "k1")
-  for key in ("knn_top1_k20", "linear_cls"):
+  for key in ("knn_top1_k20", "linear_cls", "fashion_mnist/knn_top1_k20",
+              "horse_probe_fg_iou"):
     mean, lo, hi = lap_row["paired_difference"][key]
     assert mean == pytest.approx(lap_row["scores"][key][0] - base_row["scores"][key][0])
     assert np.isnan(lo) and np.isnan(hi)  # one seed: no interval
@@ -116,9 +135,36 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   assert res["task"] == "dino"
   for key in ("knn_top1_k10", "knn_top1_k20", "linear_cls", "linear_last"):
     assert res["test"][key] == pytest.approx(trained["test"][key]), key
+    assert res["transfer"]["fashion_mnist"]["test"][key] == pytest.approx(
+        trained["transfer"]["fashion_mnist"]["test"][key]), key
+  assert res["photos"] == trained["photos"]
+  assert len(res["photos"]["names"]) == 9
+  assert (tmp_path / "out" / "pca_photos.png").stat().st_size > 0
   spectra = json.loads((tmp_path / "out" / "analysis" / "spectra.json").read_text())
   assert spectra["layers"] == res["spectra"]
   assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
   with pytest.raises(ValueError, match="dino run"):
     evaluate.run(cell, tmp_path / "out2", export=True)
+
+
+def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_dir, data_cache):
+  config = _load("dino_tiny")  # CIFAR-10: RGB, 32 px
+  config.data.source_dir = str(shared_data / "cifar10")
+  config.data.cache_dir = str(data_cache)
+  config.data.eval_subset = 10
+  config.eval.probe_train_size = 20
+  data = dino.transfer_data(config, "fashion_mnist", str(fashion_mnist_dir))
+  info = data["info"]
+  assert info.name == "fashion_mnist" and info.num_classes == 10
+  assert info.image_shape == (32, 32, 3) and info.mean == (0.4914, 0.4822, 0.4465)
+  grey = ml_collections.ConfigDict(config.to_dict())
+  grey.data.name, grey.data.source_dir = "fashion_mnist", str(fashion_mnist_dir)
+  own = classification.load_data(grey)
+  for split, n in (("train", 20), ("val", 10), ("test", 10)):
+    x, y = data[split]
+    assert x.shape == (n, 32, 32, 3) and x.dtype == np.uint8
+    np.testing.assert_array_equal(y, own[split][1][:n])
+    # Grey -> RGB repeats the channel; the resize keeps the picture (mean brightness).
+    assert np.array_equal(x[..., 0], x[..., 2])
+    assert abs(x.mean() - own[split][0][:n].mean()) < 2.0

@@ -269,3 +269,27 @@ def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | f
     is_val = np.zeros(n, bool)
     is_val[order[:val_size]] = True
   return images[~is_val], labels[~is_val], images[is_val], labels[is_val]
+
+
+def convert_images(images: np.ndarray, *, size: int, channels: int) -> np.ndarray:
+  """uint8 (N, H, W, C) -> uint8 (N, size, size, channels), e.g. to probe a frozen model on
+  another data set: grey -> RGB by repetition, RGB -> grey by ITU-R 601 luma (as
+  torchvision), then a bilinear, antialiased resize (PIL), one image at a time."""
+  from PIL import Image
+  images = np.asarray(images)
+  if images.ndim != 4 or images.shape[-1] not in (1, 3) or channels not in (1, 3):
+    raise ValueError(f'images {images.shape} must be (N, H, W, 1 or 3) and channels={channels} '
+                     '1 or 3')
+  if images.shape[-1] == 1 and channels == 3:
+    images = np.repeat(images, 3, axis=-1)
+  elif images.shape[-1] == 3 and channels == 1:
+    luma = images.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    images = np.clip(np.rint(luma), 0, 255).astype(np.uint8)[..., None]
+  if images.shape[1:3] == (size, size):
+    return np.ascontiguousarray(images)
+  out = np.empty((len(images), size, size, channels), np.uint8)
+  for i, im in enumerate(images):
+    resized = Image.fromarray(im[..., 0] if channels == 1 else im).resize(
+        (size, size), Image.Resampling.BILINEAR)
+    out[i] = np.asarray(resized).reshape(size, size, channels)
+  return out

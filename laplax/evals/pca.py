@@ -13,6 +13,7 @@ PCA is fitted over all N * h * w tokens together, so colours mean the same acros
       'minority': flipped so that fewer than half of all patches exceed the threshold
         (foreground is the smaller part of the set).
     The threshold is 0 by default: the component is centred over the set.
+  * `pca_panel(per_image=True)` fits one PCA per image instead (for unrelated photos);
   * masks are scored against reference masks (`mask_scores`): the first component is
     resized bilinearly to the mask resolution BEFORE thresholding (smooth boundaries, as
     laplax.evals.segmentation.predict_masks does with logits), then scored with
@@ -198,9 +199,22 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
   return path
 
 
-def pca_panel(features: np.ndarray, *, sign: SignRule = "border",
-              threshold: float = 0.0) -> tuple[np.ndarray, np.ndarray, PatchPCA]:
-  """features (N, h, w, d) -> (rgb (N, h, w, 3), mask (N, h, w) bool, the PCA) for pca_figure."""
-  pca = patch_pca(features, 3)
-  return (pca_rgb(pca.components),
-          foreground_mask(pca.components[..., 0], sign=sign, threshold=threshold), pca)
+def pca_panel(features: np.ndarray, *, sign: SignRule = "border", threshold: float = 0.0,
+              per_image: bool = False) -> tuple[np.ndarray, np.ndarray, PatchPCA]:
+  """features (N, h, w, d) -> (rgb (N, h, w, 3), mask (N, h, w) bool, the PCA) for pca_figure.
+
+  per_image: fit one PCA per image (and apply the sign rule per image) rather than one over the
+  set; for unrelated photos, where a joint first component mostly separates the images. The
+  returned PatchPCA then holds the joint components (N, h, w, 3) and the images' mean explained
+  variance ratio (basis and mean: those of the last image).
+  """
+  if not per_image:
+    pca = patch_pca(features, 3)
+    return (pca_rgb(pca.components),
+            foreground_mask(pca.components[..., 0], sign=sign, threshold=threshold), pca)
+  _check_features(np.asarray(features))
+  panels = [pca_panel(f[None], sign=sign, threshold=threshold) for f in features]
+  last = panels[-1][2]
+  pca = PatchPCA(np.concatenate([p[2].components for p in panels]), last.basis, last.mean,
+                 np.mean([p[2].explained_variance_ratio for p in panels], axis=0))
+  return (np.concatenate([p[0] for p in panels]), np.concatenate([p[1] for p in panels]), pca)

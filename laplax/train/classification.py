@@ -162,6 +162,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices_dp: int, proc
     raise ValueError(f"optim.lr={config.optim.lr} must be positive")
   if config.data.augment not in pipeline.AUGMENTATIONS:
     raise ValueError(f"data.augment={config.data.augment!r}; use one of {pipeline.AUGMENTATIONS}")
+  if config.get("total_steps", 0) < 0 or config.num_epochs <= 0:
+    raise ValueError(f"total_steps={config.get('total_steps', 0)} must be >= 0 (0: use "
+                     f"num_epochs) and num_epochs={config.num_epochs} positive")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,

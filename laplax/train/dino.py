@@ -18,6 +18,7 @@ Choices that differ from the DINO code (Caron et al. 2021, main_dino.py), on pur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import time
@@ -34,6 +35,7 @@ from laplax import heads as heads_lib
 from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
+from laplax.data import photos as photos_lib
 from laplax.data import pipeline
 from laplax.evals import knn as knn_lib
 from laplax.evals import linear_probe
@@ -79,9 +81,16 @@ def validate_config(config: ml_collections.ConfigDict, model: dino_lib.DINO,
   for name in ("momentum_teacher", "centre_momentum"):
     if not 0 <= d[name] <= 1:
       raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
-  if config.eval.get("horse_dir") and config.eval.horse_size % model.backbone.patch_size:
-    raise ValueError(f"eval.horse_size={config.eval.horse_size} is not divisible by "
-                     f"model.patch_size={model.backbone.patch_size}")
+  bank = config.eval.probe_train_size
+  ks = tuple(config.eval.knn_ks)
+  if not ks or min(ks) < 1 or (bank and max(ks) > bank):
+    raise ValueError(f"eval.knn_ks={ks} must lie in [1, "
+                     f"eval.probe_train_size={bank}] (the k-NN memory bank)")
+  for name, used in (("horse_size", config.eval.get("horse_dir")),
+                     ("photo_size", config.eval.get("photos"))):
+    if used and config.eval[name] % model.backbone.patch_size:
+      raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
+                       f"model.patch_size={model.backbone.patch_size}")
   p = model.backbone.patch_size
   for name in ("global_size", "local_size"):
     if getattr(crops, name) % p:
@@ -139,8 +148,13 @@ def _views_forward(model: dino_lib.DINO, params, views_VxBxHxWxC: Array, *,
 
 def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                    crops: multicrop_lib.MultiCropConfig, dino_config, *, seed: int,
-                   total_steps: int, steps_per_epoch: int, mean, std):
+                   total_steps: int, steps_per_epoch: int, mean, std,
+                   precomputed_crops: bool = False):
   """-> step(state, batch) -> (state, metrics); batch['image'] (B, H, W, C) in [0, 1].
+
+  precomputed_crops: the batch brings its crops instead, {'globals': (B, 2, S, S, C),
+  'locals': (B, L, s, s, C)} normalised, batch-major as a host pipeline stacks them (what
+  benchmarks/multicrop_bench.py compares with the in-step crops).
 
   Order inside one step (as in DINO): multi-crop; teacher forward on the 2 global crops (no
   gradient); student forward on all crops; loss and gradient step; last-layer freeze; EMA
@@ -157,7 +171,12 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
   def step(state: TrainState, batch: dict[str, Array]):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
     k_aug, k_global, k_local = jax.random.split(rng, 3)
-    globals_, locals_ = multicrop_lib.multicrop(k_aug, batch["image"], crops, mean=mean, std=std)
+    if precomputed_crops:
+      globals_ = jnp.swapaxes(batch["globals"], 0, 1)
+      locals_ = jnp.swapaxes(batch["locals"], 0, 1) if "locals" in batch else None
+    else:
+      globals_, locals_ = multicrop_lib.multicrop(k_aug, batch["image"], crops, mean=mean,
+                                                  std=std)
     teacher_params = jax.lax.stop_gradient(state.extra["teacher"])
     centre = state.extra["centre"]
     teacher_logits, teacher_features = forward(teacher_params, globals_, False, None)
@@ -271,6 +290,48 @@ def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collection
   return scores
 
 
+def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
+                  ) -> dict[str, Any]:
+  """Another labelled data set (e.g. Fashion-MNIST for a CIFAR-10 model) prepared for the
+  frozen model of `config`: the same val_size / eval_subset, the training split capped at
+  eval.probe_train_size, images converted to the training set's channels and global-crop size,
+  and the info's mean / std replaced by the training set's (the model's input statistics).
+  -> load_data's dict ({'info', 'train', 'val', 'test'})."""
+  target = ml_collections.ConfigDict(config.to_dict())
+  target.data.name, target.data.source_dir = name, source_dir
+  data = classification.load_data(target)
+  own = builders.dataset_info(config.data.name)
+  size, channels = config.multicrop.global_size, own.image_shape[-1]
+  cap = config.eval.probe_train_size or None
+  out = {"info": dataclasses.replace(data["info"], image_shape=(size, size, channels),
+                                     mean=own.mean, std=own.std)}
+  for split in ("train", "val", "test"):
+    x, y = data[split]
+    if split == "train":
+      x, y = x[:cap], y[:cap]
+    out[split] = (pipeline.convert_images(x, size=size, channels=channels), y)
+  return out
+
+
+def load_transfer(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
+  """transfer_data for every data set of eval.transfer ({name: source_dir}); loaded before
+  training, so that missing data stops the run before the work, not after it."""
+  return {name: transfer_data(config, name, source_dir)
+          for name, source_dir in dict(config.eval.get("transfer", {})).items()}
+
+
+def transfer_scores(feature_fn, params, config: ml_collections.ConfigDict,
+                    datasets: dict[str, dict[str, Any]], *, mesh, rules, log=print
+                    ) -> dict[str, dict[str, dict[str, float]]]:
+  """probe_scores on every data set of load_transfer -> {name: {'val': ..., 'test': ...}}."""
+  out = {}
+  for name, data in datasets.items():
+    scores = probe_scores(feature_fn, params, data, config, mesh=mesh, rules=rules)
+    log(f"transfer to {name}: {_summary({'test': scores['test']})}")
+    out[name] = scores
+  return out
+
+
 def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *, mesh, rules,
                  figure_path: pathlib.Path | None = None) -> dict[str, Any]:
   """Weizmann Horse evaluations of the frozen model's last-block patch tokens.
@@ -306,6 +367,22 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *,
   return out
 
 
+def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],
+              config: ml_collections.ConfigDict, info, *, mesh, rules,
+              figure_path: pathlib.Path) -> dict[str, Any]:
+  """PCA picture of the frozen model's last-block patch tokens on (names, uint8 photos
+  (N, S, S, 3)), e.g. laplax.data.photos.load_photos, one PCA per photo -> {'names',
+  'explained_variance_ratio' (mean over the photos)}."""
+  names, images = photos
+  feats = extract_features(feature_fn, params, images, batch_size=config.data.eval_batch_size,
+                           mean=info.mean, std=info.std, mesh=mesh, rules=rules,
+                           keys=("patches",))["patches"]
+  rgb, mask, pca = pca_lib.pca_panel(feats, per_image=True)  # unrelated photos
+  pca_lib.pca_figure(images, {"teacher": (rgb, mask)}, figure_path, row_labels=names)
+  return {"names": list(names),
+          "explained_variance_ratio": [float(r) for r in pca.explained_variance_ratio]}
+
+
 # --- The job --------------------------------------------------------------------------------
 
 
@@ -328,13 +405,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   crops = multicrop_config(config)
   validate_config(config, model, crops, sharding.data_parallel_size(mesh))
   data = classification.load_data(config)
+  transfer_sets = load_transfer(config)
   info = data["info"]
   train_x, train_y = data["train"]
   if info.image_shape[-1] not in (1, 3):
     raise ValueError(f"{info.name} has {info.image_shape[-1]} channels; multi-crop handles 1 or 3")
-  if config.eval.get("horse_dir") and info.image_shape[-1] != 3:
-    raise ValueError(f"eval.horse_dir is set but {info.name} is grey: a model trained on it "
-                     "cannot read RGB horse photos; set --config.eval.horse_dir=''")
+  for name in ("horse_dir", "photos"):
+    if config.eval.get(name) and info.image_shape[-1] != 3:
+      raise ValueError(f"eval.{name} is set but {info.name} is grey: a model trained on it "
+                       f"cannot read RGB photos; set --config.eval.{name}=''")
+  photos = (photos_lib.load_photos(config.eval.photo_size, config.eval.photos)
+            if config.eval.get("photos") else None)
 
   steps_per_epoch = len(train_x) // config.data.batch_size
   if steps_per_epoch == 0:
@@ -416,11 +497,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
              "last_train_metrics": last_summary}
   if init_path.exists():
     results["init"] = json.loads(init_path.read_text())
+  transfer = transfer_scores(feature_fn, state.extra["teacher"], config, transfer_sets,
+                             mesh=mesh, rules=rules, log=log)
+  if transfer:
+    results["transfer"] = transfer
   if config.eval.get("horse_dir"):
     results["horse"] = horse_scores(feature_fn, state.extra["teacher"], config, info, mesh=mesh,
                                     rules=rules, figure_path=workdir / "pca_horses.png")
     log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
         f"{results['horse']['pca_mask']['fg_iou']:.4f}")
+  if photos is not None:
+    results["photos"] = photo_pca(feature_fn, state.extra["teacher"], photos, config, info,
+                                  mesh=mesh, rules=rules, figure_path=workdir / "pca_photos.png")
   writer.write(step, "final", _flat(scores))
   (workdir / "results.json").write_text(json.dumps(results, indent=2))
   log(f"done: {_summary(scores)}")
@@ -466,35 +554,3 @@ def load_teacher(workdir: str | pathlib.Path, step: int | None = None):
     raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
   _, state, _ = restored
   return model, state.extra["teacher"], config, dino_lib.patch_grid(model, (size, size))
-
-
-
-def compare_pca(workdirs: dict[str, str | pathlib.Path], horse_dir: str | pathlib.Path,
-                path: str | pathlib.Path, *, image_size: int = 64, num_images: int = 6,
-                batch_size: int = 100) -> dict[str, dict[str, float]]:
-  """One PNG with the PCA pictures of several DINO workdirs side by side on the horse photos.
-
-  workdirs: {column name: workdir}, e.g. {'baseline': 'runs/dino_k0', 'Laplacian':
-  'runs/dino_k3'}, all trained on the same RGB data set. The PCA of each model is fitted over
-  all test photos (the first num_images are drawn) and its thresholded first component scored
-  against the horse masks. Returns {name: segmentation scores of the PCA mask}.
-  """
-  test = segmentation.load_weizmann_horse(horse_dir, image_size, "test")
-  panels, scores = {}, {}
-  for name, workdir in workdirs.items():
-    model, teacher, config, base_grid = load_teacher(workdir)
-    info = builders.dataset_info(config.data.name)
-    if info.image_shape[-1] != 3:
-      raise ValueError(f"{workdir} was trained on grey {info.name}; PCA pictures of horse "
-                       "photos need an RGB model")
-    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    rules = sharding.rules_from_config(config.get("axis_rules"))
-    feature_fn = make_feature_fn(model, base_grid, mesh, rules)
-    feats = extract_features(feature_fn, teacher, test.images, batch_size=batch_size,
-                             mean=info.mean, std=info.std, mesh=mesh, rules=rules,
-                             keys=("patches",))["patches"]
-    rgb, mask, pca = pca_lib.pca_panel(feats)
-    scores[name], _ = pca_lib.mask_scores(pca.components[..., 0], test.masks)
-    panels[name] = (rgb[:num_images], mask[:num_images])
-  pca_lib.pca_figure(test.images[:num_images], panels, path, row_labels=test.names[:num_images])
-  return scores
