@@ -246,8 +246,8 @@ def write_report(workdir: pathlib.Path, config, specs, done, names, pca: dict[st
                  "first PCA component, both scored against the test masks (rows `horse ...` "
                  "above).")
   else:
-    lines.append(f"Not measured: the base run has no eval.horse_dir or reads grey "
-                 f"{b.data.name} images, which cannot read RGB horse photos.")
+    lines.append(f"Not measured: eval.horse_dir is unset, or the models read grey "
+                 f"{b.data.name} images and cannot take the RGB horse photos.")
   transfer = sorted({k.split("/")[0] for k in keys if "/" in k})
   if transfer:
     lines += ["", f"Rows `{', '.join(transfer)}: ...` probe the same frozen teachers on "
