@@ -13,10 +13,10 @@ linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
       --limit=50 --analyze
 
 DINO runs (config task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and
-test, and with --analyze the per-layer spectral decay of its patch tokens on the first
---analysis_examples test images (analysis/spectra.json, analysis/spectrum.png), and the PCA picture of photos
-(pca_photos.png; --photos=DIR for your own). Probes on other data sets come from the run's
-eval.transfer (CIFAR-10 runs: Fashion-MNIST):
+test and on the run's eval.transfer data sets (CIFAR-10 runs: Fashion-MNIST too); with
+--analyze the per-layer spectral decay of its patch tokens on the first --analysis_examples
+test images (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of photos
+(pca_photos.png; --photos=DIR for your own):
 
   python eval.py --workdir=runs/dino_k3 --analyze
 

@@ -41,16 +41,15 @@ def test_config_is_valid(name):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"knn_ks": (10, 600)}, "eval.knn_ks=\\(10, 600\\) must lie in \\[1, eval.probe_train_size=512\\]"),
-    ({"photos": "builtin", "photo_size": 30}, "eval.photo_size=30 is not divisible by model.patch_size=7"),
+    ({"eval.knn_ks": (10, 600)},
+     "eval.knn_ks=\\(10, 600\\) must lie in \\[1, eval.probe_train_size=512\\]"),
+    ({"eval.photos": "builtin", "eval.photo_size": 30},
+     "eval.photo_size=30 is not divisible by model.patch_size=7"),
     ({"total_steps": -5}, "total_steps=-5 must be >= 0"),
 ])
 def test_dino_config_errors_before_training(override, message):
   config = _load("dino_test")
-  if "total_steps" in override:
-    config.update(override)
-  else:
-    config.eval.update(override)
+  config.update_from_flattened_dict(override)
   with pytest.raises(ValueError, match=message):
     dino.validate_config(config, dino.build_model(config), dino.multicrop_config(config), 1)
 
