@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax import geometry, sharding
-from laplax.data import builders, pipeline
+from laplax import geometry
+from laplax.data import pipeline
 from laplax.evals import pca as pca_lib
 from laplax.models import dino as dino_lib
 from laplax.train import dino as dino_train
@@ -97,34 +97,31 @@ def write_spectra(spectra: dict[str, Any], out: pathlib.Path, name: str) -> path
   return path
 
 
-def pca_comparison(workdirs: dict[str, str | pathlib.Path], images: np.ndarray,
-                   path: str | pathlib.Path, *, masks: np.ndarray | None = None,
-                   num_images: int = 6, batch_size: int = 250, row_labels=None,
-                   per_image: bool = False) -> dict[str, dict[str, float]]:
+def pca_comparison(teachers: dict[str, str | pathlib.Path | dino_train.FrozenTeacher],
+                   images: np.ndarray, path: str | pathlib.Path, *,
+                   masks: np.ndarray | None = None, num_images: int = 6, batch_size: int = 250,
+                   row_labels=None, per_image: bool = False) -> dict[str, dict[str, float]]:
   """One PNG: PCA pictures of several DINO teachers' last-block patch tokens, side by side.
 
-  workdirs: {column name: DINO workdir}, e.g. {'baseline': 'runs/dino_k0', 'Laplacian':
-  'runs/dino_k3'}, all trained on the same data set; images: uint8 (N, H, W, C) with that data
-  set's channels, any size divisible by the patch size (the position table is resized). The
-  PCA of each teacher is fitted over all N images (per_image: one per image, for unrelated
-  photos) and the first num_images are drawn. With
-  masks (N, H, W) {0, 1}, each thresholded first component is scored against them.
+  teachers: {column name: DINO workdir or dino.frozen_teacher(workdir)}, e.g. {'baseline':
+  'runs/dino_k0', 'Laplacian': 'runs/dino_k3'}, all trained on the same data set (pass loaded
+  teachers to draw several figures without reloading). images: uint8 (N, H, W, C) with that
+  data set's channels, any size divisible by the patch size (the position table is resized).
+  The PCA of each teacher is fitted over all N images (per_image: one per image, for unrelated
+  photos) and the first num_images are drawn. With masks (N, H, W) {0, 1}, each thresholded
+  first component is scored against them.
   Returns {name: segmentation scores of the PCA mask} ({} without masks).
   """
   images = np.asarray(images)
   panels, scores = {}, {}
-  for name, workdir in workdirs.items():
-    model, teacher, config, base_grid = dino_train.load_teacher(workdir)
-    info = builders.dataset_info(config.data.name)
-    if images.ndim != 4 or images.shape[-1] != info.image_shape[-1]:
-      raise ValueError(f"images have shape {images.shape}; {workdir} reads "
-                       f"{info.image_shape[-1]}-channel images (N, H, W, C)")
-    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    rules = sharding.rules_from_config(config.get("axis_rules"))
-    feature_fn = dino_train.make_feature_fn(model, base_grid, mesh, rules)
-    feats = dino_train.extract_features(feature_fn, teacher, images, batch_size=batch_size,
-                                        mean=info.mean, std=info.std, mesh=mesh, rules=rules,
-                                        keys=("patches",))["patches"]
+  for name, teacher in teachers.items():
+    if not isinstance(teacher, dino_train.FrozenTeacher):
+      teacher = dino_train.frozen_teacher(teacher)
+    channels = teacher.info.image_shape[-1]
+    if images.ndim != 4 or images.shape[-1] != channels:
+      raise ValueError(f"images have shape {images.shape}; teacher {name!r} reads "
+                       f"{channels}-channel images (N, H, W, C)")
+    feats = teacher.features(images, batch_size=batch_size, keys=("patches",))["patches"]
     rgb, mask, pca = pca_lib.pca_panel(feats, per_image=per_image)
     if masks is not None:
       scores[name], _ = pca_lib.mask_scores(pca.components[..., 0], masks)

@@ -178,25 +178,23 @@ def run_dino(workdir, out, *, probes: bool = True, analyze: bool = False,
   from laplax.train import dino
 
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
-  model, teacher, config, base_grid = dino.load_teacher(workdir)
+  t = dino.frozen_teacher(workdir)
+  config, info = t.config, t.info
   result: dict[str, Any] = {"task": "dino"}
   data = classification.load_data(config)
-  info = data["info"]
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  feature_fn = dino.make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
+  kw = dict(mesh=t.mesh, rules=t.rules)
   if probes:
-    result.update(dino.probe_scores(feature_fn, teacher, data, config, mesh=mesh, rules=rules))
+    result.update(dino.probe_scores(t.feature_fn, t.params, data, config, **kw))
     log("test probes: " + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()
                                     if k != "count"))
-    transfer = dino.transfer_scores(feature_fn, teacher, config, dino.load_transfer(config),
-                                    mesh=mesh, rules=rules, log=log)
+    transfer = dino.transfer_scores(t.feature_fn, t.params, config, dino.load_transfer(config),
+                                    log=log, **kw)
     if transfer:
       result["transfer"] = transfer
   out.mkdir(parents=True, exist_ok=True)
   if analyze:
-    spectra = analysis_dino.patch_spectra(model, teacher, data["test"][0][:analysis_examples],
-                                          base_grid=base_grid, mean=info.mean, std=info.std,
+    spectra = analysis_dino.patch_spectra(t.model, t.params, data["test"][0][:analysis_examples],
+                                          base_grid=t.base_grid, mean=info.mean, std=info.std,
                                           batch_size=batch_size)
     path = analysis_dino.write_spectra(spectra, out / "analysis", config.get("name", "run"))
     result["analysis"] = str(path)
@@ -204,7 +202,8 @@ def run_dino(workdir, out, *, probes: bool = True, analyze: bool = False,
     photos = config.eval.get("photos", "") if photos is None else photos
     if photos and info.image_shape[-1] == 3:
       result["photos"] = dino.photo_pca(
-          feature_fn, teacher, photos_lib.load_photos(config.eval.get("photo_size", 64), photos),
-          config, info, mesh=mesh, rules=rules, figure_path=out / "pca_photos.png")
+          t.feature_fn, t.params,
+          photos_lib.load_photos(config.eval.get("photo_size", 64), photos), config, info,
+          figure_path=out / "pca_photos.png", **kw)
   (out / "eval.json").write_text(json.dumps(result, indent=2))
   return result

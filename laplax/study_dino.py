@@ -77,24 +77,25 @@ def pca_figure(config, specs, done, names, cell_dir, path: pathlib.Path) -> dict
   if not seeds:
     return {}
   seed = seeds[0]
-  workdirs = {names[base]: cell_dir(base, seed), names[lap]: cell_dir(lap, seed)}
+  # Loaded once for all figures: one restore and one feature compilation per teacher.
+  teachers = {names[spec]: dino.frozen_teacher(cell_dir(spec, seed)) for spec in (base, lap)}
   b, n = config.base, config.study.pca_images
   kw = dict(batch_size=b.data.eval_batch_size)
   figures = []
   if builders.dataset_info(b.data.name).image_shape[-1] == 1:
     images = classification.load_data(b)["test"][0][:config.study.pca_fit_images]
-    analysis_dino.pca_comparison(workdirs, images, path, num_images=n, **kw)
+    analysis_dino.pca_comparison(teachers, images, path, num_images=n, **kw)
     figures.append({"path": path.name, "images": f"{b.data.name} test images"})
   if b.eval.get("horse_dir"):
     test = segmentation.load_weizmann_horse(b.eval.horse_dir, b.eval.horse_size, "test")
-    scores = analysis_dino.pca_comparison(workdirs, test.images, path, masks=test.masks,
+    scores = analysis_dino.pca_comparison(teachers, test.images, path, masks=test.masks,
                                           num_images=n, row_labels=test.names, **kw)
     figures.append({"path": path.name, "images": "Weizmann horse test photos",
                     "scores": scores})
   if b.eval.get("photos"):
     photo_names, photos = photos_lib.load_photos(b.eval.photo_size, b.eval.photos)
     other = path.with_name("pca_photos.png")
-    analysis_dino.pca_comparison(workdirs, photos, other, num_images=len(photos),
+    analysis_dino.pca_comparison(teachers, photos, other, num_images=len(photos),
                                  row_labels=photo_names, per_image=True, **kw)
     figures.append({"path": other.name, "images": "photos shipped with scikit-image, "
                     "scikit-learn and matplotlib" if b.eval.photos == "builtin"

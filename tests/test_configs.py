@@ -1,6 +1,6 @@
 """Every shipped config loads, names a known task and passes its trainer's checks."""
 
-import importlib.util
+import importlib
 import pathlib
 
 import pytest
@@ -16,10 +16,7 @@ CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FI
 
 def _load(name):
   name, *arg = name.split(":")
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(*arg)
+  return importlib.import_module(f"configs.{name}").get_config(*arg)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

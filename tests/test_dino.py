@@ -1,8 +1,6 @@
 """DINO: loss vs NumPy, head, one step on a 4x2 mesh (EMA teacher, centre, loss) against one-device
 computations, multi-crop, and a tiny end-to-end run through train_and_evaluate."""
-import importlib.util
 import json
-import pathlib
 
 import flax.linen as nn
 import jax
@@ -11,14 +9,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import dino_test
 from laplax import sharding
 from laplax.data import multicrop as mc
 from laplax.models import dino as dino_lib
 from laplax.models import vit
 from laplax.train import dino as dino_train
 from laplax.train.state import TrainState, make_optimizer
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 # --- Loss, head, schedules ------------------------------------------------------------------
@@ -337,10 +334,7 @@ def test_multicrop_config_errors():
 
 
 def _test_config(fashion_mnist_dir, data_cache):
-  spec = importlib.util.spec_from_file_location("dino_test", REPO / "configs" / "dino_test.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = dino_test.get_config()
   config.data.source_dir = str(fashion_mnist_dir)
   config.data.cache_dir = str(data_cache)
   return config

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import lm_test
 from laplax.data import text
 from laplax.data.builders import DataError
 from laplax.models import gpt
@@ -181,13 +182,7 @@ def test_bits_per_byte_on_a_known_distribution():
 
 
 def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location(
-      "lm_test", pathlib.Path(__file__).resolve().parents[1] / "configs" / "lm_test.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = lm_test.get_config()
   config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
   config.data.cache_dir = str(tmp_path / "cache")
   lines = []

@@ -1,23 +1,17 @@
 """eval.py's LM mode end to end: a few-step GPT run, every task on two items, the geometry."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
+from configs import lm_test
 from laplax import evaluate
 from laplax.train import lm
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, shared_data):
-  spec = importlib.util.spec_from_file_location("lm_test", REPO / "configs" / "lm_test.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = lm_test.get_config()
   tmp = tmp_path_factory.mktemp("lm_eval")
   config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
   config.data.cache_dir = str(tmp / "cache")

@@ -2,9 +2,8 @@
 with horses, photos and Fashion-MNIST transfer probes), its spectra against a direct NumPy
 eigendecomposition, a rerun that skips finished cells, eval.py's DINO mode, transfer data."""
 
-import importlib.util
+import importlib
 import json
-import pathlib
 
 import ml_collections
 import numpy as np
@@ -13,14 +12,9 @@ import pytest
 from laplax import analysis_dino, evaluate, study_dino
 from laplax.train import classification, dino, tasks
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _load(name):
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return importlib.import_module(f"configs.{name}").get_config()
 
 
 @pytest.fixture(scope="module")

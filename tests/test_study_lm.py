@@ -1,20 +1,14 @@
 """The LM study end to end at toy size: 2 specs x 2 seeds, report with paired differences."""
 
-import importlib.util
+import importlib
 import json
-import pathlib
 
 from laplax import study_lm
 from laplax.train import tasks
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _load(name):
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return importlib.import_module(f"configs.{name}").get_config()
 
 
 def test_lm_study_report(tmp_path, shared_data):

@@ -29,6 +29,7 @@ Every result carries its chance level: 0.25 for the four-choice tasks, 0 for the
 
 from __future__ import annotations
 
+import abc
 import csv
 import dataclasses
 import gzip
@@ -122,14 +123,15 @@ def _argmax_per_item(scores: Sequence[float], sizes: Sequence[int]) -> list[int]
   return out
 
 
-class MultipleChoiceTask:
+class MultipleChoiceTask(abc.ABC):
   """Shared scoring of four-choice tasks; subclasses define `name` and `load`."""
 
   name = "multiple_choice"
   chance = 0.25
 
+  @abc.abstractmethod
   def load(self, data_dir, limit: int | None = None) -> list[ChoiceItem]:
-    raise NotImplementedError
+    """The task's items from data_dir (the first `limit` when given)."""
 
   def header(self, item: ChoiceItem) -> str:
     return ""

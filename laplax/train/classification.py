@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -23,7 +22,8 @@ from laplax import sharding
 from laplax.data import builders, pipeline
 from laplax.models import vit
 from laplax.train import checkpoint as ckpt_lib
-from laplax.train.metrics import MetricsWriter, Progress, interval_summary
+from laplax.train import loop
+from laplax.train.metrics import MetricsWriter
 from laplax.train.state import TrainState, learning_rate_schedule, make_optimizer
 from laplax.train.steps import make_train_step
 
@@ -220,31 +220,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   eval_kw = dict(batch_size=config.data.eval_batch_size, info=info, mesh=mesh, rules=rules)
 
   writer = MetricsWriter(workdir)
-  progress = Progress(total_steps, name=config.get("name", "train"), start=start_step)
-  pending: list[dict[str, jax.Array]] = []
-  t_last, step = time.time(), start_step
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    while step < total_steps:
-      batch = sharding.host_batch_to_global(next(train_iter), mesh)
-      state, metrics = step_fn(state, batch)
-      step += 1
-      pending.append(metrics)
-      if step % config.log_every == 0 or step == total_steps:
-        now = time.time()
-        summary = interval_summary(pending, items_per_step=config.data.batch_size,
-                                   unit="images", seconds=now - t_last, lr=schedule(step))
-        writer.write(step, "train", summary)
-        progress.update(step, f"loss {summary['loss']:.4f}  acc {summary['accuracy']:.3f}")
-        pending, t_last = [], now
-      if config.eval_every and step % config.eval_every == 0 and step < total_steps:
-        val = evaluate(eval_fn, state.params, *data["val"], **eval_kw)
-        writer.write(step, "val", val)
-        log(f"[{config.get('name', 'train')}] step {step}: val accuracy {val['accuracy']:.4f}")
-        t_last = time.time()
-      checkpointer.save(step, state, {"data": train_iter.get_state()},
-                        force=step == total_steps)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
+
+  def validate(state, step):
+    val = evaluate(eval_fn, state.params, *data["val"], **eval_kw)
+    writer.write(step, "val", val)
+    log(f"[{config.get('name', 'train')}] step {step}: val accuracy {val['accuracy']:.4f}")
+
+  state, _ = loop.run_steps(
+      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+      start_step=start_step, total_steps=total_steps, log_every=config.log_every,
+      items_per_step=config.data.batch_size, unit="images", schedule=schedule,
+      name=config.get("name", "train"),
+      describe=lambda m: f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}",
+      evaluate=validate, eval_every=config.eval_every)
+  step = int(state.step)
 
   results = {"step": step, "val": evaluate(eval_fn, state.params, *data["val"], **eval_kw),
              "test": evaluate(eval_fn, state.params, *data["test"], **eval_kw),

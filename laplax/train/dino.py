@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -44,7 +44,8 @@ from laplax.evals import segmentation
 from laplax.models import dino as dino_lib
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import classification
-from laplax.train.metrics import MetricsWriter, Progress, interval_summary
+from laplax.train import loop
+from laplax.train.metrics import MetricsWriter
 from laplax.train.state import TrainState, learning_rate_schedule, make_optimizer
 
 Array = jax.Array
@@ -467,30 +468,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     step_fn = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
                       out_shardings=(state_shardings, None), donate_argnums=(0,))
 
-  progress = Progress(total_steps, name=config.get("name", "dino"), start=start_step)
-  pending: list[dict[str, Array]] = []
-  t_last, step = time.time(), start_step
-  last_summary: dict[str, float] = {}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    while step < total_steps:
-      batch = next(train_iter)
-      batch = sharding.host_batch_to_global({"image": batch["image"]}, mesh)
-      state, metrics = step_fn(state, batch)
-      step += 1
-      pending.append(metrics)
-      if step % config.log_every == 0 or step == total_steps:
-        now = time.time()
-        summary = interval_summary(pending, items_per_step=config.data.batch_size,
-                                   unit="images", seconds=now - t_last, lr=schedule(step))
-        writer.write(step, "train", summary)
-        progress.update(step, f"loss {summary['loss']:.4f}  H(teacher) "
-                        f"{summary['teacher_entropy']:.3f}  KL {summary['kl']:.3f}  "
-                        f"rank {summary['effective_rank']:.1f}")
-        pending, t_last, last_summary = [], now, summary
-      checkpointer.save(step, state, {"data": train_iter.get_state()},
-                        force=step == total_steps)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
+  state, last_summary = loop.run_steps(
+      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+      start_step=start_step, total_steps=total_steps, log_every=config.log_every,
+      items_per_step=config.data.batch_size, unit="images", schedule=schedule,
+      name=config.get("name", "dino"), batch_keys=("image",),
+      describe=lambda m: (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  "
+                          f"KL {m['kl']:.3f}  rank {m['effective_rank']:.1f}"))
+  step = int(state.step)
 
   scores = probe_scores(feature_fn, state.extra["teacher"], data, config, mesh=mesh, rules=rules)
   results = {"step": step, **scores, "params": n_params, "laplacian_heads": describe,
@@ -554,3 +539,32 @@ def load_teacher(workdir: str | pathlib.Path, step: int | None = None):
     raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
   _, state, _ = restored
   return model, state.extra["teacher"], config, dino_lib.patch_grid(model, (size, size))
+
+
+class FrozenTeacher(NamedTuple):
+  """A DINO run's teacher set up for features on one device (see `frozen_teacher`)."""
+  model: dino_lib.DINO
+  params: Any
+  config: ml_collections.ConfigDict
+  info: builders.ImageDatasetInfo
+  base_grid: tuple[int, int]
+  mesh: Any
+  rules: Any
+  feature_fn: Callable
+
+  def features(self, images: np.ndarray, *, batch_size: int,
+               keys: tuple[str, ...] = ("cls", "last")) -> dict[str, np.ndarray]:
+    """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} (make_feature_fn's keys)."""
+    return extract_features(self.feature_fn, self.params, images, batch_size=batch_size,
+                            mean=self.info.mean, std=self.info.std, mesh=self.mesh,
+                            rules=self.rules, keys=keys)
+
+
+def frozen_teacher(workdir: str | pathlib.Path) -> FrozenTeacher:
+  """load_teacher plus a one-device mesh, the run's axis rules and its jitted feature_fn."""
+  model, teacher, config, base_grid = load_teacher(workdir)
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  feature_fn = make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
+  return FrozenTeacher(model, teacher, config, builders.dataset_info(config.data.name),
+                       base_grid, mesh, rules, feature_fn)

@@ -29,7 +29,8 @@ from laplax.data import text
 from laplax.models import gpt
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train.classification import check_workdir_config, create_state
-from laplax.train.metrics import MetricsWriter, Progress, format_seconds, interval_summary
+from laplax.train import loop
+from laplax.train.metrics import MetricsWriter, format_seconds
 from laplax.train.state import TrainState, decay_mask
 from laplax.train.steps import make_train_step
 
@@ -239,32 +240,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                            grad_accum_steps=config.optim.grad_accum_steps)
   eval_fn = make_eval_fn(model, tokenizer.token_byte_lengths(), mesh, rules)
   writer = MetricsWriter(workdir)
-  progress = Progress(total_steps, name=name, start=start_step)
-  pending: list[dict[str, jax.Array]] = []
-  t_last, t_start, step = time.time(), time.time(), start_step
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    while step < total_steps:
-      batch = sharding.host_batch_to_global(next(train_iter), mesh)
-      state, metrics = step_fn(state, batch)
-      step += 1
-      pending.append(metrics)
-      if step % config.log_every == 0 or step == total_steps:
-        now = time.time()
-        summary = interval_summary(pending, items_per_step=tokens_per_step, unit="tokens",
-                                   seconds=now - t_last, lr=schedule(step))
-        writer.write(step, "train", summary)
-        progress.update(step, f"loss {summary['loss']:.4f}  "
-                              f"{summary['tokens_per_s']:,.0f} tok/s")
-        pending, t_last = [], now
-      if config.eval_every and step % config.eval_every == 0 and step < total_steps:
-        val = evaluate(eval_fn, state.params, val_batches(), mesh, rules)
-        writer.write(step, "val", val)
-        log(f"[{name}] step {step}: val loss {val['loss']:.4f}  bpb {val['bpb']:.4f}")
-        t_last = time.time()
-      checkpointer.save(step, state, {"data": train_iter.get_state()},
-                        force=step == total_steps)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
+
+  def validate(state, step):
+    val = evaluate(eval_fn, state.params, val_batches(), mesh, rules)
+    writer.write(step, "val", val)
+    log(f"[{name}] step {step}: val loss {val['loss']:.4f}  bpb {val['bpb']:.4f}")
+
+  t_start = time.time()
+  state, _ = loop.run_steps(
+      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+      start_step=start_step, total_steps=total_steps, log_every=config.log_every,
+      items_per_step=tokens_per_step, unit="tokens", schedule=schedule, name=name,
+      describe=lambda m: f"loss {m['loss']:.4f}  {m['tokens_per_s']:,.0f} tok/s",
+      evaluate=validate, eval_every=config.eval_every)
+  step = int(state.step)
   train_time = time.time() - t_start
 
   val = evaluate(eval_fn, state.params, val_batches(), mesh, rules)
