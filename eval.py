@@ -20,17 +20,18 @@ test images (analysis/spectra.json, analysis/spectrum.png) and the PCA picture o
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
-Task data is read from --data_dir (default $LAPLAX_SHARED_DATA, else ../shared/data next to the
-repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
+Task data is read from --data_dir (default: laplax.data.shared.shared_data_dir(), i.e.
+$LAPLAX_SHARED_DATA, else ../shared/data next to the repository, else /work/shared/data), laid
+out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 """
 
 import json
-import os
 import pathlib
 
 from absl import app, flags
 
 from laplax import cli
+from laplax.data.shared import shared_data_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory.")
@@ -53,8 +54,7 @@ def main(argv):
   del argv
   from laplax import evaluate
   out = pathlib.Path(FLAGS.out or FLAGS.workdir)
-  data_dir = FLAGS.data_dir or os.environ.get(
-      "LAPLAX_SHARED_DATA", str(pathlib.Path(__file__).resolve().parents[1] / "shared" / "data"))
+  data_dir = FLAGS.data_dir or str(shared_data_dir())
   analysis_examples = FLAGS.analysis_examples
   if evaluate.run_task(FLAGS.workdir) == "lm" and not FLAGS["analysis_examples"].present:
     analysis_examples = 256  # validation windows for an lm run's geometry

@@ -25,13 +25,12 @@ would use model.preset='S', bfloat16, out_dim 65536 (hidden 2048, bottleneck 256
 drop_path 0.1, 6-10 local crops, 100+ epochs with the teacher temperature warmed over 30.
 """
 
-import os
-import pathlib
 
 import ml_collections
 
-_SHARED = pathlib.Path(os.environ.get(
-    "LAPLAX_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+from laplax.data.shared import shared_data_dir
+
+_SHARED = shared_data_dir()
 
 
 def get_config() -> ml_collections.ConfigDict:

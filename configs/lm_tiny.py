@@ -19,13 +19,12 @@ One seed each and a very short run: differences of this size need seeds before a
 For scale: a unigram model of the same tokens gives 2.68 bpb, gzip -9 of the text 2.70.
 """
 
-import os
-import pathlib
 
 import ml_collections
 
-_SHARED = pathlib.Path(os.environ.get(
-    "LAPLAX_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+from laplax.data.shared import shared_data_dir
+
+_SHARED = shared_data_dir()
 
 
 def get_config() -> ml_collections.ConfigDict:

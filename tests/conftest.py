@@ -8,8 +8,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
+from laplax.data.shared import shared_data_dir  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = pathlib.Path(os.environ.get("LAPLAX_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED_DATA = shared_data_dir()
 FASHION_MNIST_DIR = pathlib.Path(os.environ.get("LAPLAX_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
 
 

@@ -61,3 +61,15 @@ def test_config_file_errors_fold_to_their_last_line():
       "flag --config=configs/study_dino.py:mnist: Error whilst parsing config file: ValueError: "
       "configs/study_dino.py:mnist: use one of ['cifar10', 'fashion_mnist']")
   assert cli.one_line(ValueError("plain\nmessage")) == "plain message"
+
+
+def test_shared_data_dir_prefers_env_then_the_first_existing_place(tmp_path, monkeypatch):
+  from laplax.data import shared
+  monkeypatch.setenv("LAPLAX_SHARED_DATA", str(tmp_path / "mine"))
+  assert shared.shared_data_dir() == tmp_path / "mine"
+  monkeypatch.delenv("LAPLAX_SHARED_DATA")
+  (tmp_path / "second").mkdir()
+  monkeypatch.setattr(shared, "_CANDIDATES", (tmp_path / "first", tmp_path / "second"))
+  assert shared.shared_data_dir() == tmp_path / "second"
+  monkeypatch.setattr(shared, "_CANDIDATES", (tmp_path / "first", tmp_path / "third"))
+  assert shared.shared_data_dir() == tmp_path / "first"  # errors then name the documented place
