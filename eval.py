@@ -1,28 +1,27 @@
-r"""Evaluates, exports and analyses a train.py run.
+r"""Evaluates, exports and analyses a train.py run; what it measures depends on the run's task.
 
   python eval.py --workdir=runs/fmnist                 # test accuracy of the latest checkpoint
-  python eval.py --workdir=runs/fmnist --export        # + export.npz (flat params) + config.json
+  python eval.py --workdir=runs/fmnist --export        # + export.npz / export.json (NumPy-only)
   python eval.py --workdir=runs/fmnist --analyze       # + analysis/geometry.json and plots
 
-`--workdir` may also be a directory made by --export (export.npz + config.json).
+`--workdir` may also be a directory made by --export.
 
-Language-model runs (config task 'lm'): benchmark accuracies next to chance, and with --analyze
+Language-model runs (task 'lm'): benchmark accuracies next to chance, and with --analyze
 linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
 
   python eval.py --workdir=runs/lm --tasks=arc_easy,arc_challenge,mmlu,gsm8k,humaneval,lambada \
       --limit=50 --analyze
 
-DINO runs (config task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and
-test and on the run's eval.transfer data sets (CIFAR-10 runs: Fashion-MNIST too); with
---analyze the per-layer spectral decay of its patch tokens on the first --analysis_examples
-test images (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of photos
+DINO runs (task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and test and on
+the run's eval.transfer data sets; with --analyze the per-layer spectral decay of its patch
+tokens (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of photos
 (pca_photos.png; --photos=DIR for your own):
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
-Task data is read from --data_dir (default: laplax.data.shared.shared_data_dir(), i.e.
-$LAPLAX_SHARED_DATA, else ../shared/data next to the repository, else /work/shared/data), laid
-out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
+Task data is read from --data_dir (default: $LAPLAX_SHARED_DATA, else ../shared/data next to
+the repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
+Reading a run never writes into its workdir's checkpoints/: it is safe next to a live trainer.
 """
 
 import json
@@ -31,13 +30,14 @@ import pathlib
 from absl import app, flags
 
 from laplax import cli
-from laplax.data.shared import shared_data_dir
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A train.py work directory.")
-flags.DEFINE_bool("export", False, "Write export.npz (flat parameter arrays) and config.json.")
-flags.DEFINE_bool("analyze", False, "Per-layer token geometry on the test split, with plots.")
-flags.DEFINE_integer("analysis_examples", 2000, "Test examples used for the geometry analysis.")
+flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
+flags.DEFINE_bool("export", False, "Write export.npz (flat parameter arrays), export.json and "
+                  "config.json.")
+flags.DEFINE_bool("analyze", False, "Per-layer token geometry, with plots.")
+flags.DEFINE_integer("analysis_examples", None, "Examples used for the geometry analysis "
+                     "(default: 2000 test images; 256 validation windows for lm runs).")
 flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
 flags.DEFINE_list("tasks", [], "LM runs: benchmark tasks (arc_easy, arc_challenge, mmlu, gsm8k, "
                   "humaneval, lambada).")
@@ -52,16 +52,20 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
   del argv
-  from laplax import evaluate
-  out = pathlib.Path(FLAGS.out or FLAGS.workdir)
-  data_dir = FLAGS.data_dir or str(shared_data_dir())
-  analysis_examples = FLAGS.analysis_examples
-  if evaluate.run_task(FLAGS.workdir) == "lm" and not FLAGS["analysis_examples"].present:
-    analysis_examples = 256  # validation windows for an lm run's geometry
-  cli.run_main(lambda: print(json.dumps(evaluate.run(
-      FLAGS.workdir, out, export=FLAGS.export, analyze=FLAGS.analyze,
-      analysis_examples=analysis_examples, tasks=FLAGS.tasks, limit=FLAGS.limit,
-      data_dir=data_dir, photos=FLAGS.photos), indent=2)))
+  cli.quiet_logging()
+
+  def work():
+    from laplax.data.shared import shared_data_dir
+    from laplax.evals import run
+    from laplax.tasks import EvalOptions
+    options = EvalOptions(export=FLAGS.export, analyze=FLAGS.analyze,
+                          analysis_examples=FLAGS.analysis_examples, tasks=tuple(FLAGS.tasks),
+                          limit=FLAGS.limit, data_dir=FLAGS.data_dir or str(shared_data_dir()),
+                          photos=FLAGS.photos)
+    print(json.dumps(run.run(FLAGS.workdir, pathlib.Path(FLAGS.out or FLAGS.workdir), options),
+                     indent=2))
+
+  cli.run_main(work)
 
 
 if __name__ == "__main__":

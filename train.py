@@ -1,10 +1,10 @@
-r"""Trains a model from an ml_collections config; resumes from the workdir's checkpoints.
+r"""Trains a model (or runs a study) from an ml_collections config; resumes from the workdir.
 
   python train.py --config=configs/fashion_mnist_vit.py --workdir=runs/fmnist \
       --config.model.laplacian_heads=4
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from laplax import cli
@@ -19,12 +19,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
+  cli.quiet_logging()
   import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
     jax.distributed.initialize()
-  from laplax.train import tasks
-  cli.run_main(lambda: tasks.train(FLAGS.config, FLAGS.workdir))
+  from laplax.train import trainer
+  cli.run_main(lambda: trainer.run(FLAGS.config, FLAGS.workdir))
 
 
 if __name__ == "__main__":

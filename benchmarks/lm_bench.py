@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -23,8 +24,9 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models import gpt
-from laplax.train import lm
-from laplax.train.classification import create_state
+from configs import test as test_configs
+from laplax.tasks import lm
+from laplax.train import trainer
 
 
 def parse_args():
@@ -62,17 +64,22 @@ def main():
       lr=1e-3, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=10,
       warmdown_fraction=0.2, final_lr_fraction=0.0, weight_decay=0.0, b1=0.9, b2=0.95,
       clip_norm=1.0))
-  tx = lm.make_optimizer(optim, 10_000)
+  tx = lm.lm_optimizer(optim, 10_000)
+  task_config = test_configs.get_config("lm")
+  task_config.data.seq_len = args.seq_len
+  task = lm.LanguageModelTask(task_config)
   mesh = sharding.make_mesh({"data": -1})
   rules = sharding.rules_from_config(())
-  sample = jnp.zeros((1, args.seq_len), jnp.int32)
   rng = np.random.default_rng(0)
   batch = {"tokens": rng.integers(0, args.vocab, (args.batch, args.seq_len + 1), np.int32)}
   batch = sharding.host_batch_to_global(batch, mesh)
   states, steps, compile_s = {}, {}, {}
   for name, model in models.items():
-    state, shardings = create_state(model, tx, mesh, rules, sample, seed=0)
-    steps[name] = lm.jit_train_step(model, tx, mesh, rules, shardings, seed=0)
+    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      steps[name] = jax.jit(task.make_step(model, tx, 10_000),
+                            in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                            out_shardings=(shardings, None), donate_argnums=(0,))
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
       states[name] = block(steps[name](state, batch))[0]

@@ -36,7 +36,6 @@ augmentation cost does not depend on content.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import pathlib
 import sys
@@ -58,10 +57,10 @@ from benchmarks import common
 from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
-from laplax.train import dino as dino_train
+from laplax.tasks import dino as dino_task
+from laplax.train import trainer
 from laplax.train.state import make_optimizer
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
 _LUMA = np.asarray((0.299, 0.587, 0.114), np.float32)  # as multicrop._LUMA
 _NUM_DRAWS = 13  # uniforms per crop, same columns as multicrop.augment_crop's `u`
 
@@ -251,10 +250,8 @@ def synthetic_images(n: int, size: int, channels: int, seed: int) -> np.ndarray:
 
 def dino_config(args) -> ml_collections.ConfigDict:
   """configs/dino_tiny.py with this run's batch and crop sizes (--quick: a 1-block ViT)."""
-  spec = importlib.util.spec_from_file_location("dino_tiny", _REPO / "configs" / "dino_tiny.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  from configs import dino_tiny
+  c = dino_tiny.get_config()
   c.data.batch_size = args.batch
   c.multicrop.global_size = args.global_size
   c.multicrop.local_size = args.local_size
@@ -268,9 +265,9 @@ def dino_config(args) -> ml_collections.ConfigDict:
 class StepVariant:
   """One AOT-compiled DINO step with its own (donated, chained) state and a fixed batch."""
 
-  def __init__(self, step_fn, batch: dict[str, jax.Array], *, model, tx, mesh, rules, sample,
+  def __init__(self, step_fn, batch: dict[str, jax.Array], *, task, model, tx, mesh, rules,
                seed: int):
-    self.state, shardings = dino_train.create_state(model, tx, mesh, rules, sample, seed)
+    self.state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed)
     self.batch = batch
     start = time.perf_counter()
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -442,8 +439,10 @@ def run(args) -> dict[str, Any]:
   info = builders.dataset_info("cifar10" if ch == 3 else "fashion_mnist")
   mean, std = info.mean, info.std
   config = dino_config(args)
-  crops = dino_train.multicrop_config(config)
-  model = dino_train.build_model(config)
+  config.data.name = "cifar10" if ch == 3 else "fashion_mnist"
+  task = dino_task.DinoTask(config)
+  crops = dino_task.multicrop_config(config)
+  model = task.build_model()
   for size in (crops.global_size, crops.local_size):
     if size % model.backbone.patch_size:
       raise ValueError(f"crop size {size} is not divisible by the patch size "
@@ -484,15 +483,14 @@ def run(args) -> dict[str, Any]:
   rules = sharding.rules_from_config(config.get("axis_rules"))
   steps_per_epoch, total_steps = 45_000 // b, 10_000
   tx = make_optimizer(config.optim, total_steps)
-  sample = jnp.zeros((1, crops.global_size, crops.global_size, ch))
-  common_kw = dict(model=model, tx=tx, mesh=mesh, rules=rules, sample=sample, seed=args.seed)
+  common_kw = dict(task=task, model=model, tx=tx, mesh=mesh, rules=rules, seed=args.seed)
   step_kw = dict(seed=args.seed, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
   in_step = StepVariant(
-      dino_train.make_dino_step(model, tx, crops, config.dino, mean=mean, std=std, **step_kw),
+      dino_task.make_dino_step(model, tx, crops, config.dino, mean=mean, std=std, **step_kw),
       sharding.host_batch_to_global({"image": np.asarray(images_dev)}, mesh), **common_kw)
   print(f"compiled DINO step (in-step crops) in {in_step.compile_s:.1f} s", flush=True)
   precomputed = StepVariant(
-      dino_train.make_dino_step(model, tx, crops, config.dino, mean=mean, std=std,
+      dino_task.make_dino_step(model, tx, crops, config.dino, mean=mean, std=std,
                                 precomputed_crops=True, **step_kw),
       sharding.host_batch_to_global(host_batch, mesh), **common_kw)
   print(f"compiled DINO step (precomputed crops) in {precomputed.compile_s:.1f} s", flush=True)

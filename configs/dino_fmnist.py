@@ -12,7 +12,7 @@ the packaged photos, so those evaluations are off.
 
 import ml_collections
 
-from configs import dino_tiny
+from configs import common, dino_tiny
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -24,5 +24,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.multicrop.local_size = 12
   c.eval.horse_dir = ""
   c.eval.photos = ""
-  c.eval.transfer = ml_collections.ConfigDict({"cifar10": str(dino_tiny._SHARED / "cifar10")})
+  c.eval.transfer = ml_collections.ConfigDict({"cifar10": str(common.SHARED / "cifar10")})
   return c

@@ -28,42 +28,16 @@ drop_path 0.1, 6-10 local crops, 100+ epochs with the teacher temperature warmed
 
 import ml_collections
 
-from laplax.data.shared import shared_data_dir
-
-_SHARED = shared_data_dir()
+from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.name = "dino_tiny"
-  c.task = "dino"
-  c.seed = 0
-
-  c.data = ml_collections.ConfigDict()
-  c.data.name = "cifar10"
-  c.data.source_dir = str(_SHARED / "cifar10")  # the JPEG zip / binary archive, or its folder
-  c.data.cache_dir = ""  # '' = ~/.cache/laplax
-  c.data.val_size = 5000
-  c.data.split_seed = 0
-  c.data.train_subset = 0
-  c.data.eval_subset = 0  # > 0: first N val / test examples only
-  c.data.augment = "none"  # the pipeline's own augmentation; DINO's multi-crop runs in the step
-  c.data.batch_size = 128
-  c.data.eval_batch_size = 500
-
-  c.model = ml_collections.ConfigDict()
-  c.model.name = "vit"
-  c.model.preset = "tiny"
-  c.model.patch_size = 4
-  c.model.laplacian_heads = 0
-  c.model.qk_norm = True
-  c.model.layerscale_init = 0.1
-  c.model.drop_path_rate = 0.1  # student only: the teacher runs with train=False
-  c.model.pool = "cls"
-  c.model.scan_layers = False
-  c.model.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  c.model.dtype = "float32"
-  c.model.param_dtype = "float32"
+  c = common.run("dino_tiny", "dino", total_steps=300, log_every=20, every_steps=100)
+  # total_steps > 0 overrides num_epochs (300 x 128 = 0.85 epoch of the 45k)
+  c.num_epochs = 1.0
+  c.data = common.image_data("cifar10", source_dir=str(common.SHARED / "cifar10"),
+                             augment="none")  # DINO's multi-crop runs in the step
+  c.model = common.vit("tiny", patch_size=4, drop_path_rate=0.1)  # student only
 
   c.head = ml_collections.ConfigDict()
   c.head.out_dim = 1024
@@ -88,15 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.dino.centre_momentum = 0.9
   c.dino.freeze_last_layer_epochs = 0.1
 
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-3  # DINO: 5e-4 * batch / 256, scaled up for the short run
-  c.optim.final_lr_fraction = 0.01
-  c.optim.warmup_steps = 30
-  c.optim.weight_decay = 0.04
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.clip_norm = 3.0
-  c.optim.grad_accum_steps = 1
+  # DINO: lr 5e-4 * batch / 256, scaled up for the short run
+  c.optim = common.adamw(1e-3, warmup_steps=30, weight_decay=0.04, clip_norm=3.0)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.at_init = True  # probes of the untrained teacher too (the floor to beat)
@@ -107,7 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.probe_lr = 1e-3
   c.eval.probe_weight_decay = 1e-4
   c.eval.last_layers = 4
-  c.eval.horse_dir = str(_SHARED / "weizmann_horse")  # '' = skip the horse evaluations
+  c.eval.horse_dir = str(common.SHARED / "weizmann_horse")  # '' = skip the horse evaluations
   c.eval.horse_size = 64  # photos resized to 64x64: a 16x16 patch grid
   c.eval.seg_epochs = 20
   c.eval.pca_images = 6
@@ -118,16 +85,4 @@ def get_config() -> ml_collections.ConfigDict:
   # Probes of the frozen teacher on other labelled data sets too, {name: source_dir} ('' = the
   # builder's default place): images converted to this model's channels and crop size.
   c.eval.transfer = ml_collections.ConfigDict({"fashion_mnist": ""})
-
-  c.num_epochs = 1.0
-  c.total_steps = 300  # > 0 overrides num_epochs (300 x 128 = 0.85 epoch of the 45k)
-  c.log_every = 20
-
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 100
-  c.checkpoint.keep = 2
-  c.checkpoint.async_save = ml_collections.FieldReference(None, field_type=bool)
-
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
-  c.axis_rules = ()
   return c

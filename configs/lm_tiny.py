@@ -22,20 +22,16 @@ For scale: a unigram model of the same tokens gives 2.68 bpb, gzip -9 of the tex
 
 import ml_collections
 
-from laplax.data.shared import shared_data_dir
-
-_SHARED = shared_data_dir()
+from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.name = "lm_tiny"
-  c.task = "lm"
-  c.seed = 0
+  c = common.run("lm_tiny", "lm", total_steps=400, log_every=25, every_steps=100)
+  c.eval_every = 100
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "text"
-  c.data.sources = (str(_SHARED / "text"),)  # files, directories (recursive) or globs
+  c.data.sources = (str(common.SHARED / "text"),)  # files, directories (recursive) or globs
   c.data.suffixes = (".txt", ".rst", ".py")  # what directory sources contribute
   c.data.include_stdlib = False  # also the Python standard library (.py) as a code corpus
   c.data.cache_dir = ""  # '' = ~/.cache/laplax/text (tokenizers and token shards)
@@ -54,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.head_dim = 32  # 4 heads
   c.model.num_kv_heads = 0  # 0 = no GQA
   c.model.mlp_ratio = 4
-  c.model.laplacian_heads = 0  # k (last k heads of every layer) or a per-layer list
+  c.model.laplacian_heads = common.laplacian_heads(0)  # k or a per-layer list
   c.model.rope_theta = 10000.0
   c.model.logit_softcap = 15.0
   c.model.attention_impl = ml_collections.FieldReference(None, field_type=str)
@@ -74,16 +70,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.95
   c.optim.clip_norm = 1.0
   c.optim.grad_accum_steps = 1
-
-  c.total_steps = 400
-  c.log_every = 25
-  c.eval_every = 100
-
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 100
-  c.checkpoint.keep = 2
-  c.checkpoint.async_save = ml_collections.FieldReference(None, field_type=bool)
-
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
-  c.axis_rules = ()
   return c

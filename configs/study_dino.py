@@ -27,6 +27,8 @@ import importlib
 
 import ml_collections
 
+from configs import common
+
 _BASES = {"cifar10": "dino_tiny", "fashion_mnist": "dino_fmnist"}
 
 
@@ -34,9 +36,6 @@ def get_config(data: str | None = None) -> ml_collections.ConfigDict:
   data = data or "cifar10"
   if data not in _BASES:
     raise ValueError(f"configs/study_dino.py:{data}: use one of {sorted(_BASES)}")
-  c = ml_collections.ConfigDict()
-  c.name = "study_dino" if data == "cifar10" else f"study_dino_{data}"
-  c.task = "dino_study"
   b = importlib.import_module(f"configs.{_BASES[data]}").get_config()
   b.data.batch_size = 64
   b.data.eval_subset = 1000
@@ -48,10 +47,7 @@ def get_config(data: str | None = None) -> ml_collections.ConfigDict:
   b.eval.probe_train_size = 4000
   b.eval.probe_epochs = 10
   b.eval.seg_epochs = 10
-  c.base = b
-  c.study = ml_collections.ConfigDict()
-  c.study.laplacian_heads = [0, 3]  # the first entry is the baseline of the paired test
-  c.study.seeds = [0, 1, 2]
+  c = common.study("study_dino" if data == "cifar10" else f"study_dino_{data}", b, specs=(0, 3))
   c.study.analysis_examples = 1000  # test images for the patch-token spectra
   c.study.pca_images = 6  # rows of the PCA figure
   c.study.pca_fit_images = 256  # grey data sets: test images the PCA is fitted on

@@ -7,21 +7,13 @@ each is evaluated on the benchmarks (first `eval_limit` items) and analysed for 
 collapse. report.md, summary.json and spectrum.png are written to the workdir.
 """
 
-import ml_collections
-
-from configs import lm_tiny
+from configs import common, lm_tiny
 
 
-def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.name = "study_lm"
-  c.task = "lm_study"
-  c.base = lm_tiny.get_config()
-  c.study = ml_collections.ConfigDict()
-  c.study.laplacian_heads = [0, 2]  # the first entry is the baseline
-  c.study.seeds = [0, 1, 2]
+def get_config():
+  c = common.study("study_lm", lm_tiny.get_config(), specs=(0, 2))
   c.study.eval_tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
   c.study.eval_limit = 100  # first N items per task (0 = all; CPU runs cannot afford all)
-  c.study.data_dir = str(lm_tiny._SHARED)
+  c.study.data_dir = str(common.SHARED)
   c.study.analysis_windows = 256
   return c

@@ -45,3 +45,9 @@ def run_main(main: Callable[[], object]) -> None:
   except USER_ERRORS as e:
     print(f"error: {one_line(e)}", file=sys.stderr)
     sys.exit(1)
+
+
+def quiet_logging() -> None:
+  """absl / orbax INFO lines off for our CLIs (they log every file operation)."""
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)

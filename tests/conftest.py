@@ -1,4 +1,7 @@
-"""Test setup: 8 fake CPU devices (for 4x2 meshes) and float64 for NumPy references."""
+"""Test setup: 8 fake CPU devices (for 4x2 meshes), the shared data, one prepared-data cache.
+
+`pytest -m "not slow"` is the fast suite; the end-to-end runs are marked slow (pytest.ini).
+"""
 import os
 import pathlib
 
@@ -12,7 +15,12 @@ from laplax.data.shared import shared_data_dir  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = shared_data_dir()
-FASHION_MNIST_DIR = pathlib.Path(os.environ.get("LAPLAX_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
+FASHION_MNIST_DIR = pathlib.Path(os.environ.get("LAPLAX_FASHION_MNIST_DIR",
+                                                "/usr/share/datasets/fashion-mnist"))
+# Prepared TFDS data sets and decoded arrays, kept across test runs (never inside ../shared):
+# Fashion-MNIST is prepared once per machine, not once per run.
+TEST_CACHE = pathlib.Path(os.environ.get("LAPLAX_TEST_CACHE", pathlib.Path.home() / ".cache"
+                                         / "laplax" / "tests")).expanduser()
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +35,24 @@ def fashion_mnist_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def data_cache(tmp_path_factory) -> pathlib.Path:
-  """One prepared-TFDS cache per test session (never inside ../shared)."""
-  return tmp_path_factory.mktemp("laplax_cache")
+def data_cache() -> pathlib.Path:
+  """The suite's one prepared-data cache (LAPLAX_TEST_CACHE, default ~/.cache/laplax/tests)."""
+  TEST_CACHE.mkdir(parents=True, exist_ok=True)
+  return TEST_CACHE
+
+
+def make_config(kind: str, cache=None, **overrides):
+  """configs/test.py's `kind` with data.cache_dir = cache and dotted overrides
+  (`**{"optim.lr": 1e-3}`)."""
+  from configs import test as test_configs
+  c = test_configs.get_config(kind)
+  base = c.base if "base" in c else c
+  if cache is not None:
+    base.data.cache_dir = str(cache)
+  for key, value in overrides.items():
+    obj = c
+    *path, last = key.split(".")
+    for p in path:
+      obj = obj[p]
+    obj[last] = value
+  return c

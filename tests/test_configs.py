@@ -1,17 +1,23 @@
-"""Every shipped config loads, names a known task and passes its trainer's checks."""
+"""Every shipped config loads, names a registered task, passes its task's checks, and takes a
+per-layer head list from the command line."""
 
 import importlib
 import pathlib
 
+from absl import flags
+from ml_collections import config_flags
 import pytest
 
 from laplax import cli
+from laplax import tasks
 from laplax.data import builders
-from laplax.train import classification, dino, lm, tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem != "__init__")
+CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
+                 if p.stem not in ("__init__", "common", "test"))
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
+CONFIGS += [f"test:{k}" for k in ("vit", "lm", "dino", "dino_rgb", "study_vit", "study_lm",
+                                  "study_dino")]
 
 
 def _load(name):
@@ -19,22 +25,38 @@ def _load(name):
   return importlib.import_module(f"configs.{name}").get_config(*arg)
 
 
+def _parse(name, *args):
+  """The config as train.py's flag parser builds it (config file + --config.x overrides)."""
+  file, *arg = name.split(":")
+  argv = ["train.py", f"--config={REPO / 'configs' / file}.py" + (f":{arg[0]}" if arg else ""),
+          *args]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)  # config_flags reads overrides from argv
+  values(argv)
+  return values.config
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_is_valid(name):
   config = _load(name)
-  assert config.task in tasks.TRAINERS
-  run = config.base if "base" in config else config  # a study's cells are runs of its base
-  data_parallel = 1
-  if run.task == "dino":
-    dino.validate_config(run, dino.build_model(run), dino.multicrop_config(run), data_parallel)
-    for data_set in run.eval.get("transfer", {}):
-      builders.dataset_info(data_set)
-  elif run.task == "lm":
-    lm.validate_config(run, data_parallel, 1)
-  else:
-    classification.validate_config(run, data_parallel, 1)
-    info = builders.dataset_info(run.data.name)
-    classification.build_model(run.model, info.num_classes)
+  assert config.task == "study" or config.task in tasks.TASKS
+  run = config.base if config.task == "study" else config  # a study's cells are runs of base
+  task = tasks.for_config(run)
+  task.validate(dp=1, hosts=1)
+  for data_set in run.get("eval", {}).get("transfer", {}):
+    builders.dataset_info(data_set)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(("study", "test:st"))])
+def test_per_layer_head_list_from_the_command_line(name):
+  task = tasks.for_config(_load(name))
+  _, heads, depth = task.head_layout(task.build_model())
+  spec = "(" + ",".join(str(i % (heads + 1)) for i in range(depth)) + ")"
+  config = _parse(name, f"--config.model.laplacian_heads={spec}")
+  task = tasks.for_config(config)
+  assert task.describe_heads(task.build_model()) == "k=[" + spec[1:-1] + "]" or depth == 1
+  task.validate(dp=1, hosts=1)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -45,10 +67,10 @@ def test_config_is_valid(name):
     ({"total_steps": -5}, "total_steps=-5 must be >= 0"),
 ])
 def test_dino_config_errors_before_training(override, message):
-  config = _load("dino_test")
+  config = _load("test:dino")
   config.update_from_flattened_dict(override)
   with pytest.raises(ValueError, match=message):
-    dino.validate_config(config, dino.build_model(config), dino.multicrop_config(config), 1)
+    tasks.for_config(config).validate(dp=1, hosts=1)
 
 
 def test_config_file_errors_fold_to_their_last_line():
@@ -63,13 +85,16 @@ def test_config_file_errors_fold_to_their_last_line():
   assert cli.one_line(ValueError("plain\nmessage")) == "plain message"
 
 
-def test_shared_data_dir_prefers_env_then_the_first_existing_place(tmp_path, monkeypatch):
+def test_shared_data_dir_is_the_env_or_next_to_the_repository(tmp_path, monkeypatch):
   from laplax.data import shared
   monkeypatch.setenv("LAPLAX_SHARED_DATA", str(tmp_path / "mine"))
   assert shared.shared_data_dir() == tmp_path / "mine"
   monkeypatch.delenv("LAPLAX_SHARED_DATA")
-  (tmp_path / "second").mkdir()
-  monkeypatch.setattr(shared, "_CANDIDATES", (tmp_path / "first", tmp_path / "second"))
-  assert shared.shared_data_dir() == tmp_path / "second"
-  monkeypatch.setattr(shared, "_CANDIDATES", (tmp_path / "first", tmp_path / "third"))
-  assert shared.shared_data_dir() == tmp_path / "first"  # errors then name the documented place
+  assert shared.shared_data_dir() == REPO.parent / "shared" / "data"
+
+
+def test_unknown_task_is_one_line():
+  config = _load("test:vit")
+  config.task = "segmentation"
+  with pytest.raises(ValueError, match="config.task='segmentation'; choose one of"):
+    tasks.for_config(config)

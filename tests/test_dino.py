@@ -9,12 +9,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import dino_test
+from conftest import make_config
 from laplax import sharding
 from laplax.data import multicrop as mc
+from laplax.evals import features
 from laplax.models import dino as dino_lib
 from laplax.models import vit
-from laplax.train import dino as dino_train
+from laplax.tasks import dino as dino_task
+from laplax.train import trainer
 from laplax.train.state import TrainState, make_optimizer
 
 
@@ -44,7 +46,7 @@ def test_dino_loss_matches_numpy():
   student = rng.normal(size=(5, 3, 7))
   teacher = rng.normal(size=(2, 3, 7))
   centre = rng.normal(size=(7,)) * 0.3
-  loss, aux = dino_lib.dino_loss(jnp.asarray(student, jnp.float32),
+  loss, aux = dino_task.dino_loss(jnp.asarray(student, jnp.float32),
                                  jnp.asarray(teacher, jnp.float32),
                                  jnp.asarray(centre, jnp.float32), student_temp=0.1,
                                  teacher_temp=0.04)
@@ -53,12 +55,12 @@ def test_dino_loss_matches_numpy():
   np.testing.assert_allclose(float(aux["teacher_entropy"]), entropy, rtol=1e-4)
   np.testing.assert_allclose(float(aux["kl"]), want - entropy, rtol=1e-4, atol=1e-5)
   # No gradient reaches the teacher through the loss.
-  grad_teacher = jax.grad(lambda t: dino_lib.dino_loss(
+  grad_teacher = jax.grad(lambda t: dino_task.dino_loss(
       jnp.asarray(student, jnp.float32), t, jnp.zeros(7), student_temp=0.1,
       teacher_temp=0.04)[0])(jnp.asarray(teacher, jnp.float32))
   assert not np.any(np.asarray(grad_teacher))
   with pytest.raises(ValueError, match="must be"):
-    dino_lib.dino_loss(jnp.zeros((2, 3, 7)), jnp.zeros((3, 3, 7)), jnp.zeros(7),
+    dino_task.dino_loss(jnp.zeros((2, 3, 7)), jnp.zeros((3, 3, 7)), jnp.zeros(7),
                        student_temp=0.1, teacher_temp=0.04)
 
 
@@ -77,11 +79,11 @@ def test_head_is_cosine_to_weight_normalised_prototypes():
 
 
 def test_schedules():
-  m = [float(dino_lib.teacher_momentum(s, 100, 0.996)) for s in (0, 50, 100, 200)]
+  m = [float(dino_task.teacher_momentum(s, 100, 0.996)) for s in (0, 50, 100, 200)]
   np.testing.assert_allclose(m, [0.996, 0.998, 1.0, 1.0], atol=1e-7)
-  t = [float(dino_lib.teacher_temperature(s, 10, 0.04, 0.07)) for s in (0, 5, 10, 50)]
+  t = [float(dino_task.teacher_temperature(s, 10, 0.04, 0.07)) for s in (0, 5, 10, 50)]
   np.testing.assert_allclose(t, [0.04, 0.055, 0.07, 0.07], atol=1e-7)
-  assert float(dino_lib.teacher_temperature(0, 0, 0.04, 0.07)) == pytest.approx(0.07)
+  assert float(dino_task.teacher_temperature(0, 0, 0.04, 0.07)) == pytest.approx(0.07)
 
 
 def test_position_table_resize_keeps_grid_and_trains_through_local_crops():
@@ -108,6 +110,15 @@ def _tiny_model() -> dino_lib.DINO:
                        head=dino_lib.DINOHead(out_dim=16, hidden_dim=16, bottleneck_dim=8))
 
 
+def _task() -> dino_task.DinoTask:
+  """The DINO task of an RGB data set with SIZE px global crops and 16 prototypes."""
+  config = make_config("dino")
+  config.data.name = "cifar10"
+  config.multicrop.global_size = SIZE
+  config.head.out_dim = 16
+  return dino_task.DinoTask(config)
+
+
 def _tiny_setup():
   # Crops and flips only: the colour ops have their own tests, and fewer ops compile faster.
   crops = mc.MultiCropConfig(global_size=SIZE, local_size=LOCAL, num_local=1, jitter_prob=0.0,
@@ -131,8 +142,7 @@ def initial_state():
   model = _tiny_model()
   _, _, tx = _tiny_setup()
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  abstract, _ = dino_train.abstract_state(model, tx, mesh, sharding.DEFAULT_RULES,
-                                          jnp.zeros((1, SIZE, SIZE, 3)))
+  abstract, _ = trainer.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
   rng = np.random.default_rng(7)
   draw = lambda a, scale: (scale * rng.normal(size=a.shape)).astype(np.float32)
   params = jax.tree.map(lambda a: draw(a, 0.2), abstract.params)
@@ -146,9 +156,8 @@ def _run_one_step(mesh, state, images):
   """One jitted DINO step on `mesh` -> (model, crops, new state, metrics) on the host."""
   model = _tiny_model()
   crops, dino_cfg, tx = _tiny_setup()
-  _, shardings = dino_train.abstract_state(model, tx, mesh, sharding.DEFAULT_RULES,
-                                           jnp.zeros((1, SIZE, SIZE, 3)))
-  step = dino_train.make_dino_step(model, tx, crops, dino_cfg, seed=3, total_steps=10,
+  _, shardings = trainer.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
+  step = dino_task.make_dino_step(model, tx, crops, dino_cfg, seed=3, total_steps=10,
                                    steps_per_epoch=4, mean=(0.5,) * 3, std=(0.25,) * 3)
   with jax.set_mesh(mesh):
     jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh)),
@@ -218,9 +227,9 @@ def test_step_fed_precomputed_crops_equals_the_in_step_crops(initial_state, imag
   globals_, locals_ = jax.jit(lambda k, x: mc.multicrop(k, x, crops, mean=kw["mean"],
                                                       std=kw["std"]))(k_aug, images)
   state = jax.tree.map(jnp.asarray, initial_state)
-  want, _ = jax.jit(dino_train.make_dino_step(model, tx, crops, dino_cfg, **kw))(
+  want, _ = jax.jit(dino_task.make_dino_step(model, tx, crops, dino_cfg, **kw))(
       state, {"image": images})
-  step = dino_train.make_dino_step(model, tx, crops, dino_cfg, precomputed_crops=True, **kw)
+  step = dino_task.make_dino_step(model, tx, crops, dino_cfg, precomputed_crops=True, **kw)
   got, _ = jax.jit(step)(state, {"globals": jnp.swapaxes(globals_, 0, 1),
                                  "locals": jnp.swapaxes(locals_, 0, 1)})
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
@@ -237,7 +246,7 @@ def test_centre_is_the_global_batch_mean_under_sharding():
   centre = np.linspace(-1, 1, 6).astype(np.float32)
   spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "data", "model"))
   sharded = jax.device_put(logits, spec)
-  update = jax.jit(dino_lib.update_centre, static_argnums=2)
+  update = jax.jit(dino_task.update_centre, static_argnums=2)
   out = update(jnp.asarray(centre), sharded, 0.9)
   one_device = update(jnp.asarray(centre), jax.device_put(logits, jax.devices()[0]), 0.9)
   np.testing.assert_allclose(out, one_device, rtol=1e-6)
@@ -334,15 +343,16 @@ def test_multicrop_config_errors():
 
 
 def _test_config(fashion_mnist_dir, data_cache):
-  config = dino_test.get_config()
+  config = make_config("dino")
   config.data.source_dir = str(fashion_mnist_dir)
   config.data.cache_dir = str(data_cache)
   return config
 
 
+@pytest.mark.slow
 def test_tiny_dino_run_learns_without_collapse(tmp_path, fashion_mnist_dir, data_cache):
   config = _test_config(fashion_mnist_dir, data_cache)
-  results = dino_train.train_and_evaluate(config, tmp_path, log=lambda s: None)
+  results = trainer.train_and_evaluate(config, tmp_path, log=lambda s: None)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if r["split"] == "train"]
   assert [r["step"] for r in train] == list(range(config.log_every, config.total_steps + 1,
@@ -362,7 +372,8 @@ def test_tiny_dino_run_learns_without_collapse(tmp_path, fashion_mnist_dir, data
     assert all(0.2 < s[k] <= 1.0 for k in ("knn_top1_k10", "knn_top1_k20", "linear_cls"))
   assert json.loads((tmp_path / "results.json").read_text())["step"] == config.total_steps
   # The checkpoint holds the teacher: it reloads, and differs from a fresh initialisation.
-  model, teacher, _, grid = dino_train.load_teacher(tmp_path)
+  frozen = features.frozen_teacher(tmp_path)
+  model, teacher, grid = frozen.model, frozen.params, frozen.base_grid
   assert grid == (4, 4)
   fresh = jax.jit(lambda k: nn.unbox(model.init(k, jnp.zeros((1, 28, 28, 1)))["params"]))(
       jax.random.key(config.seed))

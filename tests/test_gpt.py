@@ -8,10 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import make_config
 from laplax import sharding
 from laplax.models import gpt
-from laplax.train import lm
-from laplax.train.classification import create_state
+from laplax.tasks import lm
+from laplax.train import trainer
 
 TINY = dict(vocab_size=64, depth=2, width=32, head_dim=8)  # 4 heads of 8
 
@@ -133,18 +134,21 @@ def test_sharded_fsdp_model_step_equals_one_device():
       lr=1e-2, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=1,
       warmdown_fraction=0.5, final_lr_fraction=0.0, weight_decay=0.1, b1=0.9, b2=0.95,
       clip_norm=1.0))
-  tx = lm.make_optimizer(optim, 4)
+  tx = lm.lm_optimizer(optim, 4)
+  task = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
   rules = sharding.rules_from_config(())
   # One batch three times: its loss must fall.
   batches = [{"tokens": np.asarray(jax.random.randint(jax.random.key(0), (8, 17), 0, 64),
                                    np.int32)}] * 3
-  sample = jnp.zeros((1, 16), jnp.int32)
   losses, params = {}, {}
   for name, shape, devices in [("one", {"data": 1}, jax.devices()[:1]),
                                ("mesh", {"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])]:
     mesh = sharding.make_mesh(shape, devices)
-    state, shardings = create_state(model, tx, mesh, rules, sample, seed=0)
-    step = lm.jit_train_step(model, tx, mesh, rules, shardings, seed=0)
+    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      step = jax.jit(task.make_step(model, tx, 4),
+                     in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                     out_shardings=(shardings, None), donate_argnums=(0,))
     losses[name] = []
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       for batch in batches:

@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import lm_test
+from conftest import make_config
 from laplax.data import text
 from laplax.data.builders import DataError
+from laplax.evals import bpb
 from laplax.models import gpt
-from laplax.train import lm
+from laplax.train import trainer
 
 
 def test_bpe_learns_the_planted_merges():
@@ -167,26 +168,27 @@ def test_bits_per_byte_on_a_known_distribution():
                     [0.25, 0.25, 0.25, 0.25]])
   logits = jnp.log(jnp.asarray(probs))[None]  # (1, 3, 4)
   targets = jnp.array([[1, 2, 3]])  # the special token is neither scored nor counted
-  nats, nbytes, count = lm.token_nats_and_bytes(logits, targets, token_bytes)
+  nats, nbytes, count = bpb.token_nats_and_bytes(logits, targets, token_bytes)
   expected_bits = -math.log2(0.25) - math.log2(0.3)
   assert int(count) == 2 and int(nbytes) == 5
-  assert lm.bits_per_byte(nats, nbytes) == pytest.approx(expected_bits / 5, rel=1e-6)
+  assert bpb.bits_per_byte(nats, nbytes) == pytest.approx(expected_bits / 5, rel=1e-6)
   # A masked-out sequence contributes nothing; ids beyond the tokenizer (vocab padding) 0 bytes.
-  nats2, nbytes2, _ = lm.token_nats_and_bytes(jnp.concatenate([logits, logits]),
+  nats2, nbytes2, _ = bpb.token_nats_and_bytes(jnp.concatenate([logits, logits]),
                                               jnp.array([[1, 2, 3], [0, 0, 0]]), token_bytes,
                                               jnp.array([1, 0]))
   assert float(nats2) == pytest.approx(float(nats)) and int(nbytes2) == 5
-  _, nbytes3, count3 = lm.token_nats_and_bytes(jnp.zeros((1, 2, 8)), jnp.array([[0, 6]]),
+  _, nbytes3, count3 = bpb.token_nats_and_bytes(jnp.zeros((1, 2, 8)), jnp.array([[0, 6]]),
                                                token_bytes)
   assert int(nbytes3) == 1 and int(count3) == 1
 
 
+@pytest.mark.slow
 def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
-  config = lm_test.get_config()
+  config = make_config("lm")
   config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
   config.data.cache_dir = str(tmp_path / "cache")
   lines = []
-  results = lm.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
   vocab = -(-config.data.vocab_size // 64) * 64
   records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   val = [r for r in records if r["split"] == "val"]
@@ -202,10 +204,11 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   # Resume: 10 more steps from the step-40 checkpoint, not from scratch.
   config.total_steps = 50
   lines.clear()
-  results = lm.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
   assert any("resumed from step 40" in l for l in lines) and results["step"] == 50
   # What eval.py and the geometry analysis load: the step-50 parameters and the tokenizer.
-  model, variables, tokenizer, _ = lm.load_trained(tmp_path / "run", log=lines.append)
+  run = trainer.load_run(tmp_path / "run", log=lines.append)
+  model, variables, tokenizer = run.model, {"params": run.params}, run.task.tokenizer
   assert sum(x.size for x in jax.tree.leaves(variables)) == results["params"]
   prompt = tokenizer.encode("ROMEO:")[None]
   out = gpt.generate(model, variables, prompt, 4)

@@ -4,14 +4,17 @@ import json
 
 import pytest
 
-from configs import lm_test
-from laplax import evaluate
-from laplax.train import lm
+from conftest import make_config
+from laplax.evals import run as eval_run
+from laplax.tasks import EvalOptions
+from laplax.train import trainer
+
+pytestmark = pytest.mark.slow  # a training run and every LM task
 
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, shared_data):
-  config = lm_test.get_config()
+  config = make_config("lm")
   tmp = tmp_path_factory.mktemp("lm_eval")
   config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
   config.data.cache_dir = str(tmp / "cache")
@@ -19,14 +22,15 @@ def lm_run(tmp_path_factory, shared_data):
   config.total_steps = 4
   config.eval_every = 0
   config.checkpoint.every_steps = 4
-  lm.train_and_evaluate(config, tmp / "run", log=lambda m: None)
+  trainer.train_and_evaluate(config, tmp / "run", log=lambda m: None)
   return tmp / "run"
 
 
 def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
-  res = evaluate.run(lm_run, tmp_path / "out", tasks=tasks, limit=2, data_dir=shared_data,
-                     analyze=True, analysis_examples=16, log=lambda m: None)
+  res = eval_run.run(lm_run, tmp_path / "out", EvalOptions(
+      tasks=tasks, limit=2, data_dir=str(shared_data), analyze=True, analysis_examples=16),
+                     log=lambda m: None)
   saved = json.loads((tmp_path / "out" / "eval.json").read_text())
   assert saved["tasks"].keys() == res["tasks"].keys()
   assert set(res["tasks"]) == {"arc_easy/letter", "arc_easy/loglik", "arc_challenge/letter",
@@ -45,8 +49,8 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
 
 def test_eval_lm_errors(lm_run, tmp_path):
   with pytest.raises(ValueError, match="unknown task 'nope'"):
-    evaluate.run(lm_run, tmp_path, tasks=["nope"], data_dir=tmp_path)
+    eval_run.run(lm_run, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
   with pytest.raises(ValueError, match="data_dir"):
-    evaluate.run(lm_run, tmp_path, tasks=["gsm8k"])
+    eval_run.run(lm_run, tmp_path, EvalOptions(tasks=["gsm8k"]))
   with pytest.raises(ValueError, match="--export is for image classifiers"):
-    evaluate.run(lm_run, tmp_path, export=True)
+    eval_run.run(lm_run, tmp_path, EvalOptions(export=True))

@@ -1,4 +1,4 @@
-"""laplax.sandbox: untrusted code runs, is stopped, and cannot touch the caller."""
+"""laplax.evals.sandbox: untrusted code runs, is stopped, and cannot touch the caller."""
 import gzip
 import json
 import os
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from laplax import sandbox
+from laplax.evals import sandbox
 
 
 def _humaneval_program(shared_data: pathlib.Path, index: int, body: str | None = None) -> str:
@@ -65,7 +65,7 @@ def test_output_is_cut_at_the_limit():
   result = sandbox.run_python("print('x' * 100_000)", timeout_s=5, memory_mb=256,
                               max_output_bytes=1000)
   assert result.status == "passed"
-  assert result.stdout.startswith("x" * 1000 + "\n[laplax.sandbox: 99001 more bytes cut]")
+  assert result.stdout.startswith("x" * 1000 + "\n[laplax.evals.sandbox: 99001 more bytes cut]")
 
 
 def test_infinite_loop_times_out():

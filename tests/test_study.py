@@ -8,53 +8,48 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
-from laplax import evaluate, study
-
-sys.path.insert(0, str(REPO))
-from configs import study_fmnist  # noqa: E402
+from conftest import REPO, make_config
+from laplax.evals import run as eval_run
+from laplax.study import grid, stats
+from laplax.tasks import EvalOptions
 
 
 def mini_study_config(cache):
-  c = study_fmnist.get_config()
-  b = c.base
-  b.data.cache_dir = str(cache)
-  b.data.train_subset = 1024
-  b.data.eval_subset = 256
-  b.data.batch_size = 64
-  b.model.preset = "mu"
-  b.total_steps = 12
-  b.log_every = 6
-  b.optim.warmup_steps = 2
-  b.checkpoint.every_steps = 6
-  b.mesh.data = 1  # one device: compiles fastest; sharding is tested in test_train.py
-  c.study.laplacian_heads = (0, (True, False))
-  c.study.seeds = (0, 1)
-  c.study.analysis_examples = 200
-  return c
+  return make_config("study_vit", cache)
 
 
 @pytest.fixture(scope="module")
 def finished_study(tmp_path_factory, data_cache):
   workdir = tmp_path_factory.mktemp("study")
   logs = []
-  report = study.run_study(mini_study_config(data_cache), workdir, log=logs.append)
+  report = grid.run_study(mini_study_config(data_cache), workdir, log=logs.append)
   return workdir, report, logs
 
 
+@pytest.mark.slow
 def test_report_has_every_section_and_plot(finished_study):
   workdir, report, _ = finished_study
   text = report.read_text()
-  for section in ("## Verdict", "## Test accuracy (%)", "## Last layer geometry",
-                  "## Per-layer geometry"):
+  for section in ("## Verdict", "## Scores", "### test accuracy (%) per seed",
+                  "## Last layer geometry", "## Per-layer geometry"):
     assert section in text
-  for row in ("| k=0 |", "| heads=L./L. |"):
+  for row in ("| k=0 |", "| heads=L./L. |", "| test accuracy (%) |",
+              "| within-sequence variance fraction |"):
     assert row in text, text
+  # Geometry sentences carry paired intervals, never a bare comparison of means.
+  verdict = text.split("## Verdict")[1].split("## Scores")[0]
+  assert "paired diff." in verdict and "directions hold with intervals excluding 0" in verdict
   for png in ("accuracy.png", "variance.png", "collapse.png", "smoothing.png"):
     assert f"({png})" in text
     assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   summary = json.loads((workdir / "summary.json").read_text())
   assert [r["seeds"] for r in summary["rows"]] == [[0, 1]] * 2
+  base, lap = summary["rows"]
+  accs = [json.loads((workdir / "cells" / f"{c}_s{s}" / "results.json").read_text())["test"]
+          ["accuracy"] for c in ("k0", "k1-0") for s in (0, 1)]
+  assert base["scores"]["test_accuracy"] == accs[:2] and lap["scores"]["test_accuracy"] == accs[2:]
+  mean, lo, hi = lap["paired_difference"]["test_accuracy"]
+  assert mean == pytest.approx((accs[2] - accs[0] + accs[3] - accs[1]) / 2) and lo <= mean <= hi
   geo = json.loads((workdir / "cells" / "k1-0_s0" / "analysis.json").read_text())
   assert len(geo["layers"]) == 3  # embedding + 2 blocks
   for layer in geo["layers"]:
@@ -62,46 +57,62 @@ def test_report_has_every_section_and_plot(finished_study):
     assert abs(total - 1) < 1e-9
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_cells(finished_study):
   workdir, _, _ = finished_study
   before = {p: p.stat().st_mtime_ns for p in workdir.glob("cells/*/metrics.jsonl")}
   logs = []
-  study.run_study(mini_study_config("/unused-cache-finished-cells-need-no-data"), workdir,
+  grid.run_study(mini_study_config("/unused-cache-finished-cells-need-no-data"), workdir,
                   log=logs.append)
   assert sum("(finished, skipped)" in line for line in logs) == 4
   assert {p: p.stat().st_mtime_ns for p in workdir.glob("cells/*/metrics.jsonl")} == before
 
 
+@pytest.mark.slow
 def test_unfinished_cell_resumes_from_its_checkpoint(finished_study, tmp_path, data_cache):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k0_s1"
   (cell / "results.json").unlink()
   (cell / "analysis.json").unlink()
   logs = []
-  study.run_study(mini_study_config(data_cache), workdir, log=logs.append)
+  grid.run_study(mini_study_config(data_cache), workdir, log=logs.append)
   assert any("resumed from step 12" in line for line in logs), logs
   assert (cell / "analysis.json").exists()
 
 
 def test_paired_difference_interval():
-  mean, lo, hi = study.paired_difference(np.array([0.80, 0.81, 0.82]), np.array([0.82, 0.83, 0.84]))
+  mean, lo, hi = stats.paired_difference(np.array([0.80, 0.81, 0.82]), np.array([0.82, 0.83, 0.84]))
   assert mean == pytest.approx(0.02)
   assert lo == pytest.approx(0.02) and hi == pytest.approx(0.02)  # constant difference: no spread
-  mean, lo, hi = study.paired_difference(np.array([0.8, 0.9]), np.array([0.9, 0.8]))
+  mean, lo, hi = stats.paired_difference(np.array([0.8, 0.9]), np.array([0.9, 0.8]))
   assert mean == pytest.approx(0.0) and lo < 0 < hi
 
 
+@pytest.mark.slow
 def test_eval_export_and_analysis(finished_study, tmp_path):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k1-0_s0"
-  res = evaluate.run(cell, tmp_path / "out", export=True, analyze=True, analysis_examples=100,
+  res = eval_run.run(cell, tmp_path / "out", EvalOptions(export=True, analyze=True,
+                                                        analysis_examples=100),
                      log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["test"]["accuracy"] == pytest.approx(trained["test"]["accuracy"])
   assert (tmp_path / "out" / "analysis" / "geometry.json").exists()
   assert (tmp_path / "out" / "analysis" / "variance.png").exists()
-  again = evaluate.run(tmp_path / "out", tmp_path / "out2", log=lambda m: None)  # from export
+  again = eval_run.run(tmp_path / "out", tmp_path / "out2", log=lambda m: None)  # from export
   assert again["test"]["accuracy"] == pytest.approx(res["test"]["accuracy"])
+  # The export is self-contained: config, head table, input normalisation, classes, step.
+  meta = json.loads((tmp_path / "out" / "export.json").read_text())
+  assert meta["laplacian_heads"] == [[1, 0], [1, 0]] and meta["step"] == 12
+  assert meta["input"]["mean"] == [0.286] and meta["input"]["std"] == [0.353]
+  assert len(meta["class_names"]) == 10 and meta["config"]["model"]["preset"] == "mu"
+  # Exporting another run into the same --out is refused (it would pair the wrong config).
+  other = workdir / "cells" / "k0_s0"
+  with pytest.raises(ValueError, match="holds the export of another run"):
+    eval_run.run(other, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
+  assert json.loads((tmp_path / "out" / "export.json").read_text()) == meta
+  # Re-exporting the same run replaces its own files.
+  eval_run.run(cell, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
 
 
 def test_eval_cli_reports_missing_run_plainly(tmp_path):

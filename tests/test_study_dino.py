@@ -9,8 +9,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from laplax import analysis_dino, evaluate, study_dino
-from laplax.train import classification, dino, tasks
+from conftest import make_config
+from laplax.data.images import load_image_data
+from laplax.evals import features
+from laplax.evals import probes
+from laplax.evals import run as eval_run
+from laplax.geometry import dino as dino_geometry
+from laplax.study import grid
+from laplax.tasks import EvalOptions
 
 
 def _load(name):
@@ -19,57 +25,25 @@ def _load(name):
 
 @pytest.fixture(scope="module")
 def finished_dino_study(tmp_path_factory, shared_data, fashion_mnist_dir, data_cache):
-  config = _load("study_dino")
-  # An RGB (CIFAR-10) base, so that the horse probe, the PCA pictures of horses and of the
-  # packaged photos, and the transfer probes on Fashion-MNIST all run.
-  base = _load("dino_test")
-  base.data.name = "cifar10"
-  base.data.source_dir = str(shared_data / "cifar10")
-  base.data.cache_dir = str(data_cache)
-  base.data.eval_subset = 64
-  base.data.eval_batch_size = 64
-  base.model.patch_size = 8
-  base.multicrop.global_size = 32
-  base.multicrop.local_size = 16
-  base.eval.horse_dir = str(shared_data / "weizmann_horse")
-  base.eval.horse_size = 32
-  base.eval.seg_epochs = 2
-  base.eval.photos = "builtin"
-  base.eval.photo_size = 32
-  base.eval.transfer = {"fashion_mnist": str(fashion_mnist_dir)}
-  # Compilation dominates a cell here: one block, a one-layer head, one view size, one device.
-  base.model.depth = 1
-  base.head.num_layers = 1
-  base.multicrop.num_local = 0
-  base.mesh.data = 1
-  base.checkpoint.async_save = False
-  base.total_steps = 2
-  base.log_every = 1
-  base.checkpoint.every_steps = 2
-  base.eval.probe_train_size = 128
-  base.eval.probe_epochs = 1
-  config.base = base
-  config.study.laplacian_heads = [0, 1]  # 'mu' has 2 heads
-  config.study.seeds = [0]
-  config.study.analysis_examples = 48
-  config.study.pca_images = 2
-  config.study.pca_fit_images = 32
+  config = make_config("study_dino", data_cache)
+  config.base.eval.transfer = {"fashion_mnist": str(fashion_mnist_dir)}
   workdir = tmp_path_factory.mktemp("study_dino")
   lines = []
-  report = study_dino.run_study(config, workdir, log=lines.append)
+  report = grid.run_study(config, workdir, log=lines.append)
   return config, workdir, report, lines
 
 
+@pytest.mark.slow
 def test_dino_study_report_and_rerun(finished_dino_study):
   config, workdir, report, _ = finished_dino_study
-  assert tasks.TRAINERS["dino_study"] == "laplax.study_dino"
   text = report.read_text()
-  for heading in ("## Verdict", "## Probe scores on the test split", "k-NN top-1 (k = 20)",
+  for heading in ("## Verdict", "## Scores", "k-NN top-1, k = 20 (%)",
                   "linear probe (class token)", "## Segmentation probe",
                   "## Spectral decay of patch tokens", "![spectrum](spectrum.png)",
                   "## PCA of patch features", "![pca](pca.png)", "![pca](pca_photos.png)",
                   "horse segmentation probe fg IoU", "horse PCA-mask fg IoU",
-                  "fashion_mnist: k-NN top-1 (k = 20)", "fashion_mnist: linear probe"):
+                  "fashion_mnist: k-NN top-1, k = 20 (%)", "fashion_mnist: linear probe",
+                  "components for 99 % variance"):
     assert heading in text, heading
   for name in ("spectrum.png", "pca.png", "pca_photos.png"):
     assert (workdir / name).stat().st_size > 0
@@ -84,30 +58,35 @@ def test_dino_study_report_and_rerun(finished_dino_study):
     mean, lo, hi = lap_row["paired_difference"][key]
     assert mean == pytest.approx(lap_row["scores"][key][0] - base_row["scores"][key][0])
     assert np.isnan(lo) and np.isnan(hi)  # one seed: no interval
-  assert "one seed, no intervals: not conclusive" in text
-  assert len(base_row["spectra"]) == 2  # embedding + 1 block
+  assert "one seed, no interval: a point estimate, not conclusive" in text
+  assert "point estimate (one seed)" in text  # the spectral claim too
+  spectra = json.loads((workdir / "cells" / "k0_s0" / "analysis" / "spectra.json").read_text())
+  assert len(spectra["layers"]) == 2  # embedding + 1 block
+  assert base_row["scores"]["components_99"] == [spectra["layers"][-1]["components_99"]]
   # A rerun trains nothing: both cells are skipped and their files are left alone.
   metrics = workdir / "cells" / "k0_s0" / "metrics.jsonl"
   before = metrics.stat().st_mtime_ns
   lines = []
-  study_dino.run_study(config, workdir, log=lines.append)
+  grid.run_study(config, workdir, log=lines.append)
   assert sum("finished, skipped" in l for l in lines) == 2
   assert metrics.stat().st_mtime_ns == before
   assert report.read_text() == text
 
 
+@pytest.mark.slow
 def test_patch_spectra_match_numpy(finished_dino_study):
   config, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k1_s0"
   stored = json.loads((cell / "analysis" / "spectra.json").read_text())
   n = config.study.analysis_examples
   assert stored["num_images"] == n and stored["num_tokens"] == n * 16 and stored["dim"] == 32
-  model, teacher, run_config, grid = dino.load_teacher(cell)
-  data = classification.load_data(run_config)
+  frozen = features.frozen_teacher(cell)
+  model, teacher, run_config, grid = frozen.model, frozen.params, frozen.config, frozen.base_grid
+  data = load_image_data(run_config.data)
   info = data["info"]
   images = data["test"][0][:n]
   x = (images.astype(np.float32) / 255.0 - np.float32(info.mean)) / np.float32(info.std)
-  hidden = np.asarray(analysis_dino.make_tokens_fn(model, grid)(teacher, x), np.float64)
+  hidden = np.asarray(dino_geometry.make_tokens_fn(model, grid)(teacher, x), np.float64)
   assert hidden.shape == (2, n, 16, 32)
   for layer, got in zip(hidden, stored["layers"]):
     tokens = layer.reshape(-1, 32)
@@ -117,14 +96,15 @@ def test_patch_spectra_match_numpy(finished_dino_study):
     p = eig[eig > 0] / eig.sum()
     assert got["effective_rank"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-4)
   with pytest.raises(ValueError, match="expected \\(N >= 1"):
-    analysis_dino.patch_spectra(model, teacher, images[0], base_grid=grid, mean=info.mean,
+    dino_geometry.patch_spectra(model, teacher, images[0], base_grid=grid, mean=info.mean,
                                 std=info.std)
 
 
+@pytest.mark.slow
 def test_eval_dino_mode(finished_dino_study, tmp_path):
   _, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k0_s0"
-  res = evaluate.run(cell, tmp_path / "out", analyze=True, analysis_examples=48,
+  res = eval_run.run(cell, tmp_path / "out", EvalOptions(analyze=True, analysis_examples=48),
                      log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["task"] == "dino"
@@ -140,7 +120,7 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
   with pytest.raises(ValueError, match="dino run"):
-    evaluate.run(cell, tmp_path / "out2", export=True)
+    eval_run.run(cell, tmp_path / "out2", EvalOptions(export=True))
 
 
 def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_dir, data_cache):
@@ -149,13 +129,13 @@ def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_d
   config.data.cache_dir = str(data_cache)
   config.data.eval_subset = 10
   config.eval.probe_train_size = 20
-  data = dino.transfer_data(config, "fashion_mnist", str(fashion_mnist_dir))
+  data = probes.transfer_data(config, "fashion_mnist", str(fashion_mnist_dir))
   info = data["info"]
   assert info.name == "fashion_mnist" and info.num_classes == 10
   assert info.image_shape == (32, 32, 3) and info.mean == (0.4914, 0.4822, 0.4465)
   grey = ml_collections.ConfigDict(config.to_dict())
   grey.data.name, grey.data.source_dir = "fashion_mnist", str(fashion_mnist_dir)
-  own = classification.load_data(grey)
+  own = load_image_data(grey.data)
   for split, n in (("train", 20), ("val", 10), ("test", 10)):
     x, y = data[split]
     assert x.shape == (n, 32, 32, 3) and x.dtype == np.uint8

@@ -14,38 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, make_config
 from laplax import sharding
+from laplax.data.images import load_image_data
 from laplax.models.vit import ViT
-from laplax.train import classification
+from laplax.tasks.classification import ClassificationTask
+from laplax.train import trainer
 from laplax.train.metrics import read_metrics
 from laplax.train.state import make_optimizer
 from laplax.train.steps import make_train_step
 
-sys.path.insert(0, str(REPO))
-from configs import fashion_mnist_vit  # noqa: E402
-
 
 def tiny_config(cache, steps=40, **overrides):
-  c = fashion_mnist_vit.get_config()
-  c.data.cache_dir = str(cache)
-  c.data.train_subset = 2048
-  c.data.eval_subset = 512
-  c.data.batch_size = 64
-  c.model.preset = "mu"
-  c.model.patch_size = 7
-  c.model.laplacian_heads = 2
-  c.total_steps = steps
-  c.log_every = 5
-  c.optim.warmup_steps = 5
-  c.checkpoint.every_steps = 10
-  for k, v in overrides.items():
-    obj = c
-    *path, last = k.split(".")
-    for p in path:
-      obj = obj[p]
-    obj[last] = v
-  return c
+  return make_config("vit", cache, total_steps=steps, **overrides)
 
 
 def _losses(workdir):
@@ -53,10 +34,11 @@ def _losses(workdir):
           if r["split"] == "train"}
 
 
+@pytest.mark.slow
 def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
   config = tiny_config(data_cache, steps=60)
   config.optim.lr = 4e-3
-  results = classification.train_and_evaluate(config, tmp_path, log=lambda m: None)
+  results = trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
   losses = _losses(tmp_path)
   first, last = losses[min(losses)], losses[max(losses)]
   assert last < first - 0.3, losses
@@ -81,9 +63,10 @@ def _run_train(workdir, cache, *extra, wait=True):
   return proc
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted."""
-  classification.load_data(tiny_config(data_cache))  # prepare data outside the timed run
+  load_image_data(tiny_config(data_cache).data)  # prepare data outside the timed run
   rc, out = _run_train(tmp_path / "straight", data_cache)
   assert rc == 0, out
   killed = tmp_path / "killed"
@@ -122,9 +105,9 @@ def test_sharded_step_equals_single_device(mesh_shape):
   for shape, devices in (({"data": 1}, jax.devices()[:1]), (mesh_shape, jax.devices()[:8])):
     mesh = sharding.make_mesh(shape, devices)
     rules = sharding.rules_from_config(())
-    state, shardings = classification.create_state(model, tx, mesh, rules,
-                                                   jnp.zeros((1, 28, 28, 1)), seed=0)
-    step = make_train_step(classification.classification_loss(model, 0.1), tx, seed=0)
+    task = ClassificationTask(config)
+    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    step = make_train_step(task.loss_fn(model), tx, seed=0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       step = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh)),
                      out_shardings=(shardings, None))
@@ -146,10 +129,12 @@ def test_grad_accumulation_equals_one_big_batch():
   tx = make_optimizer(config.optim, 10)
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   rules = sharding.rules_from_config(())
-  state, _ = classification.create_state(model, tx, mesh, rules, jnp.zeros((1, 28, 28, 1)), 0)
+  task = ClassificationTask(config)
+  state, _ = trainer.create_state(task, model, tx, mesh, rules, 0)
   batch = {"image": jax.random.normal(jax.random.key(1), (8, 28, 28, 1)),
            "label": jnp.arange(8) % 10}
-  loss_fn = classification.classification_loss(model, 0.0)
+  config.optim.label_smoothing = 0.0
+  loss_fn = task.loss_fn(model)
   outs = [jax.jit(make_train_step(loss_fn, tx, seed=0, grad_accum_steps=a))(state, batch)
           for a in (1, 4)]
   np.testing.assert_allclose(float(outs[0][1]["loss"]), float(outs[1][1]["loss"]), rtol=1e-5)
@@ -163,9 +148,20 @@ def test_grad_accumulation_equals_one_big_batch():
     ("--config.data.augmnt=crop", "augmnt"),
     ("--config.data.source_dir=/nonexistent/fmnist", "/nonexistent/fmnist"),
     ("--config.data.augment=rotate", "data.augment='rotate'"),
+    ("--config.log_every=0", "log_every=0 must be >= 1"),
+    ("--config.optim.grad_accum_steps=0", "optim.grad_accum_steps=0"),
+    ("--config.model.patch_size=0", "model.patch_size=0"),
+    ("--config.model.dtype=float17", "model.dtype='float17' is not a dtype"),
+    ("--config.data.train_subset=-1", "data.train_subset=-1"),
+    ("--config.optim.lr=nan", "optim.lr=nan must be a finite positive number"),
+    ("--config.optim.lr=inf", "optim.lr=inf must be a finite positive number"),
 ])
 def test_bad_input_gives_one_line_error(tmp_path, data_cache, flag, message):
   rc, out = _run_train(tmp_path / "w", data_cache, flag)
   assert rc != 0
   assert message in out, out
   assert "Traceback" not in out, out
+  errors = [l for l in out.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, out
+  # Validation comes before anything is written: the corrected command can use the workdir.
+  assert not (tmp_path / "w" / "config.json").exists()

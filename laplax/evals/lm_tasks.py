@@ -9,7 +9,7 @@ with hand-made fake models and `make_model_fns` builds them from (model, params,
       summed log-probability (nats) of each continuation's tokens given its context;
   generate_fn(prompts: [str, ...], max_new_tokens: int) -> [str, ...]
       greedy continuations (text after the prompt), max_new_tokens tokens at most;
-  run_fn(program: str) -> bool (HumanEval only; default: laplax.sandbox.run_python passed).
+  run_fn(program: str) -> bool (HumanEval only; default: laplax.evals.sandbox.run_python passed).
 
 Scoring rules:
   * ARC-Easy, ARC-Challenge, MMLU, `mode='letter'`: the question with lettered choices, then
@@ -294,8 +294,8 @@ def humaneval_program(item: HumanEvalItem, completion: str) -> str:
 
 
 def sandbox_runner(timeout_s: float = 10.0, memory_mb: int = 1024) -> RunFn:
-  """run_fn(program) -> passed, through laplax.sandbox.run_python (own process, limits)."""
-  from laplax import sandbox
+  """run_fn(program) -> passed, through laplax.evals.sandbox.run_python (own process, limits)."""
+  from laplax.evals import sandbox
 
   def run(program: str) -> bool:
     return sandbox.run_python(program, timeout_s=timeout_s, memory_mb=memory_mb).status \

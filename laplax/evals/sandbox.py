@@ -300,7 +300,7 @@ def _stop(proc: subprocess.Popen, isolate: bool) -> None:
 
 def _decode(data: bytearray, dropped: int) -> str:
   text = data.decode("utf-8", errors="replace")
-  return text + f"\n[laplax.sandbox: {dropped} more bytes cut]" if dropped else text
+  return text + f"\n[laplax.evals.sandbox: {dropped} more bytes cut]" if dropped else text
 
 
 def _remove_tree(path: str) -> None:

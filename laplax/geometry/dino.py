@@ -25,7 +25,7 @@ from laplax import geometry
 from laplax.data import pipeline
 from laplax.evals import pca as pca_lib
 from laplax.models import dino as dino_lib
-from laplax.train import dino as dino_train
+from laplax.evals import features as features_lib
 
 _update_cov = jax.jit(geometry.CovarianceStats.update)
 _finalize_cov = jax.jit(geometry.CovarianceStats.finalize)
@@ -85,25 +85,25 @@ def patch_spectra(model: dino_lib.DINO, params, images: np.ndarray, *,
 
 
 def write_spectra(spectra: dict[str, Any], out: pathlib.Path, name: str) -> pathlib.Path:
-  """out/spectra.json and out/spectrum.png (analysis_lm.plot_spectrum) -> the JSON's path."""
-  from laplax import analysis_lm
+  """out/spectra.json and out/spectrum.png (plots.plot_spectrum) -> the JSON's path."""
+  from laplax.geometry import plots
   out.mkdir(parents=True, exist_ok=True)
   path = out / "spectra.json"
   tmp = path.with_suffix(".tmp")
   tmp.write_text(json.dumps(spectra, indent=2))
   tmp.replace(path)
-  analysis_lm.plot_spectrum({name: spectra}, out / "spectrum.png",
+  plots.plot_spectrum({name: spectra}, out / "spectrum.png",
                             title=f"Patch-token spectral decay: {name}")
   return path
 
 
-def pca_comparison(teachers: dict[str, str | pathlib.Path | dino_train.FrozenTeacher],
+def pca_comparison(teachers: dict[str, str | pathlib.Path | features_lib.FrozenTeacher],
                    images: np.ndarray, path: str | pathlib.Path, *,
                    masks: np.ndarray | None = None, num_images: int = 6, batch_size: int = 250,
                    row_labels=None, per_image: bool = False) -> dict[str, dict[str, float]]:
   """One PNG: PCA pictures of several DINO teachers' last-block patch tokens, side by side.
 
-  teachers: {column name: DINO workdir or dino.frozen_teacher(workdir)}, e.g. {'baseline':
+  teachers: {column name: DINO workdir or features.frozen_teacher(workdir)}, e.g. {'baseline':
   'runs/dino_k0', 'Laplacian': 'runs/dino_k3'}, all trained on the same data set (pass loaded
   teachers to draw several figures without reloading). images: uint8 (N, H, W, C) with that
   data set's channels, any size divisible by the patch size (the position table is resized).
@@ -115,8 +115,8 @@ def pca_comparison(teachers: dict[str, str | pathlib.Path | dino_train.FrozenTea
   images = np.asarray(images)
   panels, scores = {}, {}
   for name, teacher in teachers.items():
-    if not isinstance(teacher, dino_train.FrozenTeacher):
-      teacher = dino_train.frozen_teacher(teacher)
+    if not isinstance(teacher, features_lib.FrozenTeacher):
+      teacher = features_lib.frozen_teacher(teacher)
     channels = teacher.info.image_shape[-1]
     if images.ndim != 4 or images.shape[-1] != channels:
       raise ValueError(f"images have shape {images.shape}; teacher {name!r} reads "

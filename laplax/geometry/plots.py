@@ -83,3 +83,31 @@ def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spectral decay"):
+  """Components for 99 % variance and effective rank per layer; one curve per label."""
+  keys = [("components_99", "components for 99 % variance"), ("effective_rank",
+                                                               "effective rank")]
+  fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6))
+  for ax, (key, panel) in zip(axes, keys):
+    for label, runs in analyses.items():
+      runs = runs if isinstance(runs, list) else [runs]
+      values = np.array([[l[key] for l in r["layers"]] for r in runs], float)
+      x = np.arange(values.shape[1])
+      ax.plot(x, values.mean(0), marker="o", ms=3, label=f"{label} (n={len(runs)})")
+      if len(runs) > 1:
+        ax.fill_between(x, values.mean(0) - values.std(0), values.mean(0) + values.std(0),
+                        alpha=0.2)
+    ax.set_xticks(np.arange(values.shape[1]))
+    ax.set_title(panel, fontsize=10)
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

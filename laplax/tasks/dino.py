@@ -1,10 +1,10 @@
-"""DINO self-supervised pretraining of a (Laplacian) ViT, then frozen-teacher probes.
+"""DINO self-supervised pretraining of a (Laplacian) ViT, then probes of the frozen teacher.
 
-config -> data (TFDS + grain, unlabelled use) -> multi-crop inside the jitted step -> student /
-EMA teacher -> orbax checkpoints (teacher and centre live in TrainState.extra, so a resumed run
-continues them exactly) / JSONL metrics with collapse diagnostics -> k-NN and linear probes on
-the frozen teacher's class token, written to results.json. `train_and_evaluate(config,
-workdir)` is what train.py calls for config.task == 'dino'.
+data (TFDS + grain, labels unused) -> multi-crop inside the jitted step -> student / EMA
+teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
+-> DINO loss with centring and sharpening -> collapse diagnostics in the metrics -> k-NN and
+linear probes of the frozen teacher, transfer probes, horse segmentation, PCA pictures
+(laplax.evals.probes). eval.py: the same probes, patch-token spectra (laplax.geometry.dino).
 
 Choices that differ from the DINO code (Caron et al. 2021, main_dino.py), on purpose:
   * one global-norm gradient clip (optim.clip_norm) instead of a per-tensor clip at 3.0;
@@ -18,45 +18,39 @@ Choices that differ from the DINO code (Caron et al. 2021, main_dino.py), on pur
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
-from laplax import heads as heads_lib
 from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import photos as photos_lib
 from laplax.data import pipeline
-from laplax.evals import knn as knn_lib
-from laplax.evals import linear_probe
-from laplax.evals import pca as pca_lib
-from laplax.evals import segmentation
+from laplax.data.images import load_image_data
+from laplax.evals import features as features_lib
+from laplax.evals import probes
+from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
-from laplax.train import checkpoint as ckpt_lib
-from laplax.train import classification
-from laplax.train import loop
-from laplax.train.metrics import MetricsWriter
-from laplax.train.state import TrainState, learning_rate_schedule, make_optimizer
+from laplax.tasks.base import EvalOptions, Run, Task
+from laplax.tasks.classification import steps_from_epochs, vit_from_config
+from laplax.train.state import TrainState
 
 Array = jax.Array
 
 
-# --- Model and configuration ------------------------------------------------------------------
+# --- Model ----------------------------------------------------------------------------------
 
 
-def build_model(config: ml_collections.ConfigDict) -> dino_lib.DINO:
+def dino_from_config(config: ml_collections.ConfigDict) -> dino_lib.DINO:
   """DINO = ViT backbone from config.model (its classifier unused: 1 class) + config.head."""
-  backbone = classification.build_model(config.model, num_classes=1)
+  backbone = vit_from_config(config.model, num_classes=1)
   try:
     head = dino_lib.DINOHead(**config.head.to_dict())
   except TypeError as e:
@@ -68,68 +62,96 @@ def multicrop_config(config: ml_collections.ConfigDict) -> multicrop_lib.MultiCr
   return multicrop_lib.MultiCropConfig.from_dict(config.multicrop.to_dict())
 
 
-def validate_config(config: ml_collections.ConfigDict, model: dino_lib.DINO,
-                    crops: multicrop_lib.MultiCropConfig, num_devices_dp: int) -> None:
-  """Plain one-line errors for values that would otherwise fail deep inside a trace."""
-  classification.validate_config(config, num_devices_dp, jax.process_count())
-  if config.optim.grad_accum_steps != 1:
-    raise ValueError(f"optim.grad_accum_steps={config.optim.grad_accum_steps}: the DINO step "
-                     "does not accumulate gradients; use 1 and a smaller data.batch_size")
-  d = config.dino
-  for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
-    if d[name] <= 0:
-      raise ValueError(f"dino.{name}={d[name]} must be positive")
-  for name in ("momentum_teacher", "centre_momentum"):
-    if not 0 <= d[name] <= 1:
-      raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
-  bank = config.eval.probe_train_size
-  ks = tuple(config.eval.knn_ks)
-  if not ks or min(ks) < 1 or (bank and max(ks) > bank):
-    raise ValueError(f"eval.knn_ks={ks} must lie in [1, "
-                     f"eval.probe_train_size={bank}] (the k-NN memory bank)")
-  for name, used in (("horse_size", config.eval.get("horse_dir")),
-                     ("photo_size", config.eval.get("photos"))):
-    if used and config.eval[name] % model.backbone.patch_size:
-      raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
-                       f"model.patch_size={model.backbone.patch_size}")
-  p = model.backbone.patch_size
-  for name in ("global_size", "local_size"):
-    if getattr(crops, name) % p:
-      raise ValueError(f"multicrop.{name}={getattr(crops, name)} is not divisible by "
-                       f"model.patch_size={p}")
+# --- Loss and diagnostics -------------------------------------------------------------------
 
 
-# --- State and step -------------------------------------------------------------------------
+def dino_loss(student_VxBxK: Array, teacher_GxBxK: Array, centre_K: Array, *,
+              student_temp: float | Array, teacher_temp: float | Array
+              ) -> tuple[Array, dict[str, Array]]:
+  """DINO's cross-entropy between sharpened, centred teacher and student distributions.
+
+  student_VxBxK: student logits of all V crops, the G global crops first, in the teacher's
+  order; teacher_GxBxK: teacher logits of the G global crops. Each of the G * (V - 1) pairs
+  (teacher crop i, student crop v != i) contributes the batch mean of
+  -sum_k softmax((t_i - c) / tau_t)_k log_softmax(s_v / tau_s)_k; the loss is their mean.
+
+  Returns the loss and diagnostics: `teacher_entropy` (mean per-example entropy of the teacher
+  distribution: 0 = one-hot collapse, log K = uniform collapse), `kl` (mean KL(teacher ||
+  student) over the same pairs: loss = teacher_entropy + kl, since every teacher crop appears
+  in V - 1 pairs), `teacher_marginal_entropy` (entropy of the batch-mean teacher distribution:
+  near 0 when every example picks the same dimension).
+  """
+  v, b, k = student_VxBxK.shape
+  g = teacher_GxBxK.shape[0]
+  if teacher_GxBxK.shape[1:] != (b, k) or not 1 <= g <= v or centre_K.shape != (k,):
+    raise ValueError(f"student logits {student_VxBxK.shape}, teacher logits "
+                     f"{teacher_GxBxK.shape} and centre {centre_K.shape} must be (V, B, K), "
+                     "(G, B, K) with G <= V and (K,)")
+  if v < 2:
+    raise ValueError(f"DINO needs at least 2 crops, got {v}")
+  teacher = jax.lax.stop_gradient(teacher_GxBxK.astype(jnp.float32) - centre_K)
+  teacher_probs = jax.nn.softmax(teacher / teacher_temp, axis=-1)
+  student_logp = jax.nn.log_softmax(student_VxBxK.astype(jnp.float32) / student_temp, axis=-1)
+  # cross[i, v] = batch mean of the cross-entropy between teacher crop i and student crop v.
+  cross_GxV = -jnp.einsum("ibk,vbk->iv", teacher_probs, student_logp) / b
+  pairs_GxV = jnp.arange(g)[:, None] != jnp.arange(v)[None, :]
+  loss = jnp.sum(jnp.where(pairs_GxV, cross_GxV, 0.0)) / (g * (v - 1))
+  teacher_entropy = -jnp.mean(jnp.sum(teacher_probs * jnp.log(teacher_probs + 1e-20), -1))
+  marginal = jnp.mean(teacher_probs, axis=(0, 1))
+  aux = {"teacher_entropy": teacher_entropy, "kl": loss - teacher_entropy,
+         "teacher_marginal_entropy": -jnp.sum(marginal * jnp.log(marginal + 1e-20))}
+  return loss, aux
 
 
-def _init_fn(model: dino_lib.DINO, tx: optax.GradientTransformation, sample: Array):
-  def init(rng):
-    params = model.init({"params": rng, "dropout": rng}, sample, train=False)["params"]
-    extra = {"teacher": params,
-             "centre": jnp.zeros((model.head.out_dim,), jnp.float32)}
-    return TrainState.create(params, tx, extra=extra)
-  return init
+def update_centre(centre_K: Array, teacher_GxBxK: Array, momentum: float | Array) -> Array:
+  """centre <- m * centre + (1 - m) * mean of the teacher logits over crops and batch.
+
+  Under jit with a batch sharded over the mesh, the mean over the batch axis is the GLOBAL mean
+  (XLA inserts the all-reduce DINO does by hand with dist.all_reduce).
+  """
+  batch_centre = jnp.mean(teacher_GxBxK.astype(jnp.float32), axis=(0, 1))
+  return momentum * centre_K + (1.0 - momentum) * batch_centre
 
 
-def abstract_state(model: dino_lib.DINO, tx: optax.GradientTransformation, mesh, rules,
-                   sample: Array):
-  """(ShapeDtypeStructs with shardings, shardings) of the state: nothing is computed, so a
-  restore needs no initialisation (and no compile of the random initialisers)."""
-  boxed = jax.eval_shape(_init_fn(model, tx, sample), jax.random.key(0))
-  shardings = sharding.logical_to_sharding(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          nn.unbox(boxed), shardings)
-  return abstract, shardings
+def ema_update(teacher: Any, student: Any, momentum: float | Array) -> Any:
+  """teacher <- m * teacher + (1 - m) * student, leaf by leaf (no gradient flows)."""
+  return jax.tree.map(lambda t, s: jax.lax.stop_gradient(momentum * t + (1.0 - momentum) * s),
+                      teacher, student)
 
 
-def create_state(model: dino_lib.DINO, tx: optax.GradientTransformation, mesh, rules,
-                 sample: Array, seed: int):
-  """Sharded init -> (state, shardings). extra = {'teacher': params copy, 'centre': zeros (K,)}."""
-  init = _init_fn(model, tx, sample)
-  _, shardings = abstract_state(model, tx, mesh, rules, sample)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.key(seed))
-  return state, shardings
+def teacher_momentum(step: Array | int, total_steps: int, base: float = 0.996,
+                     final: float = 1.0) -> Array:
+  """Cosine schedule from `base` at step 0 to `final` at total_steps (DINO's cosine_scheduler)."""
+  t = jnp.clip(jnp.asarray(step, jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+  return final + 0.5 * (base - final) * (1.0 + jnp.cos(jnp.pi * t))
+
+
+def teacher_temperature(step: Array | int, warmup_steps: int, start: float = 0.04,
+                        end: float = 0.07) -> Array:
+  """Linear warm-up from `start` to `end` over warmup_steps, then `end`."""
+  if warmup_steps <= 0:
+    return jnp.asarray(end, jnp.float32)
+  t = jnp.clip(jnp.asarray(step, jnp.float32) / warmup_steps, 0.0, 1.0)
+  return start + (end - start) * t
+
+
+def feature_diagnostics(features_BxE: Array) -> dict[str, Array]:
+  """Collapse diagnostics of a feature batch (B, E).
+
+  `feature_std`: mean over dimensions of the batch std of the L2-normalised features (0 when
+  all examples map to one point; about 1/sqrt(E) for spread-out features);
+  `effective_rank`: exp(entropy) of the normalised eigenvalues of their batch covariance
+  (laplax.geometry.effective_rank; 1 = one direction, E = isotropic).
+  """
+  x = features_BxE.astype(jnp.float32)
+  x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-6)
+  centred = x - jnp.mean(x, axis=0)
+  cov = centred.T @ centred / x.shape[0]
+  return {"feature_std": jnp.mean(jnp.std(x, axis=0)),
+          "effective_rank": geometry_metrics.effective_rank(jnp.linalg.eigvalsh(cov))}
+
+
+# --- The step -----------------------------------------------------------------------------
 
 
 def _views_forward(model: dino_lib.DINO, params, views_VxBxHxWxC: Array, *,
@@ -181,14 +203,14 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     teacher_params = jax.lax.stop_gradient(state.extra["teacher"])
     centre = state.extra["centre"]
     teacher_logits, teacher_features = forward(teacher_params, globals_, False, None)
-    teacher_temp = dino_lib.teacher_temperature(state.step, warmup_temp_steps,
+    teacher_temp = teacher_temperature(state.step, warmup_temp_steps,
                                                 d.warmup_teacher_temp, d.teacher_temp)
 
     def loss_fn(params):
       student, _ = forward(params, globals_, True, k_global)
       if locals_ is not None:
         student = jnp.concatenate([student, forward(params, locals_, True, k_local)[0]])
-      return dino_lib.dino_loss(student, teacher_logits, centre, student_temp=d.student_temp,
+      return dino_loss(student, teacher_logits, centre, student_temp=d.student_temp,
                                 teacher_temp=teacher_temp)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -199,10 +221,10 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     new_state = state.apply_gradients(grads, tx)
     params = with_last(new_state.params,
                        jnp.where(frozen, last(state.params), last(new_state.params)))
-    momentum = dino_lib.teacher_momentum(state.step, total_steps, d.momentum_teacher, 1.0)
-    extra = {"teacher": dino_lib.ema_update(teacher_params, params, momentum),
-             "centre": dino_lib.update_centre(centre, teacher_logits, d.centre_momentum)}
-    metrics = {"loss": loss, **aux, **dino_lib.feature_diagnostics(teacher_features[0]),
+    momentum = teacher_momentum(state.step, total_steps, d.momentum_teacher, 1.0)
+    extra = {"teacher": ema_update(teacher_params, params, momentum),
+             "centre": update_centre(centre, teacher_logits, d.centre_momentum)}
+    metrics = {"loss": loss, **aux, **feature_diagnostics(teacher_features[0]),
                "grad_norm": optax.global_norm(grads), "teacher_momentum": momentum,
                "teacher_temp": teacher_temp}
     return new_state.replace(params=params, extra=extra), metrics
@@ -210,361 +232,190 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
   return step
 
 
-# --- Frozen-teacher features and probes -------------------------------------------------------
+# --- The task -------------------------------------------------------------------------------
 
 
-def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
-                    last_layers: int = 4):
-  """-> features(params, images (B, H, W, C) normalised) -> {'cls': (B, E), 'last': (B, n E),
-  'patches': (B, h, w, E)}.
+class DinoTask(Task):
+  name = "dino"
+  unit = "images"
+  batch_keys = ("image",)
+  study_section = "laplax.study.dino"
 
-  'cls': the backbone's pre_logits (final LayerNorm of the class token), DINO's k-NN feature;
-  'last': the class tokens of the last n blocks, each through the final LayerNorm, concatenated
-  (DINO's linear-probe feature, n = 4); 'patches': the last block's patch tokens (no norm).
-  """
-  n = min(last_layers, model.backbone.depth)
+  def validate(self, dp: int, hosts: int) -> None:
+    config = self.config
+    builders.dataset_info(config.data.name)
+    super().validate(dp, hosts)
+    if config.optim.grad_accum_steps != 1:
+      raise ValueError(f"optim.grad_accum_steps={config.optim.grad_accum_steps}: the DINO step "
+                       "does not accumulate gradients; use 1 and a smaller data.batch_size")
+    d = config.dino
+    for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+      if d[name] <= 0:
+        raise ValueError(f"dino.{name}={d[name]} must be positive")
+    for name in ("momentum_teacher", "centre_momentum"):
+      if not 0 <= d[name] <= 1:
+        raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
+    bank = config.eval.probe_train_size
+    ks = tuple(config.eval.knn_ks)
+    if not ks or min(ks) < 1 or (bank and max(ks) > bank):
+      raise ValueError(f"eval.knn_ks={ks} must lie in [1, "
+                       f"eval.probe_train_size={bank}] (the k-NN memory bank)")
+    p = self.build_model().backbone.patch_size
+    for name, used in (("horse_size", config.eval.get("horse_dir")),
+                       ("photo_size", config.eval.get("photos"))):
+      if used and config.eval[name] % p:
+        raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
+                         f"model.patch_size={p}")
+    crops = multicrop_config(config)
+    for name in ("global_size", "local_size"):
+      if getattr(crops, name) % p:
+        raise ValueError(f"multicrop.{name}={getattr(crops, name)} is not divisible by "
+                         f"model.patch_size={p}")
+    channels = builders.dataset_info(config.data.name).image_shape[-1]
+    if channels not in (1, 3):
+      raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
+    for name in ("horse_dir", "photos"):
+      if config.eval.get(name) and channels != 3:
+        raise ValueError(f"eval.{name} is set but {config.data.name} is grey: a model trained "
+                         f"on it cannot read RGB photos; set --config.eval.{name}=''")
 
-  def features(params, images):
-    grid = dino_lib.patch_grid(model, images.shape[1:3])
-    backbone = dino_lib.params_for_grid(params, base_grid, grid)["backbone"]
-    _, out = model.backbone.apply({"params": backbone}, images, train=False, return_tokens=True)
-    tokens = out["tokens"]  # (depth + 1, B, 1 + N, E)
-    norm = nn.LayerNorm(dtype=model.backbone.dtype, param_dtype=model.backbone.param_dtype)
-    last = norm.apply({"params": backbone["norm"]}, tokens[-n:, :, 0])
-    b = images.shape[0]
-    return {"cls": out["pre_logits"].astype(jnp.float32),
-            "last": jnp.moveaxis(last, 0, 1).reshape(b, -1).astype(jnp.float32),
-            "patches": tokens[-1, :, 1:].reshape(b, *grid, -1).astype(jnp.float32)}
+  def info(self) -> builders.ImageDatasetInfo:
+    return builders.dataset_info(self.config.data.name)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return jax.jit(features, out_shardings=sharding.replicated(mesh))
+  def load_data(self, workdir, log) -> None:
+    self.data = load_image_data(self.config.data)
+    # Loaded before training, so that missing data stops the run before the work.
+    self.transfer_sets = probes.load_transfer(self.config)
+    self.photos = (photos_lib.load_photos(self.config.eval.photo_size, self.config.eval.photos)
+                   if self.config.eval.get("photos") else None)
 
+  def build_model(self) -> dino_lib.DINO:
+    return dino_from_config(self.config)
 
-def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int, mean, std,
-                     mesh, rules, keys: tuple[str, ...] = ("cls", "last")
-                     ) -> dict[str, np.ndarray]:
-  """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} through the frozen model, in order."""
-  labels = np.zeros(len(images), np.int32)
-  out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean,
-                                       std=std):
-      mask = batch.pop("mask")
-      feats = feature_fn(params, sharding.host_batch_to_global({"image": batch["image"]},
-                                                                mesh)["image"])
-      for k in keys:
-        out[k].append(np.asarray(feats[k])[mask])
-  return {k: np.concatenate(v) for k, v in out.items()}
+  def sample_input(self) -> np.ndarray:
+    size = self.config.multicrop.global_size
+    return np.zeros((1, size, size, self.info().image_shape[-1]), np.float32)
 
+  def init_extra(self, params):
+    return {"teacher": params,
+            "centre": jnp.zeros((self.config.head.out_dim,), jnp.float32)}
 
-def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collections.ConfigDict,
-                 *, mesh, rules) -> dict[str, dict[str, float]]:
-  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model.
+  def head_layout(self, model: dino_lib.DINO):
+    b = model.backbone
+    return b.laplacian_heads, b.num_heads, b.depth
 
-  The memory bank / probe training set is the training split (capped at
-  eval.probe_train_size); scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
-  """
-  info, e = data["info"], config.eval
-  train_x, train_y = data["train"]
-  if e.probe_train_size and e.probe_train_size < len(train_x):
-    train_x, train_y = train_x[:e.probe_train_size], train_y[:e.probe_train_size]
-  kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
-            rules=rules)
-  train = extract_features(feature_fn, params, train_x, **kw)
-  probe_kw = dict(num_classes=info.num_classes, epochs=e.probe_epochs, lr=e.probe_lr,
-                  weight_decay=e.probe_weight_decay, seed=config.seed)
-  probes = {k: linear_probe.train_linear_probe(train[k], train_y, **probe_kw)
-            for k in ("cls", "last")}
-  scores = {}
-  for split in ("val", "test"):
-    x, y = data[split]
-    feats = extract_features(feature_fn, params, x, **kw)
-    s = knn_lib.knn_accuracy(train["cls"], train_y, feats["cls"], y,
-                             num_classes=info.num_classes, ks=tuple(e.knn_ks),
-                             temperature=e.knn_temperature)
-    s["linear_cls"] = float(np.mean(
-        np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
-    s["linear_last"] = float(np.mean(
-        np.asarray(linear_probe.linear_probe_predict(probes["last"], feats["last"])) == y))
-    s["count"] = int(len(y))
-    scores[split] = s
-  return scores
+  def describe_model(self, model, num_params: int) -> str:
+    crops = multicrop_config(self.config)
+    return (f"DINO ViT {self.describe_heads(model)}, {num_params:,} student parameters; crops "
+            f"2x{crops.global_size}px + {crops.num_local}x{crops.local_size}px")
 
+  def _steps(self) -> tuple[int, int]:
+    return steps_from_epochs(self.config, len(self.data["train"][0]))
 
-def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
-                  ) -> dict[str, Any]:
-  """Another labelled data set (e.g. Fashion-MNIST for a CIFAR-10 model) prepared for the
-  frozen model of `config`: the same val_size / eval_subset, the training split capped at
-  eval.probe_train_size, images converted to the training set's channels and global-crop size,
-  and the info's mean / std replaced by the training set's (the model's input statistics).
-  -> load_data's dict ({'info', 'train', 'val', 'test'})."""
-  target = ml_collections.ConfigDict(config.to_dict())
-  target.data.name, target.data.source_dir = name, source_dir
-  data = classification.load_data(target)
-  own = builders.dataset_info(config.data.name)
-  size, channels = config.multicrop.global_size, own.image_shape[-1]
-  cap = config.eval.probe_train_size or None
-  out = {"info": dataclasses.replace(data["info"], image_shape=(size, size, channels),
-                                     mean=own.mean, std=own.std)}
-  for split in ("train", "val", "test"):
-    x, y = data[split]
-    if split == "train":
-      x, y = x[:cap], y[:cap]
-    out[split] = (pipeline.convert_images(x, size=size, channels=channels), y)
-  return out
+  def total_steps(self) -> int:
+    return self._steps()[0]
 
+  def make_step(self, model, tx, total_steps: int):
+    info = self.info()
+    return make_dino_step(model, tx, multicrop_config(self.config), self.config.dino,
+                          seed=self.config.seed, total_steps=total_steps,
+                          steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std)
 
-def load_transfer(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
-  """transfer_data for every data set of eval.transfer ({name: source_dir}); loaded before
-  training, so that missing data stops the run before the work, not after it."""
-  return {name: transfer_data(config, name, source_dir)
-          for name, source_dir in dict(config.eval.get("transfer", {})).items()}
+  def train_iterator(self, process_index: int, process_count: int):
+    # Pixels in [0, 1] (mean 0, std 1): colour ops act on raw pixels; the step normalises.
+    x, y = self.data["train"]
+    return iter(pipeline.train_dataset(
+        x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
+        augment="none", mean=0.0, std=1.0, process_index=process_index,
+        process_count=process_count))
 
+  def describe(self, m: dict[str, float]) -> str:
+    return (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  KL {m['kl']:.3f}  "
+            f"rank {m['effective_rank']:.1f}")
 
-def transfer_scores(feature_fn, params, config: ml_collections.ConfigDict,
-                    datasets: dict[str, dict[str, Any]], *, mesh, rules, log=print
-                    ) -> dict[str, dict[str, dict[str, float]]]:
-  """probe_scores on every data set of load_transfer -> {name: {'val': ..., 'test': ...}}."""
-  out = {}
-  for name, data in datasets.items():
-    scores = probe_scores(feature_fn, params, data, config, mesh=mesh, rules=rules)
-    log(f"transfer to {name}: {_summary({'test': scores['test']})}")
-    out[name] = scores
-  return out
+  def _feature_fn(self, model, mesh, rules):
+    key = (id(model), id(mesh))
+    if getattr(self, "_features_key", None) != key:
+      size = self.config.multicrop.global_size
+      self._features = features_lib.make_feature_fn(
+          model, dino_lib.patch_grid(model, (size, size)), mesh, rules,
+          self.config.eval.last_layers)
+      self._features_key = key
+    return self._features
 
+  def before_training(self, model, state, *, mesh, rules, workdir, writer, log) -> None:
+    if not self.config.eval.at_init:
+      return
+    scores = probes.probe_scores(self._feature_fn(model, mesh, rules), state.extra["teacher"],
+                                 self.data, self.config, mesh=mesh, rules=rules)
+    (workdir / "init_eval.json").write_text(json.dumps(scores, indent=2))
+    writer.write(0, "init", probes.flat_scores(scores))
+    log(f"at init: {probes.summary_line(scores)}")
 
-def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *, mesh, rules,
-                 figure_path: pathlib.Path | None = None) -> dict[str, Any]:
-  """Weizmann Horse evaluations of the frozen model's last-block patch tokens.
+  def final_results(self, model, state, *, mesh, rules, workdir, log):
+    feature_fn, teacher = self._feature_fn(model, mesh, rules), state.extra["teacher"]
+    kw = dict(mesh=mesh, rules=rules)
+    scores = probes.probe_scores(feature_fn, teacher, self.data, self.config, **kw)
+    results: dict[str, Any] = dict(scores)
+    if (workdir / "init_eval.json").exists():
+      results["init"] = json.loads((workdir / "init_eval.json").read_text())
+    transfer = probes.transfer_scores(feature_fn, teacher, self.config, self.transfer_sets,
+                                      log=log, **kw)
+    if transfer:
+      results["transfer"] = transfer
+    info = self.info()
+    if self.config.eval.get("horse_dir"):
+      results["horse"] = probes.horse_scores(feature_fn, teacher, self.config, info,
+                                             figure_path=workdir / "pca_horses.png", **kw)
+      log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
+          f"{results['horse']['pca_mask']['fg_iou']:.4f}")
+    if self.photos is not None:
+      results["photos"] = probes.photo_pca(feature_fn, teacher, self.photos, self.config, info,
+                                           figure_path=workdir / "pca_photos.png", **kw)
+    return results, probes.flat_scores(scores), probes.summary_line(scores)
 
-  'probe': the linear per-patch segmentation probe (laplax.evals.segmentation) trained on the
-  fixed train split, scored on the test split at full mask resolution; 'pca_mask': the first
-  principal component of the test photos' patch tokens thresholded at 0 (sign: border rule,
-  laplax.evals.pca) scored against the test masks. Photos are resized to eval.horse_size and
-  normalised with the training data set's mean / std. Writes the PCA picture of the first
-  eval.pca_images test photos to figure_path when given.
-  """
-  e = config.eval
-  kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
-            rules=rules, keys=("patches",))
-  splits = {split: segmentation.load_weizmann_horse(e.horse_dir, e.horse_size, split)
-            for split in ("train", "test")}
-  feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]
-           for split, d in splits.items()}
-  grid = feats["train"].shape[1:3]
-  probe = segmentation.train_patch_probe(
-      feats["train"], segmentation.patch_labels(splits["train"].masks, grid, 2), 2,
-      epochs=e.seg_epochs, seed=config.seed)
-  pred = segmentation.predict_masks(probe, feats["test"], mask_size=(e.horse_size,) * 2)
-  test_masks = splits["test"].masks
-  out = {"probe": segmentation.segmentation_scores(np.asarray(pred), test_masks, 2)}
-  rgb, mask, pca = pca_lib.pca_panel(feats["test"])
-  out["pca_mask"], _ = pca_lib.mask_scores(pca.components[..., 0], test_masks)
-  out["pca_explained_variance_ratio"] = [float(r) for r in pca.explained_variance_ratio]
-  if figure_path is not None:
-    n = e.pca_images
-    pca_lib.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
-                       row_labels=splits["test"].names[:n])
-  return out
-
-
-def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],
-              config: ml_collections.ConfigDict, info, *, mesh, rules,
-              figure_path: pathlib.Path) -> dict[str, Any]:
-  """PCA picture of the frozen model's last-block patch tokens on (names, uint8 photos
-  (N, S, S, 3)), e.g. laplax.data.photos.load_photos, one PCA per photo -> {'names',
-  'explained_variance_ratio' (mean over the photos)}."""
-  names, images = photos
-  feats = extract_features(feature_fn, params, images, batch_size=config.data.eval_batch_size,
-                           mean=info.mean, std=info.std, mesh=mesh, rules=rules,
-                           keys=("patches",))["patches"]
-  rgb, mask, pca = pca_lib.pca_panel(feats, per_image=True)  # unrelated photos
-  pca_lib.pca_figure(images, {"teacher": (rgb, mask)}, figure_path, row_labels=names)
-  return {"names": list(names),
-          "explained_variance_ratio": [float(r) for r in pca.explained_variance_ratio]}
-
-
-# --- The job --------------------------------------------------------------------------------
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-                       *, log=print) -> dict[str, Any]:
-  """DINO pretraining (resuming from workdir), then probes of the frozen teacher.
-
-  Writes workdir/config.json, metrics.jsonl (splits 'train', 'init', 'final'), checkpoints/ and
-  results.json ({'val': {...}, 'test': {...}, 'init': {...} if measured, 'horse': {...} and
-  pca_horses.png if eval.horse_dir is set, ...}).
-  """
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  classification.check_workdir_config(workdir, config)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-
-  mesh = sharding.make_mesh(config.mesh.to_dict())
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  model = build_model(config)
-  crops = multicrop_config(config)
-  validate_config(config, model, crops, sharding.data_parallel_size(mesh))
-  data = classification.load_data(config)
-  transfer_sets = load_transfer(config)
-  info = data["info"]
-  train_x, train_y = data["train"]
-  if info.image_shape[-1] not in (1, 3):
-    raise ValueError(f"{info.name} has {info.image_shape[-1]} channels; multi-crop handles 1 or 3")
-  for name in ("horse_dir", "photos"):
-    if config.eval.get(name) and info.image_shape[-1] != 3:
-      raise ValueError(f"eval.{name} is set but {info.name} is grey: a model trained on it "
-                       f"cannot read RGB photos; set --config.eval.{name}=''")
-  photos = (photos_lib.load_photos(config.eval.photo_size, config.eval.photos)
-            if config.eval.get("photos") else None)
-
-  steps_per_epoch = len(train_x) // config.data.batch_size
-  if steps_per_epoch == 0:
-    raise ValueError(f"data.batch_size={config.data.batch_size} exceeds the {len(train_x)} "
-                     "training examples")
-  total_steps = config.total_steps or int(config.num_epochs * steps_per_epoch)
-  tx = make_optimizer(config.optim, total_steps)
-  schedule = learning_rate_schedule(config.optim, total_steps)
-  size, channels = crops.global_size, info.image_shape[-1]
-  sample = jnp.zeros((1, size, size, channels))
-  abstract, state_shardings = abstract_state(model, tx, mesh, rules, sample)
-  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-  describe = heads_lib.describe(model.backbone.laplacian_heads, model.backbone.num_heads,
-                                model.backbone.depth)
-  log(f"model: DINO ViT {describe}, {n_params:,} student parameters; mesh {dict(mesh.shape)}; "
-      f"{total_steps} steps ({steps_per_epoch}/epoch); crops 2x{size}px + "
-      f"{crops.num_local}x{crops.local_size}px")
-
-  # Pixels in [0, 1] (mean 0, std 1): colour ops act on raw pixels; the step normalises.
-  train_ds = pipeline.train_dataset(
-      train_x, train_y, batch_size=config.data.batch_size // jax.process_count(),
-      seed=config.seed, augment="none", mean=0.0, std=1.0,
-      process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = iter(train_ds)
-
-  # Restore into the abstract state, so that a resumed run never compiles the initialisers.
-  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
-                                        state_shardings, train_iter, log=log)
-  if state is abstract:  # fresh start
-    state, _ = create_state(model, tx, mesh, rules, sample, config.seed)
-  start_step = int(state.step)
-
-  base_grid = dino_lib.patch_grid(model, (size, size))
-  feature_fn = make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
-  writer = MetricsWriter(workdir)
-  init_path = workdir / "init_eval.json"
-  if config.eval.at_init and start_step == 0:
-    init_scores = probe_scores(feature_fn, state.extra["teacher"], data, config, mesh=mesh,
-                               rules=rules)
-    init_path.write_text(json.dumps(init_scores, indent=2))
-    writer.write(0, "init", _flat(init_scores))
-    log(f"at init: {_summary(init_scores)}")
-
-  batch_sharding = sharding.batch_sharding(mesh)
-  step_fn = make_dino_step(model, tx, crops, config.dino, seed=config.seed,
-                           total_steps=total_steps, steps_per_epoch=steps_per_epoch,
-                           mean=info.mean, std=info.std)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step_fn = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
-                      out_shardings=(state_shardings, None), donate_argnums=(0,))
-
-  state, last_summary = loop.run_steps(
-      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
-      start_step=start_step, total_steps=total_steps, log_every=config.log_every,
-      items_per_step=config.data.batch_size, unit="images", schedule=schedule,
-      name=config.get("name", "dino"), batch_keys=("image",),
-      describe=lambda m: (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  "
-                          f"KL {m['kl']:.3f}  rank {m['effective_rank']:.1f}"))
-  step = int(state.step)
-
-  scores = probe_scores(feature_fn, state.extra["teacher"], data, config, mesh=mesh, rules=rules)
-  results = {"step": step, **scores, "params": n_params, "laplacian_heads": describe,
-             "last_train_metrics": last_summary}
-  if init_path.exists():
-    results["init"] = json.loads(init_path.read_text())
-  transfer = transfer_scores(feature_fn, state.extra["teacher"], config, transfer_sets,
-                             mesh=mesh, rules=rules, log=log)
-  if transfer:
-    results["transfer"] = transfer
-  if config.eval.get("horse_dir"):
-    results["horse"] = horse_scores(feature_fn, state.extra["teacher"], config, info, mesh=mesh,
-                                    rules=rules, figure_path=workdir / "pca_horses.png")
-    log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
-        f"{results['horse']['pca_mask']['fg_iou']:.4f}")
-  if photos is not None:
-    results["photos"] = photo_pca(feature_fn, state.extra["teacher"], photos, config, info,
-                                  mesh=mesh, rules=rules, figure_path=workdir / "pca_photos.png")
-  writer.write(step, "final", _flat(scores))
-  (workdir / "results.json").write_text(json.dumps(results, indent=2))
-  log(f"done: {_summary(scores)}")
-  return results
-
-
-def _flat(scores: dict[str, dict[str, float]]) -> dict[str, float]:
-  return {f"{split}_{k}": v for split, s in scores.items() for k, v in s.items()}
-
-
-def _summary(scores: dict[str, dict[str, float]]) -> str:
-  parts = []
-  for split, s in scores.items():
-    parts += [f"{split} {k} {v:.4f}" for k, v in s.items() if k != "count"]
-  return ", ".join(parts)
-
-
-def load_teacher(workdir: str | pathlib.Path, step: int | None = None):
-  """The frozen teacher of a DINO workdir -> (model, teacher params, config, base patch grid).
-
-  Rebuilds the model from workdir/config.json and restores the checkpoint on one device.
-  """
-  workdir = pathlib.Path(workdir)
-  path = workdir / "config.json"
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: is {workdir} a DINO workdir?")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
-  if config.get("task") != "dino":
-    raise ValueError(f"{workdir} holds a task={config.get('task')!r} run, not 'dino'")
-  model = build_model(config)
-  crops = multicrop_config(config)
-  info_channels = builders.dataset_info(config.data.name).image_shape[-1]
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  tx = make_optimizer(config.optim, max(int(config.total_steps or 1), 1))
-  size = crops.global_size
-  abstract, _ = abstract_state(model, tx, mesh, rules,
-                               jnp.zeros((1, size, size, info_channels)))
-  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", log=lambda s: None)
-  restored = checkpointer.restore(abstract, step=step)
-  checkpointer.close()
-  if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-  _, state, _ = restored
-  return model, state.extra["teacher"], config, dino_lib.patch_grid(model, (size, size))
-
-
-class FrozenTeacher(NamedTuple):
-  """A DINO run's teacher set up for features on one device (see `frozen_teacher`)."""
-  model: dino_lib.DINO
-  params: Any
-  config: ml_collections.ConfigDict
-  info: builders.ImageDatasetInfo
-  base_grid: tuple[int, int]
-  mesh: Any
-  rules: Any
-  feature_fn: Callable
-
-  def features(self, images: np.ndarray, *, batch_size: int,
-               keys: tuple[str, ...] = ("cls", "last")) -> dict[str, np.ndarray]:
-    """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} (make_feature_fn's keys)."""
-    return extract_features(self.feature_fn, self.params, images, batch_size=batch_size,
-                            mean=self.info.mean, std=self.info.std, mesh=self.mesh,
-                            rules=self.rules, keys=keys)
-
-
-def frozen_teacher(workdir: str | pathlib.Path) -> FrozenTeacher:
-  """load_teacher plus a one-device mesh, the run's axis rules and its jitted feature_fn."""
-  model, teacher, config, base_grid = load_teacher(workdir)
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  feature_fn = make_feature_fn(model, base_grid, mesh, rules, config.eval.last_layers)
-  return FrozenTeacher(model, teacher, config, builders.dataset_info(config.data.name),
-                       base_grid, mesh, rules, feature_fn)
+  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log,
+                   *, probe: bool = True):
+    """The frozen teacher's k-NN / linear probes on val and test and on the transfer data sets
+    of eval.transfer; with options.analyze, per-layer patch-token spectra of the first
+    analysis_examples test images (analysis/spectra.json, analysis/spectrum.png) and, for RGB
+    models, the PCA picture of photos (out/pca_photos.png; options.photos: 'builtin', a folder,
+    '' to skip, None = the run's eval.photos). probe=False skips the probes (studies)."""
+    from laplax.geometry import dino as dino_geometry
+    if options.export or options.tasks:
+      raise ValueError(f"{run.workdir} is a dino run: --export and --tasks do not apply (its "
+                       "checkpoint holds the teacher; probes are image classification)")
+    config, info = run.config, self.info()
+    size = config.multicrop.global_size
+    base_grid = dino_lib.patch_grid(run.model, (size, size))
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rules = sharding.rules_from_config(config.get("axis_rules"))
+    feature_fn = self._feature_fn(run.model, mesh, rules)
+    teacher = run.extra["teacher"]
+    self.data = load_image_data(config.data)
+    result: dict[str, Any] = {"task": "dino", "step": run.step}
+    kw = dict(mesh=mesh, rules=rules)
+    if probe:
+      result.update(probes.probe_scores(feature_fn, teacher, self.data, config, **kw))
+      log("test probes: " + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()
+                                      if k != "count"))
+      transfer = probes.transfer_scores(feature_fn, teacher, config,
+                                        probes.load_transfer(config), log=log, **kw)
+      if transfer:
+        result["transfer"] = transfer
+    out.mkdir(parents=True, exist_ok=True)
+    if options.analyze:
+      n = options.analysis_examples or 2000
+      spectra = dino_geometry.patch_spectra(run.model, teacher, self.data["test"][0][:n],
+                                            base_grid=base_grid, mean=info.mean, std=info.std,
+                                            batch_size=250)
+      path = dino_geometry.write_spectra(spectra, out / "analysis", config.get("name", "run"))
+      result["analysis"] = str(path)
+      result["spectra"] = spectra["layers"]
+      photos = config.eval.get("photos", "") if options.photos is None else options.photos
+      if photos and info.image_shape[-1] == 3:
+        result["photos"] = probes.photo_pca(
+            feature_fn, teacher, photos_lib.load_photos(config.eval.get("photo_size", 64),
+                                                        photos),
+            config, info, figure_path=out / "pca_photos.png", **kw)
+    return result

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from laplax import analysis_lm
+from laplax.geometry import lm as lm_geometry
+from laplax.geometry import plots
 from laplax.models import gpt
 
 
@@ -17,7 +18,7 @@ def test_analyze_lm_on_a_tiny_gpt(tmp_path):
   windows = rng.integers(0, 20, size=(5, 9))  # ids 20-23 never occur: absent classes
   windows[4, 5:] = -1  # a padded tail: 4 fewer scored positions (inputs 4..7 / targets 5..8)
   windows[0, 1] = 23  # class 23 seen once: below min_count, excluded
-  out = analysis_lm.analyze_lm(model, {"params": params}, windows, batch_size=2, min_count=2,
+  out = lm_geometry.analyze_lm(model, {"params": params}, windows, batch_size=2, min_count=2,
                                tile=8)
   assert out["num_tokens"] == 5 * 8 - 4 and out["num_windows"] == 5
   c = out["collapse"]
@@ -30,11 +31,11 @@ def test_analyze_lm_on_a_tiny_gpt(tmp_path):
   for layer in out["layers"]:
     assert 1 <= layer["components_90"] <= layer["components_99"] <= 16
     assert set(layer) == {"components_90", "components_95", "components_99", "effective_rank"}
-  path = analysis_lm.plot_spectrum({"k1": out}, tmp_path / "spectrum.png")
+  path = plots.plot_spectrum({"k1": out}, tmp_path / "spectrum.png")
   assert path.stat().st_size > 1000
 
 
 def test_analyze_lm_errors():
   model = gpt.GPT(gpt.GPTConfig(vocab_size=8, depth=1, width=8, head_dim=8))
   with pytest.raises(ValueError, match="windows have shape"):
-    analysis_lm.analyze_lm(model, {}, np.zeros((3,), np.int32))
+    lm_geometry.analyze_lm(model, {}, np.zeros((3,), np.int32))

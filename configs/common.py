@@ -1,0 +1,105 @@
+"""Config sections every experiment shares, defined once; experiments state their differences.
+
+  run(name, task)        name, task, seed, steps, logging, checkpoint, mesh, axis rules
+  laplacian_heads(k)     the head-spec field: an int k or a per-layer list from the command line
+  image_data(name)       an image-classification data set (TFDS, cached) and its batches
+  vit(preset)            a DeiT-III-style ViT
+  adamw(lr)              AdamW + warm-up / cosine + clipping
+  study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
+"""
+
+import ml_collections
+
+from laplax.data.shared import shared_data_dir
+
+SHARED = shared_data_dir()  # $LAPLAX_SHARED_DATA, else ../shared/data next to the repository
+
+
+def laplacian_heads(default=0) -> ml_collections.FieldReference:
+  """k (the last k heads of every layer) or a per-layer list / per-head bools.
+
+  field_type=object lets the flag parse either: --config.model.laplacian_heads=4 or
+  --config.model.laplacian_heads='(0,0,4,4)' (a list per layer) or '[[0,1],[1,1]]'."""
+  return ml_collections.FieldReference(default, field_type=object)
+
+
+def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
+        every_steps: int = 200) -> ml_collections.ConfigDict:
+  """The sections of any run: what trains, for how long, where it checkpoints, on which mesh."""
+  c = ml_collections.ConfigDict()
+  c.name = name
+  c.task = task
+  c.seed = 0
+  c.total_steps = total_steps  # > 0 overrides num_epochs where the task has epochs
+  c.log_every = log_every
+  c.eval_every = 0  # 0 = only at the end
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = every_steps
+  c.checkpoint.keep = 2
+  # None: asynchronous saves on accelerators, synchronous on CPU.
+  c.checkpoint.async_save = ml_collections.FieldReference(None, field_type=bool)
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
+  c.axis_rules = ()  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
+  return c
+
+
+def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
+               eval_batch_size: int = 500, augment: str = "crop") -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.name = name
+  d.source_dir = source_dir  # '' = the builder's default place
+  d.cache_dir = ""  # '' = ~/.cache/laplax (prepared TFDS + decoded arrays)
+  d.val_size = 5000  # held out of the training split
+  d.split_seed = 0
+  d.train_subset = 0  # > 0: first N training examples only (quick runs)
+  d.eval_subset = 0  # > 0: first N val / test examples only
+  d.augment = augment  # 'none' | 'crop' | 'crop_flip'
+  d.batch_size = batch_size  # global
+  d.eval_batch_size = eval_batch_size
+  return d
+
+
+def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
+  """A ViT (laplax.models.vit): a preset plus explicit overrides."""
+  m = ml_collections.ConfigDict()
+  m.name = "vit"
+  m.preset = preset  # mu / tiny / small-cpu / Ti / S / B / L (laplax.models.vit.PRESETS)
+  m.patch_size = patch_size
+  m.laplacian_heads = laplacian_heads(0)
+  m.qk_norm = True
+  m.layerscale_init = 0.1
+  m.drop_path_rate = 0.0
+  m.pool = "cls"
+  m.scan_layers = False
+  m.attention_impl = ml_collections.FieldReference(None, field_type=str)
+  m.dtype = "float32"  # compute; parameters and optimiser state stay param_dtype
+  m.param_dtype = "float32"
+  m.update(overrides)
+  return m
+
+
+def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm: float = 1.0,
+          final_lr_fraction: float = 0.01, b2: float = 0.999) -> ml_collections.ConfigDict:
+  o = ml_collections.ConfigDict()
+  o.lr = lr
+  o.final_lr_fraction = final_lr_fraction
+  o.warmup_steps = warmup_steps
+  o.weight_decay = weight_decay
+  o.b1 = 0.9
+  o.b2 = b2
+  o.clip_norm = clip_norm  # <= 0: no clipping
+  o.grad_accum_steps = 1
+  return o
+
+
+def study(name: str, base: ml_collections.ConfigDict, specs, seeds=(0, 1, 2)
+          ) -> ml_collections.ConfigDict:
+  """A study of `base` runs: specs (the baseline first) x seeds, one report (laplax.study)."""
+  c = ml_collections.ConfigDict()
+  c.name = name
+  c.task = "study"
+  c.base = base
+  c.study = ml_collections.ConfigDict()
+  c.study.laplacian_heads = list(specs)  # the first entry is the baseline of the paired test
+  c.study.seeds = list(seeds)
+  return c

@@ -1,0 +1,172 @@
+r"""The tiny configs every test uses (seconds on CPU; not meaningful models), in one place.
+
+  python train.py --config=configs/test.py:vit --workdir=/tmp/t_vit
+  python train.py --config=configs/test.py:lm --workdir=/tmp/t_lm
+  python train.py --config=configs/test.py:dino --workdir=/tmp/t_dino
+  python train.py --config=configs/test.py:study_vit --workdir=/tmp/t_study
+
+Kinds: vit, lm, dino (Fashion-MNIST, grey), dino_rgb (CIFAR-10 with horses, photos and
+transfer probes), study_vit, study_lm, study_dino. Tests set data.cache_dir to the suite's
+shared cache.
+"""
+
+import ml_collections
+
+from configs import common, dino_tiny, fashion_mnist_vit, lm_tiny
+
+
+def vit() -> ml_collections.ConfigDict:
+  c = fashion_mnist_vit.get_config()
+  c.name = "test_vit"
+  c.data.train_subset = 2048
+  c.data.eval_subset = 512
+  c.data.batch_size = 64
+  c.model.preset = "mu"  # width 32, depth 2, 2 heads
+  c.model.patch_size = 7
+  c.model.laplacian_heads = 2
+  c.total_steps = 40
+  c.log_every = 5
+  c.optim.warmup_steps = 5
+  c.checkpoint.every_steps = 10
+  return c
+
+
+def lm() -> ml_collections.ConfigDict:
+  c = lm_tiny.get_config()
+  c.name = "test_lm"
+  c.data.sources = (str(common.SHARED / "text" / "tinyshakespeare"),)
+  c.data.vocab_size = 320
+  c.data.tokenizer_train_chars = 100_000
+  c.data.val_fraction = 0.05
+  c.data.seq_len = 32
+  c.data.batch_size = 16
+  c.data.eval_batch_size = 16
+  c.data.eval_windows = 64
+  c.model.depth = 2
+  c.model.width = 32
+  c.model.head_dim = 8
+  c.optim.lr = 1e-2
+  c.optim.warmup_steps = 5
+  c.total_steps = 40
+  c.log_every = 10
+  c.eval_every = 20
+  c.checkpoint.every_steps = 40  # only the final save (tests resume from it)
+  return c
+
+
+def dino() -> ml_collections.ConfigDict:
+  c = dino_tiny.get_config()
+  c.name = "test_dino"
+  c.data.name = "fashion_mnist"
+  c.data.source_dir = ""  # the Debian package's /usr/share/datasets/fashion-mnist
+  c.data.val_size = 1000
+  c.data.train_subset = 1024
+  c.data.eval_subset = 256
+  c.data.batch_size = 64
+  c.data.eval_batch_size = 256
+  c.model.preset = "mu"  # width 32, depth 2, 2 heads
+  c.model.patch_size = 7
+  c.model.drop_path_rate = 0.0
+  c.head.out_dim = 128
+  c.head.hidden_dim = 64
+  c.head.bottleneck_dim = 32
+  c.multicrop.global_size = 28
+  c.multicrop.local_size = 14
+  c.multicrop.num_local = 2
+  # A faster teacher and a constant sharp teacher temperature: in 40 steps DINO's defaults
+  # (m = 0.996, 0.04 -> 0.07) barely move the teacher.
+  c.dino.momentum_teacher = 0.99
+  c.dino.teacher_temp = 0.04
+  c.dino.warmup_teacher_temp_epochs = 0.0
+  c.dino.freeze_last_layer_epochs = 0.0
+  c.optim.lr = 1e-3
+  c.optim.warmup_steps = 5
+  c.eval.at_init = False
+  c.eval.probe_train_size = 512
+  c.eval.probe_epochs = 10
+  c.eval.last_layers = 2
+  c.eval.horse_dir = ""  # a grey Fashion-MNIST model cannot read RGB photos
+  c.eval.photos = ""
+  c.eval.transfer = ml_collections.ConfigDict()  # tests add {'cifar10': ...} where needed
+  c.total_steps = 40
+  c.log_every = 10
+  c.checkpoint.every_steps = 20
+  return c
+
+
+def dino_rgb() -> ml_collections.ConfigDict:
+  """CIFAR-10, so that the horse probe, the PCA pictures of horses and photos, and transfer
+  probes on Fashion-MNIST all run; one block and one view size (compilation dominates)."""
+  c = dino()
+  c.name = "test_dino_rgb"
+  c.data.name = "cifar10"
+  c.data.source_dir = str(common.SHARED / "cifar10")
+  c.data.eval_subset = 64
+  c.data.eval_batch_size = 64
+  c.model.patch_size = 8
+  c.model.depth = 1
+  c.head.num_layers = 1
+  c.multicrop.global_size = 32
+  c.multicrop.local_size = 16
+  c.multicrop.num_local = 0
+  c.eval.horse_dir = str(common.SHARED / "weizmann_horse")
+  c.eval.horse_size = 32
+  c.eval.seg_epochs = 2
+  c.eval.photos = "builtin"
+  c.eval.photo_size = 32
+  c.eval.transfer = ml_collections.ConfigDict({"fashion_mnist": ""})
+  c.eval.probe_train_size = 128
+  c.eval.probe_epochs = 1
+  c.mesh.data = 1
+  c.checkpoint.async_save = False
+  c.total_steps = 2
+  c.log_every = 1
+  c.checkpoint.every_steps = 2
+  return c
+
+
+def study_vit() -> ml_collections.ConfigDict:
+  b = vit()
+  b.data.train_subset = 1024
+  b.data.eval_subset = 256
+  b.model.laplacian_heads = 0
+  b.total_steps = 12
+  b.log_every = 6
+  b.optim.warmup_steps = 2
+  b.checkpoint.every_steps = 6
+  b.mesh.data = 1  # one device: compiles fastest; sharding is tested in test_train.py
+  c = common.study("test_study_vit", b, specs=(0, (True, False)), seeds=(0, 1))
+  c.study.analysis_examples = 200
+  return c
+
+
+def study_lm() -> ml_collections.ConfigDict:
+  b = lm()
+  b.data.sources = (str(common.SHARED / "text" / "tinyshakespeare" / "input.txt"),)
+  b.data.tokenizer_train_chars = 20_000
+  b.total_steps = 3
+  b.eval_every = 0
+  b.checkpoint.every_steps = 3
+  c = common.study("test_study_lm", b, specs=(0, 2), seeds=(0, 1))
+  c.study.eval_tasks = ["arc_easy"]
+  c.study.eval_limit = 1
+  c.study.data_dir = str(common.SHARED)
+  c.study.analysis_windows = 8
+  return c
+
+
+def study_dino() -> ml_collections.ConfigDict:
+  c = common.study("test_study_dino", dino_rgb(), specs=(0, 1), seeds=(0,))  # 'mu': 2 heads
+  c.study.analysis_examples = 48
+  c.study.pca_images = 2
+  c.study.pca_fit_images = 32
+  return c
+
+
+_KINDS = {f.__name__: f for f in (vit, lm, dino, dino_rgb, study_vit, study_lm, study_dino)}
+
+
+def get_config(kind: str = "vit") -> ml_collections.ConfigDict:
+  if kind not in _KINDS:
+    raise ValueError(f"configs/test.py:{kind}: use one of {sorted(_KINDS)}")
+  return _KINDS[kind]()

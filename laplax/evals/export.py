@@ -1,0 +1,87 @@
+"""Self-contained export of a trained image classifier, readable with NumPy alone.
+
+An export directory holds:
+  export.npz   flat parameters {'block0/attn/query/kernel': array, ...} (no pickle)
+  export.json  {'format', 'source', 'step', 'config' (the full run config, model included),
+               'laplacian_heads' ((depth, heads) 0/1 table), 'input': {'image_shape', 'mean',
+               'std', 'scale'}, 'class_names', 'num_params'}
+  config.json  the run config (so eval.py --workdir=DIR evaluates the export)
+The pixels a model reads are (uint8 / 255 - mean) / std per channel (input.scale = 1/255).
+An export never overwrites another run's export or a training workdir: one-line ValueError.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import flax.traverse_util
+import jax
+import ml_collections
+import numpy as np
+
+from laplax import heads as heads_lib
+
+EXPORT_NAME = "export.npz"
+META_NAME = "export.json"
+FORMAT = "laplax-export-1"
+
+
+def _atomic_write(path: pathlib.Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def export_params(params, config: ml_collections.ConfigDict, out: pathlib.Path, *,
+                  source: pathlib.Path, step: int | None, info, model) -> pathlib.Path:
+  """Writes out/export.npz, export.json and config.json; returns the npz path."""
+  out = pathlib.Path(out)
+  source = pathlib.Path(source).resolve()
+  if out.resolve() != source and (out / "checkpoints").exists():
+    raise ValueError(f"--out={out} holds another training run (checkpoints/): choose an empty "
+                     "or new directory")
+  meta_path = out / META_NAME
+  if meta_path.exists():
+    try:
+      old = json.loads(meta_path.read_text()).get("source")
+    except json.JSONDecodeError:
+      old = None
+    if old != str(source):
+      raise ValueError(f"--out={out} holds the export of another run ({old}): choose another "
+                       f"--out or delete {out}")
+  elif out.resolve() != source and (out / EXPORT_NAME).exists():
+    raise ValueError(f"--out={out} holds an export of unknown origin: choose another --out or "
+                     f"delete {out / EXPORT_NAME}")
+  out.mkdir(parents=True, exist_ok=True)
+  flat = flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  path = out / EXPORT_NAME
+  tmp = out / (EXPORT_NAME + ".tmp.npz")
+  np.savez(tmp, **{k: np.asarray(v) for k, v in flat.items()})
+  tmp.replace(path)
+  table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
+  meta = {"format": FORMAT, "source": str(source), "step": step,
+          "config": json.loads(config.to_json_best_effort()),
+          "laplacian_heads": np.asarray(table).astype(int).tolist(),
+          "input": {"image_shape": list(info.image_shape), "mean": list(info.mean),
+                    "std": list(info.std), "scale": 1 / 255},
+          "class_names": list(info.class_names),
+          "num_params": int(sum(np.asarray(v).size for v in flat.values()))}
+  _atomic_write(meta_path, json.dumps(meta, indent=2))
+  if out.resolve() != source:
+    _atomic_write(out / "config.json", config.to_json_best_effort(indent=2))
+  return path
+
+
+def is_export(directory: pathlib.Path) -> bool:
+  return (directory / EXPORT_NAME).exists() and not (directory / "checkpoints").exists()
+
+
+def load_export(directory: pathlib.Path) -> tuple[dict[str, Any], Any]:
+  """(export.json's dict, params) of an export directory."""
+  meta = json.loads((directory / META_NAME).read_text()) if (directory / META_NAME).exists() \
+      else {"step": None}
+  with np.load(directory / EXPORT_NAME, allow_pickle=False) as f:
+    params = flax.traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
+  return meta, params

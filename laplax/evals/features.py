@@ -1,0 +1,106 @@
+"""Frozen-model features for probes: class tokens, last-layer class tokens, patch tokens.
+
+`make_feature_fn` jits the feature extractor of a DINO backbone (any image size: the position
+table is resized); `extract_features` streams uint8 images through it; `FrozenTeacher` /
+`frozen_teacher(workdir)` hold a trained DINO run's teacher ready for features on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import pathlib
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from laplax import sharding
+from laplax.data import builders, pipeline
+from laplax.models import dino as dino_lib
+
+
+def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
+                    last_layers: int = 4):
+  """-> features(params, images (B, H, W, C) normalised) -> {'cls': (B, E), 'last': (B, n E),
+  'patches': (B, h, w, E)}.
+
+  'cls': the backbone's pre_logits (final LayerNorm of the class token), DINO's k-NN feature;
+  'last': the class tokens of the last n blocks, each through the final LayerNorm, concatenated
+  (DINO's linear-probe feature, n = 4); 'patches': the last block's patch tokens (no norm).
+  """
+  n = min(last_layers, model.backbone.depth)
+
+  def features(params, images):
+    grid = dino_lib.patch_grid(model, images.shape[1:3])
+    backbone = dino_lib.params_for_grid(params, base_grid, grid)["backbone"]
+    _, out = model.backbone.apply({"params": backbone}, images, train=False, return_tokens=True)
+    tokens = out["tokens"]  # (depth + 1, B, 1 + N, E)
+    norm = nn.LayerNorm(dtype=model.backbone.dtype, param_dtype=model.backbone.param_dtype)
+    last = norm.apply({"params": backbone["norm"]}, tokens[-n:, :, 0])
+    b = images.shape[0]
+    return {"cls": out["pre_logits"].astype(jnp.float32),
+            "last": jnp.moveaxis(last, 0, 1).reshape(b, -1).astype(jnp.float32),
+            "patches": tokens[-1, :, 1:].reshape(b, *grid, -1).astype(jnp.float32)}
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    return jax.jit(features, out_shardings=sharding.replicated(mesh))
+
+
+def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int, mean, std,
+                     mesh, rules, keys: tuple[str, ...] = ("cls", "last")
+                     ) -> dict[str, np.ndarray]:
+  """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} through the frozen model, in order.
+
+  Batches are padded to a multiple of the data-parallel devices (the padding is dropped)."""
+  labels = np.zeros(len(images), np.int32)
+  dp = sharding.data_parallel_size(mesh)
+  batch_size = -(-batch_size // dp) * dp
+  out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean,
+                                       std=std):
+      mask = batch.pop("mask")
+      feats = feature_fn(params, sharding.host_batch_to_global({"image": batch["image"]},
+                                                                mesh)["image"])
+      for k in keys:
+        out[k].append(np.asarray(feats[k])[mask])
+  return {k: np.concatenate(v) for k, v in out.items()}
+
+
+class FrozenTeacher(NamedTuple):
+  """A DINO run's teacher set up for features on one device (see `frozen_teacher`)."""
+  model: dino_lib.DINO
+  params: Any
+  config: ml_collections.ConfigDict
+  info: builders.ImageDatasetInfo
+  base_grid: tuple[int, int]
+  mesh: Any
+  rules: Any
+  feature_fn: Callable
+
+  def features(self, images: np.ndarray, *, batch_size: int,
+               keys: tuple[str, ...] = ("cls", "last")) -> dict[str, np.ndarray]:
+    """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} (make_feature_fn's keys)."""
+    return extract_features(self.feature_fn, self.params, images, batch_size=batch_size,
+                            mean=self.info.mean, std=self.info.std, mesh=self.mesh,
+                            rules=self.rules, keys=keys)
+
+
+def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None) -> FrozenTeacher:
+  """The teacher of a DINO workdir (latest good checkpoint, or `step`) on a one-device mesh,
+  with the run's axis rules and its jitted feature_fn."""
+  from laplax.train import trainer
+  run = trainer.load_run(workdir, step=step, log=lambda s: None)
+  if run.task.name != "dino":
+    raise ValueError(f"{workdir} holds a task={run.task.name!r} run, not 'dino'")
+  size = run.config.multicrop.global_size
+  base_grid = dino_lib.patch_grid(run.model, (size, size))
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rules = sharding.rules_from_config(run.config.get("axis_rules"))
+  feature_fn = make_feature_fn(run.model, base_grid, mesh, rules, run.config.eval.last_layers)
+  return FrozenTeacher(run.model, run.extra["teacher"], run.config,
+                       builders.dataset_info(run.config.data.name), base_grid, mesh, rules,
+                       feature_fn)

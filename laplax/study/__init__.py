@@ -1,0 +1,7 @@
+"""Baseline-vs-Laplacian studies: a grid of head specs x seeds of ordinary runs, one report.
+
+grid.py runs the grid and writes the report skeleton (verdict, score tables with paired
+intervals); stats.py holds the paired statistics; each task's section module
+(Task.study_section: classification.py, lm.py, dino.py) says what a cell measures, which
+scores and geometric claims to compare, and adds its own tables and figures.
+"""

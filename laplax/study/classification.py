@@ -1,0 +1,113 @@
+"""The classification study's section: test accuracy and per-layer token geometry of each cell.
+
+A cell trains (laplax.train.trainer) and then measures the geometry of its final model on the
+first study.analysis_examples test images (laplax.geometry.vit) into analysis.json.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from laplax.geometry import plots
+from laplax.geometry import vit as vit_geometry
+from laplax.study.grid import Claim, Score
+
+FINISHED = ("results.json", "analysis.json")
+SCORES = [Score("test_accuracy", "test accuracy (%)")]
+# Last-layer geometry; the paper: Laplacian heads shrink the within-sequence variance, grow the
+# between-class variance and make the spectrum decay faster.
+CLAIMS = [Claim("within_sequence", "within-sequence variance fraction", -1),
+          Claim("between_class", "between-class variance fraction", +1),
+          Claim("components_99", "components for 99 % of patch-token variance", -1)]
+SCALE = {"val_accuracy": (100.0, 2), "components_99": (1.0, 1)}
+_LABELS = {"val_accuracy": "val accuracy (%)", "within_sequence_cosine":
+           "within-sequence cosine", "nc_mean_nc1": "NC1 of sequence means",
+           "nc_cls_nc1": "NC1 of class token"}
+
+
+def scale(key: str) -> tuple[float, int]:
+  """(factor, digits) a score is printed with."""
+  return SCALE.get(key, (1.0, 3))
+
+
+def label(key: str) -> str:
+  return _LABELS.get(key, key)
+
+
+def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
+  """Trains (or resumes) one cell and analyses it; returns {'results', 'analysis'}."""
+  from laplax.data.images import load_image_data
+  from laplax.train import trainer
+  results_path, analysis_path = cell_dir / "results.json", cell_dir / "analysis.json"
+  if not results_path.exists():
+    trainer.train_and_evaluate(cfg, cell_dir, log=log)
+  if not analysis_path.exists():
+    run = trainer.load_run(cell_dir, log=log)
+    data = load_image_data(cfg.data)
+    images, labels = data["test"]
+    n = min(study.analysis_examples, len(labels))
+    info = data["info"]
+    geo = vit_geometry.analyze_vit(run.model, run.params, images[:n], labels[:n],
+                                   num_classes=info.num_classes, batch_size=250,
+                                   mean=info.mean, std=info.std)
+    tmp = analysis_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(geo, indent=2))
+    tmp.replace(analysis_path)
+  return {"results": json.loads(results_path.read_text()),
+          "analysis": json.loads(analysis_path.read_text())}
+
+
+def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
+  last = cell["analysis"]["layers"][-1]
+  out = {"test_accuracy": cell["results"]["test"]["accuracy"],
+         "val_accuracy": cell["results"]["val"]["accuracy"]}
+  out.update({k: float(last[k]) for k in ("within_sequence", "between_class", "components_99",
+                                          "within_sequence_cosine", "nc_mean_nc1")})
+  return out
+
+
+def title(config) -> str:
+  return f"{config.base.data.name}, ViT"
+
+
+def setup(config) -> str:
+  b = config.base
+  return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; "
+          f"{b.total_steps or b.num_epochs} {'steps' if b.total_steps else 'epochs'}, batch "
+          f"{b.data.batch_size}, lr {b.optim.lr}, augmentation {b.data.augment}. Seeds: "
+          f"{list(config.study.seeds)}. Geometry of the last layer on "
+          f"{config.study.analysis_examples} test images.")
+
+
+def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
+  """Accuracy plot, last-layer geometry table, per-layer figures."""
+  groups = {row["name"]: [done[(spec, s)]["analysis"] for s in row["seeds"]]
+            for spec, row in zip(specs, summary["rows"])}
+  figs = {name: plots.plot_layer_curves(groups, workdir / f"{name}.png", name)
+          for name in plots.FIGURES}
+  plots.plot_accuracy([r["name"] for r in summary["rows"]],
+                      [r["scores"]["test_accuracy"] for r in summary["rows"]],
+                      workdir / "accuracy.png")
+  lines = ["![accuracy](accuracy.png)", "", "## Last layer geometry (mean over seeds)", "",
+           "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
+           "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for spec, row in zip(specs, summary["rows"]):
+    last = [done[(spec, s)]["analysis"]["layers"][-1] for s in row["seeds"]]
+    g = {k: float(np.mean([l[k] for l in last])) for k in last[0]}
+    lines.append(f"| {row['name']} | {g['within_sequence']:.3f} | {g['between_sequence']:.3f} | "
+                 f"{g['between_class']:.3f} | {g['within_sequence_cosine']:.3f} | "
+                 f"{g['components_99']:.1f} | {g['nc_mean_nc1']:.3g} | {g['nc_cls_nc1']:.3g} | "
+                 f"{g['nc_mean_etf_distance']:.3f} |")
+  lines += ["", "## Per-layer geometry", "",
+            "Layer 0 is the patch embedding, layer l the output of block l (before the final "
+            "norm). Variance fractions and cosine use all tokens of an image; the spectrum uses "
+            "patch tokens; NC1 uses the mean token of an image or the class token. Bands: +- "
+            "one std over seeds.", ""]
+  for name, path in figs.items():
+    lines += [f"![{name}]({path.name})", ""]
+  return lines

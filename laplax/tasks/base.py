@@ -1,0 +1,218 @@
+"""The Task interface: all that differs between classification, language modelling and DINO.
+
+The one trainer (`laplax.train.trainer.train_and_evaluate`) owns everything else: the workdir
+and its lock, config.json, the mesh, state creation in its sharded layout, resume, the step
+loop, checkpoints, metrics and results.json. A task is constructed from the run's config and
+asked, in this order:
+
+  validate(dp, hosts)        config checks only (one-line ValueErrors); nothing is written yet
+  load_data(workdir, log)    data (and task files such as the LM's tokenizer in workdir)
+  build_model()              the flax module (may use what load_data / load_assets found)
+  sample_input()             a (1, ...) input for initialisation
+  init_extra(params)         task state next to the parameters (DINO: teacher, centre)
+  total_steps()              from config.total_steps or the data size
+  optimizer(total_steps)     (optax transformation, learning-rate schedule)
+  make_step(model, tx, n)    step(state, batch) -> (state, metrics) (default: loss_fn +
+                             laplax.train.steps.make_train_step)
+  train_iterator()           a checkpointable grain iterator of host batches
+  before_training(...)       optional (DINO: probes at initialisation)
+  evaluate(...)              periodic validation -> flat metrics
+  final_results(...)         results.json's task part, after training
+
+eval.py asks `load_assets(workdir)` (files build_model needs besides the config) and then
+`evaluate_run(run, out, options)`. A study asks `study_section()` for its report section.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import ml_collections
+import numpy as np
+import optax
+
+from laplax import heads as heads_lib
+from laplax.train import state as state_lib
+from laplax.train import steps as steps_lib
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+  """What eval.py asks of a finished run (each task rejects the options it cannot honour)."""
+  export: bool = False
+  analyze: bool = False
+  analysis_examples: int | None = None  # None: the task's default
+  tasks: Sequence[str] = ()
+  limit: int | None = None
+  data_dir: str | None = None
+  photos: str | None = None
+
+
+@dataclasses.dataclass
+class Run:
+  """A trained run restored on one device (laplax.train.trainer.load_run)."""
+  workdir: pathlib.Path
+  config: ml_collections.ConfigDict
+  task: "Task"
+  model: nn.Module
+  params: Any
+  extra: Any
+  step: int | None
+
+
+class Task(abc.ABC):
+  """One kind of training job (see the module docstring for the order of the calls)."""
+
+  name: ClassVar[str]  # the registry key, config.task
+  unit: ClassVar[str] = "examples"  # what data.batch_size counts, for throughput lines
+  batch_keys: ClassVar[tuple[str, ...] | None] = None  # batch entries the step takes (None: all)
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+
+  # --- Before anything is written ------------------------------------------------------------
+
+  def validate(self, dp: int, hosts: int) -> None:
+    """One-line ValueErrors for bad values, before the workdir is touched.
+
+    The checks every task shares: batch sizes against the data-parallel devices (dp), hosts
+    and gradient accumulation; finite positive learning rate; steps, logging and evaluation
+    intervals; the model config (build_model must not fail later)."""
+    c = self.config
+    accum = c.optim.get("grad_accum_steps", 1)
+    if not isinstance(accum, int) or accum < 1:
+      raise ValueError(f"optim.grad_accum_steps={accum} must be an integer >= 1")
+    bs = c.data.batch_size
+    if bs <= 0 or bs % (dp * accum):
+      raise ValueError(f"data.batch_size={bs} must be a positive multiple of data-parallel "
+                       f"devices ({dp}) x optim.grad_accum_steps ({accum})")
+    if bs % hosts:
+      raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
+    if c.data.get("eval_batch_size", 1) <= 0:
+      raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must be positive")
+    for key in ("lr", "weight_decay", "warmup_steps", "final_lr_fraction", "clip_norm"):
+      value = c.optim.get(key)
+      if value is None:
+        continue
+      if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
+          key == "lr" and value == 0):
+        raise ValueError(f"optim.{key}={value} must be a finite "
+                         f"{'positive' if key == 'lr' else 'non-negative'} number")
+    if c.get("total_steps", 0) < 0:
+      raise ValueError(f"total_steps={c.total_steps} must be >= 0")
+    if "num_epochs" in c and not (c.num_epochs > 0 and math.isfinite(c.num_epochs)):
+      raise ValueError(f"num_epochs={c.num_epochs} must be positive")
+    if c.get("log_every", 1) < 1:
+      raise ValueError(f"log_every={c.log_every} must be >= 1")
+    if c.get("eval_every", 0) < 0:
+      raise ValueError(f"eval_every={c.eval_every} must be >= 0 (0: only at the end)")
+    ck = c.get("checkpoint")
+    if ck is not None and (ck.every_steps < 1 or ck.keep < 1):
+      raise ValueError(f"checkpoint.every_steps={ck.every_steps} and checkpoint.keep={ck.keep} "
+                       "must be >= 1")
+    for key in ("train_subset", "eval_subset"):
+      if c.data.get(key, 0) < 0:
+        raise ValueError(f"data.{key}={c.data[key]} must be >= 0 (0: all)")
+    self.build_model()
+
+  # --- Data and model ------------------------------------------------------------------------
+
+  @abc.abstractmethod
+  def load_data(self, workdir: pathlib.Path, log: Log) -> None:
+    """Loads (and prepares once) the data; may write task files into workdir."""
+
+  def load_assets(self, workdir: pathlib.Path) -> None:
+    """What build_model needs besides the config, read from a trained run's workdir."""
+
+  @abc.abstractmethod
+  def build_model(self) -> nn.Module:
+    """The model from config.model (raises ValueError with one line on bad values)."""
+
+  @abc.abstractmethod
+  def sample_input(self) -> np.ndarray:
+    """A (1, ...) model input of the training shape, for initialisation."""
+
+  def init_params(self, model: nn.Module, rng) -> Any:
+    """Boxed initial parameters (logical axis annotations kept)."""
+    return model.init({"params": rng, "dropout": rng}, self.sample_input(),
+                      train=False)["params"]
+
+  def init_extra(self, params) -> Any:
+    """Task state kept next to the parameters in TrainState.extra (default: none)."""
+    del params
+    return None
+
+  def head_layout(self, model: nn.Module) -> tuple[Any, int, int]:
+    """(laplacian_heads spec, heads per layer, depth) of the model's attention layers."""
+    return model.laplacian_heads, model.num_heads, model.depth
+
+  def describe_heads(self, model: nn.Module) -> str:
+    return heads_lib.describe(*self.head_layout(model))
+
+  def describe_model(self, model: nn.Module, num_params: int) -> str:
+    return f"{type(model).__name__} {self.describe_heads(model)}, {num_params:,} parameters"
+
+  # --- Optimisation --------------------------------------------------------------------------
+
+  @abc.abstractmethod
+  def total_steps(self) -> int:
+    """Optimiser steps of the whole run."""
+
+  def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(tx, learning-rate schedule); default AdamW + warm-up/cosine (laplax.train.state)."""
+    return (state_lib.make_optimizer(self.config.optim, total_steps),
+            state_lib.learning_rate_schedule(self.config.optim, total_steps))
+
+  def loss_fn(self, model: nn.Module) -> steps_lib.LossFn:
+    """loss_fn(params, batch, rng) -> (loss, metrics) for the default make_step."""
+    raise NotImplementedError(f"task {self.name!r} defines neither loss_fn nor make_step")
+
+  def make_step(self, model: nn.Module, tx: optax.GradientTransformation, total_steps: int):
+    """step(state, batch) -> (state, metrics), to be jitted by the trainer."""
+    del total_steps
+    return steps_lib.make_train_step(
+        self.loss_fn(model), tx, seed=self.config.seed,
+        grad_accum_steps=self.config.optim.get("grad_accum_steps", 1))
+
+  @abc.abstractmethod
+  def train_iterator(self, process_index: int, process_count: int):
+    """A grain iterator over this host's share of the global batch (get_state/set_state)."""
+
+  def items_per_step(self) -> int:
+    return self.config.data.batch_size
+
+  def describe(self, metrics: dict[str, float]) -> str:
+    """The progress line's task part."""
+    return f"loss {metrics['loss']:.4f}"
+
+  # --- Evaluation ----------------------------------------------------------------------------
+
+  def before_training(self, model, state, *, mesh, rules, workdir: pathlib.Path, writer,
+                      log: Log) -> None:
+    """Called once after state creation on a fresh start (default: nothing)."""
+
+  def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
+    """Periodic validation -> flat metrics for the 'val' rows (default: none)."""
+    return {}
+
+  @abc.abstractmethod
+  def final_results(self, model, state, *, mesh, rules, workdir: pathlib.Path, log: Log
+                    ) -> tuple[dict[str, Any], dict[str, float], str]:
+    """After training: (results.json's task part, flat 'final' metrics, one summary line)."""
+
+  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log: Log
+                   ) -> dict[str, Any]:
+    """eval.py's work on a finished run; returns what goes to out/eval.json."""
+    raise ValueError(f"eval.py does not know how to evaluate a {self.name!r} run")
+
+  # --- Studies -------------------------------------------------------------------------------
+
+  study_section: ClassVar[str | None] = None  # module with the study's per-task report section

@@ -1,0 +1,204 @@
+"""The one trainer: `train_and_evaluate(config, workdir)` for every task, and `load_run`.
+
+config -> task (laplax.tasks, by config.task) -> validation -> workdir (lock, config.json) ->
+data -> model -> state created in its sharded layout (or restored) -> the jitted, donated step
+-> the step loop (laplax.train.loop: metrics, progress, evaluation, checkpoints) -> the task's
+final evaluation -> results.json. `run(config, workdir)` is what train.py calls: a study config
+(task 'study') runs its grid of ordinary runs (laplax.study), anything else one run.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from laplax import sharding
+from laplax import tasks as tasks_lib
+from laplax.tasks.base import Run, Task
+from laplax.train import checkpoint as ckpt_lib
+from laplax.train import loop
+from laplax.train.metrics import MetricsWriter
+from laplax.train.state import TrainState
+
+# Sections whose change makes a workdir a different run (resuming it would mix two models).
+_IDENTITY = ("task", "model", "data.name", "seed")
+
+
+def run(config: ml_collections.ConfigDict, workdir, *, log=print) -> Any:
+  """train.py's entry: a study (config.task == 'study') or one training run."""
+  if config.get("task") == "study":
+    from laplax.study import grid
+    return grid.run_study(config, workdir, log=log)
+  return train_and_evaluate(config, workdir, log=log)
+
+
+def abstract_state(task: Task, model: nn.Module, tx, mesh, rules):
+  """(ShapeDtypeStructs carrying shardings, shardings) of the train state; computes nothing."""
+  boxed = jax.eval_shape(lambda rng: _init_state(task, model, tx, rng), jax.random.key(0))
+  shardings = sharding.logical_to_sharding(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          nn.unbox(boxed), shardings)
+  return abstract, shardings
+
+
+def create_state(task: Task, model: nn.Module, tx, mesh, rules, seed: int):
+  """Initialises the train state directly in its sharded layout -> (state, shardings)."""
+  _, shardings = abstract_state(task, model, tx, mesh, rules)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    state = jax.jit(lambda r: nn.unbox(_init_state(task, model, tx, r)),
+                    out_shardings=shardings)(jax.random.key(seed))
+  return state, shardings
+
+
+def _init_state(task: Task, model: nn.Module, tx, rng) -> TrainState:
+  params = task.init_params(model, rng)
+  return TrainState.create(params, tx, extra=task.init_extra(params))
+
+
+def check_workdir_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a workdir made with another task, model, data set or seed."""
+  path = workdir / "config.json"
+  if not path.exists():
+    return
+  try:
+    old = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError):
+    raise ValueError(f"{path} is not valid JSON (a failed start?): delete it, or use a fresh "
+                     "--workdir") from None
+  new = json.loads(config.to_json_best_effort())
+  for section in _IDENTITY:
+    get = lambda d: _get_path(d, section)
+    if get(old) != get(new) and not (section == "task" and get(old) is None):
+      raise ValueError(f"workdir {workdir} holds a run with {section}={get(old)!r}, not "
+                       f"{get(new)!r}: use a fresh --workdir or the config it was made with")
+
+
+def _get_path(d: dict, dotted: str):
+  for part in dotted.split("."):
+    d = d.get(part) if isinstance(d, dict) else None
+  return d
+
+
+def write_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+  """workdir/config.json, atomically (a full disk never leaves a half-written file)."""
+  tmp = workdir / "config.json.tmp"
+  tmp.write_text(config.to_json_best_effort(indent=2))
+  tmp.replace(workdir / "config.json")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                       *, log=print) -> dict[str, Any]:
+  """Trains (resuming from workdir's latest good checkpoint), then evaluates; -> results.
+
+  Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json and the task's files.
+  """
+  task = tasks_lib.for_config(config)
+  workdir = pathlib.Path(workdir)
+  mesh = sharding.make_mesh(config.mesh.to_dict())
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  task.validate(sharding.data_parallel_size(mesh), jax.process_count())
+  workdir.mkdir(parents=True, exist_ok=True)
+  check_workdir_config(workdir, config)
+  task.load_data(workdir, log)  # missing or bad data stops a fresh start before config.json
+  write_config(workdir, config)
+  name = config.get("name", task.name)
+  model = task.build_model()
+  total_steps = task.total_steps()
+  tx, schedule = task.optimizer(total_steps)
+  abstract, shardings = abstract_state(task, model, tx, mesh, rules)
+  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+  log(f"model: {task.describe_model(model, n_params)}; mesh {dict(mesh.shape)}; "
+      f"{total_steps} steps x {task.items_per_step():,} {task.unit}")
+
+  train_iter = task.train_iterator(jax.process_index(), jax.process_count())
+  # Restore into the abstract state: a resumed run never compiles the initialisers.
+  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
+                                        shardings, train_iter, log=log)
+  writer = MetricsWriter(workdir)
+  if state is abstract:
+    state, _ = create_state(task, model, tx, mesh, rules, config.seed)
+    task.before_training(model, state, mesh=mesh, rules=rules, workdir=workdir, writer=writer,
+                         log=log)
+
+  step_fn = task.make_step(model, tx, total_steps)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step_fn = jax.jit(step_fn, in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                      out_shardings=(shardings, None), donate_argnums=(0,))
+
+  def validate(state, step):
+    val = task.evaluate(model, state, mesh=mesh, rules=rules)
+    if val:
+      writer.write(step, "val", val)
+      log(f"[{name}] step {step}: " + ", ".join(
+          f"val {k} {v:.4f}" for k, v in val.items() if isinstance(v, float)))
+
+  t0 = time.time()
+  state, last = loop.run_steps(
+      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+      start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
+      items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
+      describe=task.describe, evaluate=validate, eval_every=config.get("eval_every", 0),
+      batch_keys=task.batch_keys)
+  step, train_time = int(state.step), time.time() - t0
+  if config.get("eval_every", 0):  # the val curve ends at the last step
+    validate(state, step)
+
+  task_results, final, summary = task.final_results(model, state, mesh=mesh, rules=rules,
+                                                    workdir=workdir, log=log)
+  results = {"task": task.name, "step": step, **task_results, "params": n_params,
+             "laplacian_heads": task.describe_heads(model), "last_train_metrics": last,
+             "train_time_s": train_time}
+  writer.write(step, "final", final)
+  tmp = workdir / "results.json.tmp"
+  tmp.write_text(json.dumps(results, indent=2))
+  tmp.replace(workdir / "results.json")
+  log(f"done: {summary}")
+  return results
+
+
+def read_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
+  """A run's config.json (one-line errors for a missing or corrupt file)."""
+  path = workdir / "config.json"
+  if not path.exists():
+    raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
+  try:
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}): "
+                     "restore it from the run, or retrain") from None
+
+
+def load_run(workdir: str | pathlib.Path, *, step: int | None = None, log=print) -> Run:
+  """A run's config, task, model and latest good (or `step`'s) parameters on one device.
+
+  The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
+  state (DINO: the teacher and centre). Reading never writes into the workdir.
+  """
+  workdir = pathlib.Path(workdir)
+  config = read_config(workdir)
+  task = tasks_lib.for_config(config)
+  task.load_assets(workdir)
+  model = task.build_model()
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  tx, _ = task.optimizer(max(int(config.get("total_steps", 0) or 1), 1))
+  abstract, _ = abstract_state(task, model, tx, mesh, rules)
+  if not (workdir / "checkpoints").is_dir():
+    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} does not exist: train first")
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", log=log)
+  try:
+    restored = checkpointer.restore(abstract, step)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} holds no checkpoint yet: "
+                                   "train first")
+  step, state, _ = restored
+  return Run(workdir=workdir, config=config, task=task, model=model, params=state.params,
+             extra=state.extra, step=step)
