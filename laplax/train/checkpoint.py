@@ -60,6 +60,7 @@ import hashlib
 import json
 import os
 import pathlib
+import time
 from typing import Any
 
 import jax
@@ -140,10 +141,10 @@ class Checkpointer:
       options = ocp.CheckpointManagerOptions(
           read_only=True, save_interval_steps=0, max_to_keep=None, create=False,
           cleanup_tmp_directories=False, enable_async_checkpointing=False)
-      self._manager = ocp.CheckpointManager(
+      self._manager = _retry_vanished(lambda: ocp.CheckpointManager(
           self.directory, options=options,
           item_handlers={_STATE: ocp.StandardCheckpointHandler(),
-                         _EXTRA: ocp.JsonCheckpointHandler()})
+                         _EXTRA: ocp.JsonCheckpointHandler()}))
       return
     # Orbax's default policy also saves the first step it sees, whatever the
     # interval; we want exactly the multiples (and preemption saves).
@@ -186,7 +187,7 @@ class Checkpointer:
     """
     self._finish_pending(wait=False)
     if self.read_only:
-      self._manager.reload()  # a running trainer may have saved since
+      _retry_vanished(self._manager.reload)  # a running trainer may have saved since
     for step in reversed(self.all_steps()):
       if step == self._pending_step or step in self._bad_steps:
         continue
@@ -271,7 +272,7 @@ class Checkpointer:
         step is readable.
     """
     self._finish_pending(wait=True)
-    self._manager.reload()
+    _retry_vanished(self._manager.reload)
     steps = self.all_steps()
     if not steps:
       return None
@@ -428,6 +429,8 @@ class Checkpointer:
   def _verify(self, step: int) -> tuple[str | None, bool]:
     """Returns (problem or None, whether the step has a manifest)."""
     step_dir = self._step_dir(step)
+    if not step_dir.is_dir():
+      return "its directory vanished (deleted by the writing run's keep-N policy?)", True
     problem, expected = self._load_manifests(step)
     if problem is not None:
       return problem, True
@@ -502,6 +505,22 @@ class Checkpointer:
 
 
 # --- helpers ----------------------------------------------------------------
+
+
+def _retry_vanished(fn: Callable[[], Any], attempts: int = 5) -> Any:
+  """Calls fn, retrying when a step directory vanishes while orbax lists the steps.
+
+  A reader lists steps while the writing run's keep-N policy deletes old ones; orbax then
+  stats a directory that is gone (FileNotFoundError). A second listing no longer sees it.
+  """
+  for attempt in range(attempts):
+    try:
+      return fn()
+    except FileNotFoundError:
+      if attempt == attempts - 1:
+        raise
+      time.sleep(0.05 * (attempt + 1))
+  return None
 
 
 def _is_positive_int(value: Any) -> bool:
