@@ -181,3 +181,168 @@ def test_read_json_damaged_file_is_one_line_naming_file_and_fix(tmp_path, text, 
   message = str(e.value)
   assert "\n" not in message and message.startswith(f"run config {path} {problem}")
   assert message.endswith("delete it, or rerun the command that writes it")
+
+
+# --- 3. non-finite losses --------------------------------------------------------
+
+from laplax import sharding  # noqa: E402
+from laplax.train import loop  # noqa: E402
+from laplax.train.checkpoint import Checkpointer  # noqa: E402
+from laplax.train.metrics import MetricsWriter, read_metrics  # noqa: E402
+from laplax.train.state import TrainState  # noqa: E402
+from laplax.train.steps import guard_update, make_train_step  # noqa: E402
+import optax  # noqa: E402
+
+
+class _Batches:
+  """A checkpointable iterator of {'x': (8, 4), 'y': (8,), 'scale': (8,)} batches.
+
+  scale is NaN in the batches numbered `bad` (1-based, i.e. the step that consumes it).
+  """
+
+  def __init__(self, bad=()):
+    self.i, self.bad = 0, set(bad)
+
+  def __next__(self):
+    self.i += 1
+    rng = np.random.default_rng(self.i)
+    scale = np.full((8,), np.nan if self.i in self.bad else 1.0, np.float32)
+    return {"x": rng.standard_normal((8, 4)).astype(np.float32),
+            "y": rng.standard_normal(8).astype(np.float32), "scale": scale}
+
+  def get_state(self):
+    return {"i": self.i}
+
+
+def _linear_loss(params, batch, rng):
+  del rng
+  err = batch["x"] @ params["w"] - batch["y"]
+  loss = jnp.mean(err ** 2 * batch["scale"])
+  return loss, {}
+
+
+def _linear_setup(skip=False):
+  tx = optax.adam(1e-2)
+  state = TrainState.create({"w": jnp.ones((4,), jnp.float32)}, tx)
+  step = jax.jit(make_train_step(_linear_loss, tx, seed=0, skip_nonfinite=skip))
+  return state, step
+
+
+def _run(tmp_path, state, step_fn, batches, total=12, **kwargs):
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=None, save_interval_steps=2,
+                      log=lambda m: None)
+  return loop.run_steps(
+      state, step_fn, batches, ckpt, MetricsWriter(tmp_path), mesh=mesh,
+      rules=sharding.rules_from_config(()), start_step=0, total_steps=total, log_every=4,
+      items_per_step=8, unit="examples", schedule=lambda s: 1e-2, name="t",
+      describe=lambda s: "", **kwargs)
+
+
+def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path):
+  state, step_fn = _linear_setup()
+  with pytest.raises(loop.NonFiniteError) as e:
+    _run(tmp_path, state, step_fn, _Batches(bad={7}))
+  # Step 7 went NaN; the save at step 8 is refused; step 6 is the last good checkpoint.
+  assert str(e.value) == ("step 7: loss is nan (non-finite); the last good checkpoint (step 6)"
+                          " is kept; lower optim.lr or set optim.skip_nonfinite=True")
+  ckpt = Checkpointer(tmp_path / "checkpoints", read_only=True)
+  assert ckpt.all_steps() == [2, 4, 6]
+  abstract = jax.eval_shape(lambda: state)
+  for s in ckpt.all_steps():
+    restored = ckpt.restore(abstract, step=s)[1]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [4]  # the interval holding step 7 is not written
+
+
+def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
+  state, step_fn = _linear_setup(skip=True)
+  batches = _Batches(bad={3})
+  for _ in range(2):
+    state, _ = step_fn(state, next(batches))
+  new, metrics = step_fn(state, next(batches))
+  assert float(metrics["skipped"]) == 1.0 and int(new.step) == 3
+  for a, b in zip(jax.tree.leaves((state.params, state.opt_state)),
+                  jax.tree.leaves((new.params, new.opt_state))):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  newer, metrics = step_fn(new, next(batches))
+  assert float(metrics["skipped"]) == 0.0
+  assert not np.array_equal(newer.params["w"], new.params["w"])
+  # The loop tolerates isolated skips, logs their count and means over the good steps.
+  state, step_fn = _linear_setup(skip=True)
+  final, summary = _run(tmp_path, state, step_fn, _Batches(bad={3, 7, 8}))
+  assert int(final.step) == 12 and np.isfinite(np.asarray(final.params["w"])).all()
+  rows = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
+  assert [rows[s]["skipped"] for s in (4, 8, 12)] == [1.0, 2.0, 0.0]
+  assert all(np.isfinite(rows[s]["loss"]) for s in (4, 8, 12))
+
+
+def test_skip_mode_raises_after_too_many_consecutive_skips(tmp_path):
+  state, step_fn = _linear_setup(skip=True)
+  with pytest.raises(loop.NonFiniteError, match=(
+      r"^step 8: 4 consecutive steps had a non-finite loss or gradient and were skipped"
+      r" \(max_consecutive_skips=3\); the last good checkpoint \(step 6\) is kept")):
+    _run(tmp_path, state, step_fn, _Batches(bad=range(5, 13)), max_consecutive_skips=3)
+
+
+def test_guard_update_selects_every_leaf_but_the_step():
+  old = TrainState(step=jnp.int32(4), params={"w": jnp.zeros(3)}, opt_state=(jnp.zeros(3),),
+                   extra={"teacher": jnp.zeros(2)})
+  new = TrainState(step=jnp.int32(5), params={"w": jnp.ones(3)}, opt_state=(jnp.ones(3),),
+                   extra={"teacher": jnp.ones(2)})
+  kept = jax.jit(guard_update)(old, new, jnp.bool_(False))
+  assert int(kept.step) == 5
+  assert all(not np.asarray(x).any() for x in jax.tree.leaves((kept.params, kept.opt_state,
+                                                                kept.extra)))
+  taken = jax.jit(guard_update)(old, new, jnp.bool_(True))
+  assert all(np.asarray(x).all() for x in jax.tree.leaves(taken))
+
+
+# --- 4. gradient accumulation stays local to each data shard ----------------------
+
+from laplax.train import steps as steps_lib  # noqa: E402
+
+
+def _mlp_loss(params, batch, rng):
+  del rng
+  err = jnp.tanh(batch["x"] @ params["w1"]) @ params["w2"] - batch["y"]
+  return jnp.mean(err ** 2), {}
+
+
+def _compiled_step(monkeypatch, split, accum):
+  """(all-gather count in the compiled HLO, new params, metrics) on an 8-device data mesh."""
+  monkeypatch.setattr(steps_lib, "split_micro_batches", split)
+  mesh = sharding.make_mesh({"data": 8}, jax.devices()[:8])
+  rep, bs = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  rng = np.random.default_rng(0)
+  params = {"w1": jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),
+            "w2": jnp.asarray(rng.standard_normal(32), jnp.float32)}
+  tx = optax.sgd(0.1)
+  state = jax.device_put(TrainState.create(params, tx), rep)
+  batch = {"x": jax.device_put(rng.standard_normal((64, 16)).astype(np.float32), bs),
+           "y": jax.device_put(rng.standard_normal(64).astype(np.float32), bs)}
+  step = jax.jit(steps_lib.make_train_step(_mlp_loss, tx, seed=0, grad_accum_steps=accum),
+                 in_shardings=(rep, bs), out_shardings=(rep, None))
+  with jax.set_mesh(mesh):
+    hlo = step.lower(state, batch).compile().as_text()
+    new_state, metrics = step(state, batch)
+  return hlo.count("all-gather"), new_state.params, metrics
+
+
+def test_grad_accumulation_micro_batches_stay_on_their_devices(monkeypatch):
+  assert jax.device_count() >= 8
+  strided = steps_lib.split_micro_batches
+  gathers_1, params_1, metrics_1 = _compiled_step(monkeypatch, strided, 1)
+  gathers_4, params_4, metrics_4 = _compiled_step(monkeypatch, strided, 4)
+  assert gathers_1 == gathers_4 == 0
+  np.testing.assert_allclose(float(metrics_4["loss"]), float(metrics_1["loss"]), rtol=1e-6)
+  np.testing.assert_allclose(float(metrics_4["grad_norm"]), float(metrics_1["grad_norm"]),
+                             rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_1, params_4)
+  # Control: the old contiguous split makes XLA gather the batch (what the count detects).
+  contiguous = lambda x, a: x.reshape((a, x.shape[0] // a) + x.shape[1:])  # noqa: E731
+  assert _compiled_step(monkeypatch, contiguous, 4)[0] > 0
+  # Micro-batch i holds rows i, i + A, ...
+  x = jnp.arange(12).reshape(6, 2)
+  np.testing.assert_array_equal(strided(x, 3)[1], x[1::3])

@@ -253,6 +253,18 @@ class Checkpointer:
       self._write_manifest(step)
     return True
 
+  def should_save(self, step: int, *, force: bool = False) -> bool:
+    """Whether save(step, ..., force=force) would write (or raise), without writing.
+
+    The step loop asks this to check a state for NaN only when it is about to be saved.
+    """
+    if self.read_only:
+      return False
+    steps = self.all_steps()
+    if steps and step == steps[-1]:
+      return False
+    return force or bool(steps and step < steps[-1]) or self._manager.should_save(step)
+
   def restore(
       self, abstract_state: PyTree, step: int | None = None
   ) -> tuple[int, PyTree, dict[str, Any]] | None:

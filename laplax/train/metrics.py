@@ -75,8 +75,17 @@ def format_seconds(s: float) -> str:
 
 def interval_summary(pending: list[dict[str, Any]], *, items_per_step: int, unit: str,
                      seconds: float, lr: float) -> dict[str, float]:
-  """Mean of each step metric over a logging interval, plus `<unit>_per_s` and `lr`."""
-  summary = {k: float(np.mean([float(m[k]) for m in pending])) for k in pending[0]}
+  """Mean of each step metric over a logging interval, plus `<unit>_per_s` and `lr`.
+
+  Steps with 'skipped' > 0 (non-finite, update skipped) are left out of the means (all
+  skipped: NaN, written as null); 'skipped' becomes the interval's count of skipped steps.
+  """
+  host = [{k: float(v) for k, v in m.items()} for m in pending]
+  kept = [m for m in host if m.get("skipped", 0.0) <= 0]
+  summary = {k: float(np.mean([m[k] for m in kept])) if kept else float("nan")
+             for k in host[0] if k != "skipped"}
+  if "skipped" in host[0]:
+    summary["skipped"] = float(len(host) - len(kept))
   summary[f"{unit}_per_s"] = len(pending) * items_per_step / max(seconds, 1e-9)
   summary["lr"] = float(lr)
   return summary
