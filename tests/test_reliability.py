@@ -346,3 +346,42 @@ def test_grad_accumulation_micro_batches_stay_on_their_devices(monkeypatch):
   # Micro-batch i holds rows i, i + A, ...
   x = jnp.arange(12).reshape(6, 2)
   np.testing.assert_array_equal(strided(x, 3)[1], x[1::3])
+
+
+# --- 5. metrics.jsonl: strict JSON, no duplicate rows after a resume ---------------------
+
+
+def test_metrics_are_strict_json_and_old_nan_rows_still_read(tmp_path):
+  writer = MetricsWriter(tmp_path)
+  writer.write(1, "train", {"loss": np.float32("nan"), "grad_norm": float("inf"),
+                            "acc": jnp.float32(0.5), "hist": np.array([1.0, np.nan])})
+  line = (tmp_path / "metrics.jsonl").read_text()
+  record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}"))
+  assert (record["loss"], record["grad_norm"], record["acc"], record["hist"]) == (
+      None, None, 0.5, [1.0, None])
+  with (tmp_path / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 2, "split": "train", "loss": NaN, "x": Infinity}\n')
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  assert np.isnan(rows[0]["loss"]) and np.isnan(rows[1]["loss"]) and rows[1]["x"] == np.inf
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_heals_a_torn_line(tmp_path):
+  writer = MetricsWriter(tmp_path)
+  for step in (5, 10, 15):
+    writer.write(step, "train", {"loss": 1.0 / step})
+  writer.write(10, "eval", {"accuracy": 0.5})
+  with (tmp_path / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 20, "split": "tr')  # killed mid-write
+  # Torn line only (no resume step): the next record starts on its own line.
+  MetricsWriter(tmp_path).write(21, "train", {"loss": 0.0})
+  assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [5, 10, 15, 10, 21]
+  # Resumed from the checkpoint at step 10: rows 15 and 21 are from after it.
+  resumed = MetricsWriter(tmp_path, resume_step=10)
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [(r["step"], r["split"]) for r in rows] == [(5, "train"), (10, "train"), (10, "eval")]
+  resumed.write(15, "train", {"loss": 0.1})
+  steps = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")]
+  assert steps == [5, 10, 10, 15]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+  assert MetricsWriter(tmp_path).truncate_after(100) == 0
