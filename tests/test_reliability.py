@@ -385,3 +385,71 @@ def test_resume_drops_rows_after_the_checkpoint_and_heals_a_torn_line(tmp_path):
   assert steps == [5, 10, 10, 15]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
   assert MetricsWriter(tmp_path).truncate_after(100) == 0
+
+
+# --- 6. one line per failure -------------------------------------------------------
+
+_ASYNC_SAVE_FAILS = """
+    import errno, sys
+    import numpy as np
+    from orbax.checkpoint._src.path import atomicity
+    from laplax import cli
+    from laplax.train.checkpoint import Checkpointer
+    async def disk_full(self, *args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+    atomicity.AtomicRenameTemporaryPath.finalize = disk_full
+    def main():
+      ckpt = Checkpointer(sys.argv[1], async_save=True)
+      ckpt.save(1, {"w": np.zeros((4, 4), np.float32)}, {})
+      ckpt.close()
+    cli.run_main(main)
+"""
+
+
+def test_failed_async_save_is_one_error_line(tmp_path):
+  proc = _spawn(_ASYNC_SAVE_FAILS, tmp_path / "ckpt")
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 1, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith("error: [Errno 28] No space left on device"), err
+  # Without run_main, orbax prints the background thread's traceback (twice).
+  env = dict(ENV, LAPLAX_DEBUG="1")
+  debug = subprocess.run([sys.executable, "-c", textwrap.dedent(_ASYNC_SAVE_FAILS),
+                          str(tmp_path / "ckpt2")], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+  assert debug.stderr.count("Traceback") >= 2
+
+
+def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
+  script = """
+      import logging, threading
+      from laplax import cli
+      def main():
+        logging.getLogger("absl").error("disk hiccup", exc_info=ValueError("x"))
+        t = threading.Thread(target=lambda: 1 / 0, name="prefetch")
+        t.start(); t.join()
+        print("done")
+      cli.run_main(main)
+  """
+  proc = _spawn(script)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0 and out.strip() == "done", err
+  assert err.strip().splitlines() == [
+      "warning: disk hiccup",
+      "warning: background thread prefetch failed: ZeroDivisionError: division by zero"], err
+
+
+@pytest.mark.parametrize("source,message", [
+    ("def get_config(:\n  pass\n", ":1: SyntaxError: invalid syntax"),
+    ("def get_config():\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
+])
+def test_broken_config_file_is_one_error_line(tmp_path, source, message):
+  config = tmp_path / "bad_config.py"
+  config.write_text(source)
+  proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={config}",
+                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines == [f"error: config file failed: {config}{message}"], proc.stderr
