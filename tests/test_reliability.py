@@ -129,8 +129,9 @@ def test_second_process_refuses_a_locked_workdir_until_the_holder_is_killed(tmp_
     holder.send_signal(signal.SIGKILL)
     holder.communicate()
   # The kernel dropped the dead holder's lock: no stale lock file to clean up.
-  again = _try_lock(tmp_path / "w")
-  assert again.returncode == 0 and again.stdout.strip() == "got the lock", again.stderr
+  assert holder.returncode == -signal.SIGKILL
+  with workdir_lib.lock_workdir(tmp_path / "w") as lock:
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
 
 
 def test_lock_is_reentrant_after_release_and_records_the_holder(tmp_path):
