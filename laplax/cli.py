@@ -25,7 +25,9 @@ USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
 
 # Python loggers whose INFO/WARNING chatter (every orbax file operation, jax compile notes)
 # drowns a run's progress lines.
-NOISY_LOGGERS = ("absl", "orbax", "jax._src", "jax", "tensorstore", "grain", "etils")
+NOISY_LOGGERS = ("absl", "orbax", "jax._src", "tensorstore", "grain", "etils")
+# Kept at WARNING: says which backend JAX picked (e.g. "a GPU is present but jaxlib has no CUDA").
+USEFUL_LOGGERS = ("jax._src.xla_bridge",)
 
 
 def _debug() -> bool:
@@ -41,6 +43,8 @@ def quiet_logging() -> None:
   absl_logging.set_stderrthreshold(absl_logging.ERROR)
   for name in NOISY_LOGGERS:
     logging.getLogger(name).setLevel(logging.ERROR)
+  for name in USEFUL_LOGGERS:
+    logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def one_line(e: BaseException, limit: int = 400) -> str:
@@ -104,7 +108,10 @@ class _HoldBackgroundErrors(logging.Filter):
 def _quiet_failures() -> Iterator[tuple[_HoldBackgroundErrors, list]]:
   """While active: orbax/absl error records and dying threads print nothing (collected)."""
   held = _HoldBackgroundErrors()
+  # Logger filters see only records logged on that logger itself (orbax logs on 'absl'),
+  # handler filters also see records propagated from child loggers.
   loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+  loggers += list(logging.getLogger().handlers)
   thread_failures: list[tuple[str, BaseException | None]] = []
 
   def excepthook(args):

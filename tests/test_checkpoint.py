@@ -379,7 +379,8 @@ def test_manifests_that_disagree_are_refused(tmp_path):
   outside.write_text(text[:first_digest] + "0" * 64 + text[first_digest + 64:])
   logs = []
   assert Checkpointer(tmp_path, log=logs.append).restore(_abstract())[0] == 1
-  assert logs[0].endswith("is corrupt (the two checksum manifests disagree); falling back to step 1")
+  assert logs[0].endswith(
+      "is corrupt (the two checksum manifests disagree); falling back to step 1")
 
 
 def test_directory_from_an_older_laplax_keeps_its_rules_and_is_adopted(tmp_path):
