@@ -77,9 +77,9 @@ def test_round_trip_is_bit_exact_including_extra_with_bytes(tmp_path):
   with Checkpointer(tmp_path) as ckpt:
     assert ckpt.save(5, state, extra)
   with Checkpointer(tmp_path) as ckpt:
-    assert ckpt.latest_step() == 5
+    assert ckpt.latest_step() == 5 and ckpt.restored_step is None
     step, restored, restored_extra = ckpt.restore(_abstract())
-  assert step == 5
+  assert step == ckpt.restored_step == 5
   assert isinstance(restored, train_state.TrainState)
   _assert_bit_exact(restored, state)
   # Bytes come back as bytes, NumPy scalars as Python numbers, tuples as lists.

@@ -136,6 +136,9 @@ class Checkpointer:
     self._manifests_dir = self.directory / MANIFESTS_DIR_NAME
     self._pending_step: int | None = None  # async save without manifest yet
     self._bad_steps: set[int] = set()  # found corrupt by restore()
+    # The step the last successful restore() returned (None: nothing restored yet), e.g.
+    # for MetricsWriter(workdir, resume_step=...) after resume().
+    self.restored_step: int | None = None
     if read_only:
       # Every option orbax would otherwise override with a warning is set explicitly.
       options = ocp.CheckpointManagerOptions(
@@ -307,6 +310,7 @@ class Checkpointer:
         problem, restored = self._restore_verified(candidate, target)
         if problem is None:
           state, extra = restored
+          self.restored_step = candidate
           return candidate, state, extra
       self._bad_steps.add(candidate)  # moved aside at the next save (never when read-only)
       if step is not None:
