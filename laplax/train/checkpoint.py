@@ -72,7 +72,6 @@ from laplax.train.workdir import write_json_atomic
 PyTree = Any
 
 MANIFEST_NAME = "laplax_checksums.json"
-_MANIFEST_TMP = MANIFEST_NAME + ".tmp"
 # Outside copies of the manifests (`<step>.json`) and save-in-progress markers (`<step>.pending`).
 MANIFESTS_DIR_NAME = "laplax_manifests"
 # Corrupt steps are moved here (not deleted) before the next save, so that the
@@ -399,10 +398,8 @@ class Checkpointer:
       return
     step_dir = self._step_dir(step)
     manifest = {"step": step, "algorithm": "sha256", "files": _digest_files(step_dir)}
-    # Write-then-rename: a kill leaves either no manifest or a whole one.
-    tmp = step_dir / _MANIFEST_TMP
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, step_dir / MANIFEST_NAME)
+    # Write, fsync, rename: a kill or power loss leaves either no manifest or a whole one.
+    write_json_atomic(step_dir / MANIFEST_NAME, manifest)
     self._manifests_dir.mkdir(exist_ok=True)
     write_json_atomic(self._outside_manifest(step), manifest)
     self._pending_marker(step).unlink(missing_ok=True)
@@ -552,7 +549,8 @@ def _digest_files(step_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
   """{relative path: {size, sha256}} for every file of a step (sorted)."""
   out = {}
   for path in sorted(step_dir.rglob("*")):
-    if path.is_file() and path.name not in (MANIFEST_NAME, _MANIFEST_TMP):
+    # Also skips a temporary manifest left by a kill (write_json_atomic's '.<name>.*.tmp').
+    if path.is_file() and not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):
       rel = path.relative_to(step_dir).as_posix()
       out[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
   return out
