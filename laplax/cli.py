@@ -1,14 +1,50 @@
-"""What train.py / eval.py share: one-line errors for bad input instead of tracebacks."""
+"""What train.py / eval.py share: one-line errors for bad input instead of tracebacks.
+
+`run_main` prints exactly one `error: ...` line for a user error (bad config value, bad
+data, corrupt checkpoint, locked workdir, non-finite loss, full disk in an async save), and
+keeps full tracebacks for bugs. Orbax reports a failed background save twice through absl
+logging, each time with the thread's traceback, before the same exception reaches the main
+thread from wait_until_finished(); while run_main is active those records are held back,
+and printed one line each only if main then succeeds. Set LAPLAX_DEBUG=1 to see everything.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import sys
-from typing import Callable
+import threading
+import traceback
+from typing import Callable, Iterator
 
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
 
 USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
+
+# Python loggers whose INFO/WARNING chatter (every orbax file operation, jax compile notes)
+# drowns a run's progress lines.
+NOISY_LOGGERS = ("absl", "orbax", "jax._src", "tensorstore", "grain", "etils")
+# Kept at WARNING: says which backend JAX picked (e.g. "a GPU is present but jaxlib has no CUDA").
+USEFUL_LOGGERS = ("jax._src.xla_bridge",)
+
+
+def _debug() -> bool:
+  return os.environ.get("LAPLAX_DEBUG", "") not in ("", "0")
+
+
+def quiet_logging() -> None:
+  """absl verbosity WARNING, and ERROR for the Python loggers of orbax, absl, jax & co."""
+  if _debug():
+    return
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  absl_logging.set_stderrthreshold(absl_logging.ERROR)
+  for name in NOISY_LOGGERS:
+    logging.getLogger(name).setLevel(logging.ERROR)
+  for name in USEFUL_LOGGERS:
+    logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def one_line(e: BaseException, limit: int = 400) -> str:
@@ -24,30 +60,107 @@ def one_line(e: BaseException, limit: int = 400) -> str:
   return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _config_file_error(e: BaseException) -> str:
+  """'<file>:<line>: <Type>: <message>' for an error raised by executing a config file."""
+  if isinstance(e, SyntaxError):
+    where = f"{e.filename}:{e.lineno}" if e.filename else "config file"
+    return f"{where}: {type(e).__name__}: {e.msg}"
+  frames = traceback.extract_tb(e.__traceback__)
+  # The innermost frame outside site-packages is the user's config file (or its helpers).
+  own = [f for f in frames if "site-packages" not in f.filename and "<frozen" not in f.filename]
+  frame = (own or frames or [None])[-1]
+  where = f"{frame.filename}:{frame.lineno}: " if frame is not None else ""
+  return f"{where}{type(e).__name__}: {one_line(e)}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing with a one-line error (bad flag, config typo, bad value) and exit 2."""
+  """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
+  file) and exit 2."""
   from absl import flags
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr)
     sys.exit(2)
+  except Exception as e:  # pylint: disable=broad-except  # raised by executing a config file
+    if _debug():
+      raise
+    print(f"error: config file failed: {_config_file_error(e)}", file=sys.stderr)
+    sys.exit(2)
+
+
+class _HoldBackgroundErrors(logging.Filter):
+  """Holds back ERROR records that carry a traceback or come from orbax."""
+
+  def __init__(self):
+    super().__init__()
+    self.held: list[logging.LogRecord] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR and (
+        record.exc_info or "orbax" in record.pathname or record.name.startswith("orbax")):
+      self.held.append(record)
+      return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_failures() -> Iterator[tuple[_HoldBackgroundErrors, list]]:
+  """While active: orbax/absl error records and dying threads print nothing (collected)."""
+  held = _HoldBackgroundErrors()
+  # Logger filters see only records logged on that logger itself (orbax logs on 'absl'),
+  # handler filters also see records propagated from child loggers.
+  loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+  loggers += list(logging.getLogger().handlers)
+  thread_failures: list[tuple[str, BaseException | None]] = []
+
+  def excepthook(args):
+    if args.exc_type is SystemExit:
+      return
+    thread_failures.append((getattr(args.thread, "name", "?"), args.exc_value))
+
+  old_hook = threading.excepthook
+  for logger in loggers:
+    logger.addFilter(held)
+  threading.excepthook = excepthook
+  try:
+    yield held, thread_failures
+  finally:
+    threading.excepthook = old_hook
+    for logger in loggers:
+      logger.removeFilter(held)
 
 
 def run_main(main: Callable[[], object]) -> None:
-  """Runs `main`; a user error prints 'error: <one line>' and exits 1; Ctrl-C exits 130."""
-  try:
+  """Runs `main`; a user error prints 'error: <one line>' and exits 1; Ctrl-C exits 130.
+
+  Errors logged by background threads (orbax async saves) are printed only as one line
+  each, and only if main succeeds; the same failure reaching main prints just its line.
+  """
+  if _debug():
     main()
-  except KeyboardInterrupt:
-    print("interrupted: the latest checkpoint is kept; rerun the same command to resume",
-          file=sys.stderr)
-    sys.exit(130)
-  except USER_ERRORS as e:
-    print(f"error: {one_line(e)}", file=sys.stderr)
-    sys.exit(1)
-
-
-def quiet_logging() -> None:
-  """absl / orbax INFO lines off for our CLIs (they log every file operation)."""
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)
+    return
+  quiet_logging()
+  with _quiet_failures() as (held, thread_failures):
+    try:
+      main()
+    except KeyboardInterrupt:
+      print("interrupted: the latest checkpoint is kept; rerun the same command to resume",
+            file=sys.stderr)
+      sys.exit(130)
+    except USER_ERRORS as e:
+      print(f"error: {one_line(e)}", file=sys.stderr)
+      sys.exit(1)
+    except SystemExit:
+      raise
+    except BaseException:
+      # A bug: everything held back may explain it, tracebacks included.
+      formatter = logging.Formatter("%(levelname)s:%(name)s:%(message)s")
+      for record in held.held:
+        print(formatter.format(record), file=sys.stderr)
+      raise
+  for record in held.held:
+    print(f"warning: {one_line(Exception(record.getMessage()))}", file=sys.stderr)
+  for name, exc in thread_failures:
+    print(f"warning: background thread {name} failed: "
+          f"{type(exc).__name__}: {one_line(exc) if exc is not None else ''}", file=sys.stderr)

@@ -15,7 +15,8 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.train.checkpoint import CheckpointError, Checkpointer, MANIFEST_NAME
+from laplax.train.checkpoint import (CheckpointError, Checkpointer, MANIFEST_NAME,
+                                     MANIFESTS_DIR_NAME)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -76,9 +77,9 @@ def test_round_trip_is_bit_exact_including_extra_with_bytes(tmp_path):
   with Checkpointer(tmp_path) as ckpt:
     assert ckpt.save(5, state, extra)
   with Checkpointer(tmp_path) as ckpt:
-    assert ckpt.latest_step() == 5
+    assert ckpt.latest_step() == 5 and ckpt.restored_step is None
     step, restored, restored_extra = ckpt.restore(_abstract())
-  assert step == 5
+  assert step == ckpt.restored_step == 5
   assert isinstance(restored, train_state.TrainState)
   _assert_bit_exact(restored, state)
   # Bytes come back as bytes, NumPy scalars as Python numbers, tuples as lists.
@@ -102,8 +103,10 @@ def test_interval_keep_n_and_manifests_of_deleted_steps(tmp_path):
   assert ckpt.save(7, state, {"s": 7}, force=True)
   assert not ckpt.save(7, state, {"s": 7}, force=True)  # already saved: no duplicate
   assert ckpt.all_steps() == [6, 7]
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["6", "7"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["6", "7", MANIFESTS_DIR_NAME]
   assert all((tmp_path / s / MANIFEST_NAME).is_file() for s in ("6", "7"))
+  # The outside copies follow keep-N; no save is left marked as in progress.
+  assert sorted(p.name for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir()) == ["6.json", "7.json"]
   assert ckpt.restore(_abstract(4))[2] == {"s": 7}
   ckpt.close()
 
@@ -153,8 +156,26 @@ def test_truncated_file_falls_back(tmp_path):
 # Python reports as "exception ignored"; the failure itself is handled.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_step_without_manifest_is_restored_unverified_or_falls_back_if_unreadable(tmp_path):
-  state1, state2 = _two_steps(tmp_path)
-  (tmp_path / "2" / MANIFEST_NAME).unlink()  # killed between finalise and manifest
+  # A child saves step 1, then dies after orbax finalised step 2 but before its manifests.
+  script = textwrap.dedent("""
+      import os, sys
+      import numpy as np
+      from laplax.train.checkpoint import Checkpointer
+      ckpt = Checkpointer(sys.argv[1])
+      w = np.random.default_rng(0).standard_normal((2, 64, 64)).astype(np.float32)
+      ckpt.save(1, {"w": w[0]}, {"epoch": 1})
+      Checkpointer._write_manifest = lambda self, step: os._exit(17)
+      ckpt.save(2, {"w": w[1]}, {"epoch": 2})
+  """)
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=120)
+  assert result.returncode == 17, result.stderr.decode()[-2000:]
+  assert not (tmp_path / "2" / MANIFEST_NAME).exists()
+  assert (tmp_path / MANIFESTS_DIR_NAME / "2.pending").exists()
+  w = np.random.default_rng(0).standard_normal((2, 64, 64)).astype(np.float32)
+  state1, state2 = {"w": w[0]}, {"w": w[1]}
+  _abstract = lambda: {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)}  # noqa: E731
   logs = []
   step, restored, _ = Checkpointer(tmp_path, log=logs.append).restore(_abstract())
   assert step == 2
@@ -267,7 +288,7 @@ def test_interrupted_save_leaves_tmp_dir_and_previous_step_restores(tmp_path):
   result = subprocess.run(
       [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=120)
   assert result.returncode == 17, result.stderr.decode()[-2000:]
-  names = sorted(p.name for p in tmp_path.iterdir())
+  names = sorted(p.name for p in tmp_path.iterdir() if p.name != MANIFESTS_DIR_NAME)
   assert len(names) == 2 and names[0] == "1", names
   assert names[1].startswith("2.orbax-checkpoint-tmp"), names
   logs = []
@@ -278,7 +299,8 @@ def test_interrupted_save_leaves_tmp_dir_and_previous_step_restores(tmp_path):
   np.testing.assert_array_equal(restored["w"], np.full((16, 16), 1.0, np.float32))
   assert ckpt.save(2, {"w": np.full((16, 16), 2.0, np.float32)}, {"epoch": 2})
   ckpt.close()
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]  # the temp dir was cleaned up
+  # The temp dir was cleaned up.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", MANIFESTS_DIR_NAME]
 
 
 def test_async_saves_get_manifests_after_finalising(tmp_path):
@@ -319,3 +341,101 @@ def test_bad_arguments_give_one_line_errors(tmp_path):
   assert ckpt.save(1, {"w": np.zeros(2)}, {})
   with pytest.raises(CheckpointError, match=r"no checkpoint step 4 in .*; it holds steps \[1\]"):
     ckpt.restore({"w": np.zeros(2)}, step=4)
+
+
+def test_lost_in_step_manifest_still_verified_by_outside_copy(tmp_path):
+  state1, _ = _two_steps(tmp_path)
+  (tmp_path / "2" / MANIFEST_NAME).unlink()
+  damaged = _data_file(tmp_path, 2)
+  _flip_bytes(damaged)
+  logs = []
+  step, restored, _ = Checkpointer(tmp_path, log=logs.append).restore(_abstract())
+  assert step == 1
+  _assert_bit_exact(restored, state1)
+  rel = damaged.relative_to(tmp_path / "2").as_posix()
+  assert logs == [f"checkpoint step 2 in {tmp_path} is corrupt (checksum mismatch in {rel});"
+                  " falling back to step 1"]
+
+
+def test_step_with_neither_manifest_is_skipped(tmp_path):
+  state1, _ = _two_steps(tmp_path)
+  (tmp_path / "2" / MANIFEST_NAME).unlink()
+  (tmp_path / MANIFESTS_DIR_NAME / "2.json").unlink()
+  logs = []
+  ckpt = Checkpointer(tmp_path, log=logs.append)
+  assert ckpt.latest_step() == 1
+  step, restored, _ = ckpt.restore(_abstract())
+  assert step == 1
+  _assert_bit_exact(restored, state1)
+  assert logs == [f"checkpoint step 2 in {tmp_path} is corrupt (no checksum manifest: both"
+                  " copies are missing); falling back to step 1"]
+
+
+def test_manifests_that_disagree_are_refused(tmp_path):
+  _two_steps(tmp_path)
+  outside = tmp_path / MANIFESTS_DIR_NAME / "2.json"
+  text = outside.read_text()
+  first_digest = text.index('"sha256": "') + len('"sha256": "')
+  outside.write_text(text[:first_digest] + "0" * 64 + text[first_digest + 64:])
+  logs = []
+  assert Checkpointer(tmp_path, log=logs.append).restore(_abstract())[0] == 1
+  assert logs[0].endswith(
+      "is corrupt (the two checksum manifests disagree); falling back to step 1")
+
+
+def test_directory_from_an_older_laplax_keeps_its_rules_and_is_adopted(tmp_path):
+  """No laplax_manifests/: a step without its in-step manifest restores unverified, as before."""
+  _, state2 = _two_steps(tmp_path)
+  for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir():
+    p.unlink()
+  (tmp_path / MANIFESTS_DIR_NAME).rmdir()
+  (tmp_path / "2" / MANIFEST_NAME).unlink()
+  logs = []
+  ckpt = Checkpointer(tmp_path, log=logs.append)
+  assert ckpt.restore(_abstract())[0] == 2
+  assert logs[0].endswith("restoring it unverified")
+  # The first save copies step 1's manifest out and marks step 2 as never verified.
+  assert ckpt.save(3, _train_state(seed=3), {})
+  names = sorted(p.name for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir())
+  assert names == ["1.json", "2.pending", "3.json"]
+  ckpt.close()
+  (tmp_path / "1" / MANIFEST_NAME).unlink()
+  _flip_bytes(_data_file(tmp_path, 1))
+  logs.clear()
+  ckpt = Checkpointer(tmp_path, log=logs.append)
+  _assert_bit_exact(ckpt.restore(_abstract(), step=2)[1], state2)
+  with pytest.raises(CheckpointError, match=r"step 1 .* is corrupt \(checksum mismatch"):
+    ckpt.restore(_abstract(), step=1)
+
+
+def _tree(directory: pathlib.Path) -> dict[str, tuple[int, int]]:
+  return {p.relative_to(directory).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(directory.rglob("*"))}
+
+
+def test_read_only_never_creates_deletes_moves_or_writes(tmp_path):
+  missing = tmp_path / "none" / "checkpoints"
+  reader = Checkpointer(missing, read_only=True)
+  assert reader.latest_step() is None and reader.restore(_abstract()) is None
+  reader.close()
+  assert not (tmp_path / "none").exists()
+
+  state1, state2 = _two_steps(tmp_path / "c")
+  directory = tmp_path / "c"
+  _flip_bytes(_data_file(directory, 2))
+  (directory / "3.orbax-checkpoint-tmp-123").mkdir()  # a running trainer's save in flight
+  (directory / "3.orbax-checkpoint-tmp-123" / "data").write_bytes(b"x" * 10)
+  (directory / "1" / MANIFEST_NAME).unlink()  # would be restored from its outside copy
+  before = _tree(directory)
+  logs = []
+  reader = Checkpointer(directory, read_only=True, log=logs.append)
+  for _ in range(2):
+    step, restored, _ = reader.restore(_abstract())
+    assert step == 1
+    _assert_bit_exact(restored, state1)
+  with pytest.raises(CheckpointError, match=r"cannot save step 4 in .*: the checkpointer is"
+                     " read-only"):
+    reader.save(4, state2, {})
+  reader.close()
+  assert _tree(directory) == before
+  assert logs[0].startswith(f"checkpoint step 2 in {directory} is corrupt (checksum mismatch")

@@ -18,13 +18,37 @@ the manifest is deleted together with its step by the keep-N policy and moves
 with the step if the directory is copied; a sibling directory would need its
 own clean-up and could drift out of sync.
 
+A second copy of every manifest lives outside the step directories, in
+`laplax_manifests/<step>.json` (written atomically once the in-step copy is
+written), so that deleting or losing the in-step copy cannot turn a damaged
+step into a silently "unverified" one. Both copies are checked when present
+(they must agree); the outside copies of steps deleted by keep-N are pruned.
+
 Steps without a manifest: with async saves the manifest is written only once
 the save is finalised (at the next `save()`, `wait_until_finished()`,
 `latest_step()` or `close()`), so a kill in between leaves a complete,
 orbax-finalised step without a manifest. Orbax finalises by an atomic rename,
-so such a step is whole; we accept it, log that it is unverified, and still
-fall back if orbax fails to read it. Rejecting it would silently throw away up
-to one save interval of work to guard against bit rot in a window of seconds.
+so such a step is whole. The rule:
+  * Before each save a marker `laplax_manifests/<step>.pending` is written; it
+    is removed once both manifest copies exist. A step with neither manifest
+    but with its marker was interrupted in that window: it is restored with a
+    log line saying it is unverified (orbax read errors still make us fall
+    back). Rejecting it would throw away up to one save interval of work to
+    guard against bit rot in a window of seconds.
+  * A step with neither manifest nor marker, in a directory that has a
+    `laplax_manifests/` directory, lost its manifests: it is skipped with one
+    log line (the previous good step is restored).
+  * A directory without `laplax_manifests/` was written by an older laplax:
+    its steps are verified by their in-step manifest, or restored unverified
+    without one (as before). The first save by this version creates the
+    directory and copies the existing manifests (and marks existing steps that
+    have none as pending), so old steps keep their old status.
+
+Readers (`read_only=True`, e.g. evaluation or analysis of a running job) never
+create, delete, move or write anything: orbax's start-up clean-up of
+`*.orbax-checkpoint-tmp` directories would delete the in-flight save of a
+running trainer and kill it. A corrupt step is then only skipped (a trainer
+quarantines it on its next save).
 
 Single host, local file systems (the manifest is written with pathlib).
 """
@@ -36,16 +60,20 @@ import hashlib
 import json
 import os
 import pathlib
+import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from laplax.train.workdir import write_json_atomic
+
 PyTree = Any
 
 MANIFEST_NAME = "laplax_checksums.json"
-_MANIFEST_TMP = MANIFEST_NAME + ".tmp"
+# Outside copies of the manifests (`<step>.json`) and save-in-progress markers (`<step>.pending`).
+MANIFESTS_DIR_NAME = "laplax_manifests"
 # Corrupt steps are moved here (not deleted) before the next save, so that the
 # run can save those step numbers again. Orbax ignores non-numeric names.
 CORRUPT_DIR_NAME = "corrupt"
@@ -79,8 +107,9 @@ class Checkpointer:
       save_interval_steps: int = 1,
       async_save: bool = False,
       log: Callable[[str], None] = print,
+      read_only: bool = False,
   ):
-    """Opens (creating if needed) a checkpoint directory.
+    """Opens (creating if needed, unless read_only) a checkpoint directory.
 
     Args:
       directory: the directory that holds one sub-directory per step.
@@ -90,6 +119,9 @@ class Checkpointer:
       async_save: write in a background thread; `save()` returns once the
         arrays are copied to host memory.
       log: receives one-line messages (corrupt steps, fallbacks).
+      read_only: only restore: never create the directory, never delete or move
+        anything (in-flight temporary directories of a running trainer, corrupt
+        steps), never write manifests; `save()` raises CheckpointError.
     """
     if max_to_keep is not None and not _is_positive_int(max_to_keep):
       raise ValueError(
@@ -99,6 +131,23 @@ class Checkpointer:
     self.directory = pathlib.Path(directory).expanduser().absolute()
     self._log = log
     self._async = async_save
+    self.read_only = read_only
+    self._manifests_dir = self.directory / MANIFESTS_DIR_NAME
+    self._pending_step: int | None = None  # async save without manifest yet
+    self._bad_steps: set[int] = set()  # found corrupt by restore()
+    # The step the last successful restore() returned (None: nothing restored yet), e.g.
+    # for MetricsWriter(workdir, resume_step=...) after resume().
+    self.restored_step: int | None = None
+    if read_only:
+      # Every option orbax would otherwise override with a warning is set explicitly.
+      options = ocp.CheckpointManagerOptions(
+          read_only=True, save_interval_steps=0, max_to_keep=None, create=False,
+          cleanup_tmp_directories=False, enable_async_checkpointing=False)
+      self._manager = _retry_vanished(lambda: ocp.CheckpointManager(
+          self.directory, options=options,
+          item_handlers={_STATE: ocp.StandardCheckpointHandler(),
+                         _EXTRA: ocp.JsonCheckpointHandler()}))
+      return
     # Orbax's default policy also saves the first step it sees, whatever the
     # interval; we want exactly the multiples (and preemption saves).
     policy = ocp.checkpoint_managers.AnySavePolicy([
@@ -123,8 +172,6 @@ class Checkpointer:
             _EXTRA: ocp.JsonCheckpointHandler(),
         },
     )
-    self._pending_step: int | None = None  # async save without manifest yet
-    self._bad_steps: set[int] = set()  # found corrupt by restore()
 
   # --- public API ---------------------------------------------------------
 
@@ -141,6 +188,8 @@ class Checkpointer:
     earlier restore(), is skipped.
     """
     self._finish_pending(wait=False)
+    if self.read_only:
+      _retry_vanished(self._manager.reload)  # a running trainer may have saved since
     for step in reversed(self.all_steps()):
       if step == self._pending_step or step in self._bad_steps:
         continue
@@ -169,6 +218,9 @@ class Checkpointer:
       CheckpointError: `step` is older than the latest saved step (after
         restoring an earlier step on purpose: use a fresh directory).
     """
+    if self.read_only:
+      raise CheckpointError(
+          f"cannot save step {step} in {self.directory}: the checkpointer is read-only")
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
       raise ValueError(f"step={step!r}; use an integer >= 0")
     step = int(step)
@@ -193,6 +245,7 @@ class Checkpointer:
     # Orbax would wait for the previous async save here anyway; wait first so
     # that its manifest is written before the next save starts.
     self._finish_pending(wait=True)
+    self._mark_pending(step)
     args = ocp.args.Composite(
         **{_STATE: ocp.args.StandardSave(state), _EXTRA: ocp.args.JsonSave(extra_json)})
     self._manager.save(step, args=args, force=True)
@@ -201,6 +254,18 @@ class Checkpointer:
     else:
       self._write_manifest(step)
     return True
+
+  def should_save(self, step: int, *, force: bool = False) -> bool:
+    """Whether save(step, ..., force=force) would write (or raise), without writing.
+
+    The step loop asks this to check a state for NaN only when it is about to be saved.
+    """
+    if self.read_only:
+      return False
+    steps = self.all_steps()
+    if steps and step == steps[-1]:
+      return False
+    return force or bool(steps and step < steps[-1]) or self._manager.should_save(step)
 
   def restore(
       self, abstract_state: PyTree, step: int | None = None
@@ -221,7 +286,7 @@ class Checkpointer:
         step is readable.
     """
     self._finish_pending(wait=True)
-    self._manager.reload()
+    _retry_vanished(self._manager.reload)
     steps = self.all_steps()
     if not steps:
       return None
@@ -244,8 +309,9 @@ class Checkpointer:
         problem, restored = self._restore_verified(candidate, target)
         if problem is None:
           state, extra = restored
+          self.restored_step = candidate
           return candidate, state, extra
-      self._bad_steps.add(candidate)
+      self._bad_steps.add(candidate)  # moved aside at the next save (never when read-only)
       if step is not None:
         raise CheckpointError(
             f"checkpoint step {candidate} in {self.directory} is corrupt ({problem})")
@@ -295,27 +361,94 @@ class Checkpointer:
       )
     self._write_manifest(step)
 
+  def _outside_manifest(self, step: int) -> pathlib.Path:
+    return self._manifests_dir / f"{step}.json"
+
+  def _pending_marker(self, step: int) -> pathlib.Path:
+    return self._manifests_dir / f"{step}.pending"
+
+  def _mark_pending(self, step: int) -> None:
+    """Before saving `step`: marks it as 'manifests not written yet' (see the module doc)."""
+    if jax.process_index() != 0:
+      return
+    if not self._manifests_dir.is_dir():
+      self._adopt_legacy_steps()
+    # A stale copy (a quarantined step saved again) would fail the new step's check.
+    self._outside_manifest(step).unlink(missing_ok=True)
+    self._pending_marker(step).touch()
+
+  def _adopt_legacy_steps(self) -> None:
+    """First save into a directory written by an older laplax: copy its manifests out."""
+    tmp = self.directory / (MANIFESTS_DIR_NAME + ".tmp")
+    tmp.mkdir(exist_ok=True)
+    for step in self.all_steps():
+      inside = self._step_dir(step) / MANIFEST_NAME
+      if inside.is_file():
+        try:
+          write_json_atomic(tmp / f"{step}.json", json.loads(inside.read_text()))
+          continue
+        except (OSError, ValueError):
+          pass  # unreadable: the in-step copy alone will fail the check
+      (tmp / f"{step}.pending").touch()  # never had a manifest: stays 'unverified'
+    # Renamed into place whole, so a kill here leaves the directory 'legacy'.
+    os.replace(tmp, self._manifests_dir)
+
   def _write_manifest(self, step: int) -> None:
     if jax.process_index() != 0:
       return
     step_dir = self._step_dir(step)
     manifest = {"step": step, "algorithm": "sha256", "files": _digest_files(step_dir)}
-    # Write-then-rename: a kill leaves either no manifest or a whole one.
-    tmp = step_dir / _MANIFEST_TMP
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, step_dir / MANIFEST_NAME)
+    # Write, fsync, rename: a kill or power loss leaves either no manifest or a whole one.
+    write_json_atomic(step_dir / MANIFEST_NAME, manifest)
+    self._manifests_dir.mkdir(exist_ok=True)
+    write_json_atomic(self._outside_manifest(step), manifest)
+    self._pending_marker(step).unlink(missing_ok=True)
+    self._prune_manifests()
+
+  def _prune_manifests(self) -> None:
+    """Drops outside manifests and markers of steps orbax deleted (keep-N)."""
+    kept = set(self._manager.all_steps())
+    if self._pending_step is not None:
+      kept.add(self._pending_step)
+    for path in self._manifests_dir.iterdir():
+      stem, _, suffix = path.name.partition(".")
+      if stem.isdigit() and suffix in ("json", "pending") and int(stem) not in kept:
+        path.unlink(missing_ok=True)
+
+  def _load_manifests(self, step: int) -> tuple[str | None, dict[str, tuple[int, str]] | None]:
+    """(problem, {relative path: (size, sha256)}) from whichever manifest copies exist.
+
+    (None, None): the step has no manifest and may be restored unverified.
+    """
+    copies = [self._step_dir(step) / MANIFEST_NAME, self._outside_manifest(step)]
+    present = [p for p in copies if p.exists()]
+    if not present:
+      if not self._manifests_dir.is_dir() or self._pending_marker(step).exists():
+        return None, None  # an older laplax's directory, or killed before the manifest
+      return "no checksum manifest: both copies are missing", None
+    tables = []
+    for path in present:
+      try:
+        files = json.loads(path.read_text())["files"]
+        tables.append({str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()})
+      except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        continue  # the other copy may still be readable
+    if not tables:
+      return "checksum manifest unreadable", None
+    if any(t != tables[0] for t in tables[1:]):
+      return "the two checksum manifests disagree", None
+    return None, tables[0]
 
   def _verify(self, step: int) -> tuple[str | None, bool]:
     """Returns (problem or None, whether the step has a manifest)."""
     step_dir = self._step_dir(step)
-    manifest_path = step_dir / MANIFEST_NAME
-    if not manifest_path.exists():
+    if not step_dir.is_dir():
+      return "its directory vanished (deleted by the writing run's keep-N policy?)", True
+    problem, expected = self._load_manifests(step)
+    if problem is not None:
+      return problem, True
+    if expected is None:
       return None, False
-    try:
-      files = json.loads(manifest_path.read_text())["files"]
-      expected = {str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-      return "checksum manifest unreadable", True
     # Sizes first: cheap, and a truncation is named as such.
     for rel, (size, _) in sorted(expected.items()):
       path = step_dir / rel
@@ -377,12 +510,30 @@ class Checkpointer:
       while dest.exists():
         dest, n = corrupt_root / f"{step}.{n}", n + 1
       os.replace(source, dest)
+      self._outside_manifest(step).unlink(missing_ok=True)  # the moved step keeps its own copy
+      self._pending_marker(step).unlink(missing_ok=True)
       self._log(f"moved corrupt checkpoint step {step} to {dest}")
     self._bad_steps.clear()
     self._manager.reload()
 
 
 # --- helpers ----------------------------------------------------------------
+
+
+def _retry_vanished(fn: Callable[[], Any], attempts: int = 5) -> Any:
+  """Calls fn, retrying when a step directory vanishes while orbax lists the steps.
+
+  A reader lists steps while the writing run's keep-N policy deletes old ones; orbax then
+  stats a directory that is gone (FileNotFoundError). A second listing no longer sees it.
+  """
+  for attempt in range(attempts):
+    try:
+      return fn()
+    except FileNotFoundError:
+      if attempt == attempts - 1:
+        raise
+      time.sleep(0.05 * (attempt + 1))
+  return None
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -398,7 +549,8 @@ def _digest_files(step_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
   """{relative path: {size, sha256}} for every file of a step (sorted)."""
   out = {}
   for path in sorted(step_dir.rglob("*")):
-    if path.is_file() and path.name not in (MANIFEST_NAME, _MANIFEST_TMP):
+    # Also skips a temporary manifest left by a kill (write_json_atomic's '.<name>.*.tmp').
+    if path.is_file() and not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):
       rel = path.relative_to(step_dir).as_posix()
       out[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
   return out

@@ -1,8 +1,17 @@
-"""The step loop every trainer shares: steps, interval metrics, progress, evaluation, saves."""
+"""The step loop every trainer shares: steps, interval metrics, progress, evaluation, saves.
+
+Non-finite guard: the per-step 'loss' and 'grad_norm' metrics are checked on the host at
+every log interval and before every checkpoint save, so a NaN/inf state is never saved
+and the run stops with one line (NonFiniteError) that names the step and the last good
+checkpoint. Checking only there keeps the loop asynchronous (no device sync per step).
+With a step built by make_train_step(skip_nonfinite=True), bad steps carry
+'skipped' = 1 and are tolerated up to `max_consecutive_skips` in a row.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import math
 import time
 from typing import Any
 
@@ -14,12 +23,50 @@ from laplax.train.checkpoint import Checkpointer
 from laplax.train.metrics import MetricsWriter, Progress, interval_summary
 
 
+class NonFiniteError(ValueError):
+  """Training produced a non-finite loss or gradient; the message is one line."""
+
+
+class _FiniteGuard:
+  """Checks (step, metrics) records on the host; counts consecutive skipped steps."""
+
+  def __init__(self, checkpointer, max_consecutive_skips: int):
+    self.checkpointer, self.max_skips = checkpointer, max_consecutive_skips
+    self.unchecked: list[tuple[int, dict[str, Any]]] = []
+    self.consecutive = 0
+
+  def _last_good(self) -> str:
+    steps = self.checkpointer.all_steps() if hasattr(self.checkpointer, "all_steps") else []
+    if steps:
+      return f"the last good checkpoint (step {steps[-1]}) is kept"
+    return "no checkpoint was saved"
+
+  def check(self) -> None:
+    records, self.unchecked = self.unchecked, []
+    for step, metrics in records:
+      if float(metrics.get("skipped", 0.0)) > 0:
+        self.consecutive += 1
+        if self.consecutive > self.max_skips:
+          raise NonFiniteError(
+              f"step {step}: {self.consecutive} consecutive steps had a non-finite loss or"
+              f" gradient and were skipped (max_consecutive_skips={self.max_skips});"
+              f" {self._last_good()}; lower optim.lr or check the data")
+        continue
+      self.consecutive = 0
+      for key in ("loss", "grad_norm"):
+        if key in metrics and not math.isfinite(value := float(metrics[key])):
+          raise NonFiniteError(
+              f"step {step}: {key} is {value} (non-finite); {self._last_good()};"
+              " lower optim.lr or set optim.skip_nonfinite=True")
+
+
 def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               writer: MetricsWriter, *, mesh, rules, start_step: int, total_steps: int,
               log_every: int, items_per_step: int, unit: str, schedule: Callable[[int], Any],
               name: str, describe: Callable[[dict[str, float]], str],
               evaluate: Callable[[Any, int], None] | None = None, eval_every: int = 0,
-              batch_keys: Sequence[str] | None = None) -> tuple[Any, dict[str, float]]:
+              batch_keys: Sequence[str] | None = None,
+              max_consecutive_skips: int = 10) -> tuple[Any, dict[str, float]]:
   """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
 
   Every log_every steps (and at the end): the interval's mean metrics and throughput
@@ -28,31 +75,44 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   runs (its time is left out of the throughput). After every step the checkpointer decides
   whether to save the state with the iterator's state (always at the last step); it is closed
   at the end. batch_keys: the batch entries the step takes (None: all).
+  Raises NonFiniteError (after finishing any save in flight) when a step's loss or grad_norm
+  is non-finite and not skipped, or more than max_consecutive_skips steps in a row were
+  skipped; no state after the bad step is saved.
   Returns (state, the last interval's summary).
   """
   progress = Progress(total_steps, name=name, start=start_step)
   pending: list[dict[str, jax.Array]] = []
+  guard = _FiniteGuard(checkpointer, max_consecutive_skips)
+  should_save = getattr(checkpointer, "should_save", None)
   t_last, step, last = time.time(), start_step, {}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    while step < total_steps:
-      batch = next(train_iter)
-      if batch_keys is not None:
-        batch = {k: batch[k] for k in batch_keys}
-      state, metrics = step_fn(state, sharding.host_batch_to_global(batch, mesh))
-      step += 1
-      pending.append(metrics)
-      if step % log_every == 0 or step == total_steps:
-        now = time.time()
-        last = interval_summary(pending, items_per_step=items_per_step, unit=unit,
-                                seconds=now - t_last, lr=schedule(step))
-        writer.write(step, "train", last)
-        progress.update(step, describe(last))
-        pending, t_last = [], now
-      if evaluate is not None and eval_every and step % eval_every == 0 and step < total_steps:
-        evaluate(state, step)
-        t_last = time.time()
-      checkpointer.save(step, state, {"data": train_iter.get_state()},
-                        force=step == total_steps)
+  try:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      while step < total_steps:
+        batch = next(train_iter)
+        if batch_keys is not None:
+          batch = {k: batch[k] for k in batch_keys}
+        state, metrics = step_fn(state, sharding.host_batch_to_global(batch, mesh))
+        step += 1
+        pending.append(metrics)
+        guard.unchecked.append((step, metrics))
+        if step % log_every == 0 or step == total_steps:
+          guard.check()  # before writing: no NaN row in metrics.jsonl
+          now = time.time()
+          last = interval_summary(pending, items_per_step=items_per_step, unit=unit,
+                                  seconds=now - t_last, lr=schedule(step))
+          writer.write(step, "train", last)
+          progress.update(step, describe(last))
+          pending, t_last = [], now
+        if evaluate is not None and eval_every and step % eval_every == 0 and step < total_steps:
+          evaluate(state, step)
+          t_last = time.time()
+        force = step == total_steps
+        if should_save is None or should_save(step, force=force):
+          guard.check()  # a non-finite state is never saved
+          checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
+  except NonFiniteError:
+    checkpointer.close()  # finishes the last (good) save in flight
+    raise
   checkpointer.wait_until_finished()
   checkpointer.close()
   return state, last

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
+import tempfile
 import time
 from typing import Any, TextIO
 
 import numpy as np
+
+from laplax.train.workdir import json_safe
 
 
 def _plain(v: Any) -> Any:
@@ -18,31 +22,92 @@ def _plain(v: Any) -> Any:
   return v
 
 
-class MetricsWriter:
-  """Appends {'step': .., 'split': .., **metrics} records to workdir/metrics.jsonl."""
+def _dumps(record: dict[str, Any]) -> str:
+  """Strict JSON: NaN/inf become null (bare NaN is not JSON; jq and browsers reject it)."""
+  return json.dumps(json_safe(record), allow_nan=False)
 
-  def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl"):
+
+class MetricsWriter:
+  """Appends {'step': .., 'split': .., **metrics} records to workdir/metrics.jsonl.
+
+  resume_step: the step a run resumes from (0 for a fresh start in a workdir that may hold
+  rows of a run killed before its first checkpoint). Rows with a larger step, written by
+  the interrupted run after its last checkpoint, are dropped first (atomically), so the
+  resumed run does not log those steps twice. None: keep every row.
+  """
+
+  def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl", *,
+               resume_step: int | None = None):
     self.path = pathlib.Path(workdir) / filename
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    if resume_step is not None:
+      self.truncate_after(resume_step)
+    elif self.path.exists() and self.path.stat().st_size:
+      with self.path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        torn = f.read(1) != b"\n"
+      if torn:  # a kill mid-write: end that line so the next record stays whole
+        with self.path.open("a") as f:
+          f.write("\n")
+
+  def truncate_after(self, step: int) -> int:
+    """Rewrites the file without rows whose step is > `step` (and torn lines).
+
+    Returns the number of rows dropped. Temporary file + fsync + rename: a kill leaves the
+    old file or the new one.
+    """
+    if not self.path.exists():
+      return 0
+    kept, dropped = [], 0
+    for line in self.path.read_text().splitlines():
+      try:
+        record = json.loads(line)
+        keep = int(record["step"]) <= step
+      except (ValueError, KeyError, TypeError):
+        keep = False  # torn or foreign line
+      if keep:
+        kept.append(line)
+      else:
+        dropped += 1
+    if dropped:
+      fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+      try:
+        with os.fdopen(fd, "w") as f:
+          f.write("".join(line + "\n" for line in kept))
+          f.flush()
+          os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+      except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return dropped
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
     record = {"step": int(step), "split": split, "time": time.time(),
               **{k: _plain(v) for k, v in metrics.items()}}
+    line = _dumps(record) + "\n"
     with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(line)
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
-  """All records of a metrics.jsonl (a torn last line, from a kill mid-write, is skipped)."""
+  """All records of a metrics.jsonl (a torn line, from a kill mid-write, is skipped).
+
+  null metric values (how non-finite numbers are written) come back as NaN, as do the bare
+  NaN/Infinity tokens of files written by older versions: numbers stay floats.
+  """
   records = []
   path = pathlib.Path(path)
   if not path.exists():
     return records
   for line in path.read_text().splitlines():
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)  # Python's json accepts bare NaN / Infinity
     except json.JSONDecodeError:
       continue
+    if isinstance(record, dict):
+      records.append({k: float("nan") if v is None and k not in ("step", "split") else v
+                      for k, v in record.items()})
   return records
 
 
@@ -75,8 +140,17 @@ def format_seconds(s: float) -> str:
 
 def interval_summary(pending: list[dict[str, Any]], *, items_per_step: int, unit: str,
                      seconds: float, lr: float) -> dict[str, float]:
-  """Mean of each step metric over a logging interval, plus `<unit>_per_s` and `lr`."""
-  summary = {k: float(np.mean([float(m[k]) for m in pending])) for k in pending[0]}
+  """Mean of each step metric over a logging interval, plus `<unit>_per_s` and `lr`.
+
+  Steps with 'skipped' > 0 (non-finite, update skipped) are left out of the means (all
+  skipped: NaN, written as null); 'skipped' becomes the interval's count of skipped steps.
+  """
+  host = [{k: float(v) for k, v in m.items()} for m in pending]
+  kept = [m for m in host if m.get("skipped", 0.0) <= 0]
+  summary = {k: float(np.mean([m[k] for m in kept])) if kept else float("nan")
+             for k in host[0] if k != "skipped"}
+  if "skipped" in host[0]:
+    summary["skipped"] = float(len(host) - len(kept))
   summary[f"{unit}_per_s"] = len(pending) * items_per_step / max(seconds, 1e-9)
   summary["lr"] = float(lr)
   return summary

@@ -1,0 +1,152 @@
+"""One writer per workdir, and JSON files that are never left half-written.
+
+`lock_workdir(workdir)` takes an exclusive `fcntl.flock` on `workdir/.lock` for
+the life of a training run. flock locks belong to the open file, so the kernel
+drops the lock when the holder exits or is killed (even by SIGKILL): there is
+no stale lock to clean up, and the pid written into the file is only a hint
+for the message. flock is advisory and per host: it guards against a second
+trainer started on the same machine (the usual accident: rerunning a command
+in another terminal), not against a process on another host sharing an NFS
+directory (Linux emulates flock on NFS with fcntl locks, which do work there,
+but that is not tested here).
+
+`write_json_atomic` writes to a temporary file in the same directory, fsyncs it
+and renames it over the target: a kill or a full disk leaves either the old
+file or the new one, never an empty or torn one. `read_json` turns a damaged
+file into a one-line ValueError that names the file and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import pathlib
+import socket
+import sys
+import tempfile
+from typing import Any
+
+LOCK_NAME = ".lock"
+
+
+class WorkdirLocked(ValueError):
+  """Another live process holds the workdir's lock (a ValueError: cli prints one line)."""
+
+
+def _holder(lock_path: pathlib.Path) -> str:
+  """'pid 123 on host (python train.py ...)', or 'another process' if the file is unreadable."""
+  try:
+    info = json.loads(lock_path.read_text())
+    text = f"pid {int(info['pid'])} on {info['host']}"
+    if info.get("command"):
+      command = str(info["command"])
+      text += f" ({command[:120] + '...' if len(command) > 120 else command})"
+    return text
+  except (OSError, ValueError, KeyError, TypeError):
+    return "another process"
+
+
+@contextlib.contextmanager
+def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
+  """Holds an exclusive lock on `workdir/.lock` (creating workdir) while the block runs.
+
+  Yields the lock file's path. Raises WorkdirLocked naming the holder's pid if another
+  process holds the lock. The lock is released on exit from the block, or by the kernel
+  when this process dies.
+  """
+  workdir = pathlib.Path(workdir).expanduser()
+  workdir.mkdir(parents=True, exist_ok=True)
+  lock_path = workdir / LOCK_NAME
+  # O_RDWR without O_TRUNC: truncating before holding the lock would erase the holder's pid.
+  fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise
+      raise WorkdirLocked(
+          f"workdir {workdir} is in use by {_holder(lock_path)}; wait for it to finish,"
+          " stop it, or use another --workdir") from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    try:
+      yield lock_path
+    finally:
+      # Leave the file (removing it would race with a process that has just opened it).
+      os.ftruncate(fd, 0)
+      fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
+def json_safe(obj: Any) -> Any:
+  """`obj` with NaN/inf floats as None (strict JSON has no NaN) and NumPy values as Python ones."""
+  if isinstance(obj, float):
+    return obj if math.isfinite(obj) else None
+  if isinstance(obj, dict):
+    return {k: json_safe(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [json_safe(v) for v in obj]
+  if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
+    import numpy as np  # only when needed: this module stays light
+    a = np.asarray(obj)
+    return json_safe(a.item() if a.ndim == 0 else a.tolist())
+  return obj
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> None:
+  """Writes `obj` as strict JSON (NaN/inf as null) to `path` via a temporary file, fsync, rename.
+
+  A failure at any point (unserialisable object, full disk, kill) leaves the old file
+  intact; the temporary file is removed when Python is still running to do so.
+  """
+  path = pathlib.Path(path)
+  text = json.dumps(json_safe(obj), indent=indent, sort_keys=True, allow_nan=False)  # before I/O
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise
+  _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+  """Makes a rename durable across a power loss (best effort: some file systems refuse)."""
+  with contextlib.suppress(OSError):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+
+
+def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
+  """Parses a JSON file; an empty or damaged one raises one ValueError line with the fix.
+
+  `what` names the file's role in the message, e.g. 'run config' or 'results'.
+  A missing file raises FileNotFoundError as usual.
+  """
+  path = pathlib.Path(path)
+  text = path.read_text()
+  if not text.strip():
+    raise ValueError(f"{what} {path} is empty (a run was killed while writing it);"
+                     " delete it, or rerun the command that writes it")
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}, column"
+                     f" {e.colno}); delete it, or rerun the command that writes it") from None

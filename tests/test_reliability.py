@@ -1,0 +1,458 @@
+"""No lost or poisoned runs: concurrent readers, workdir locks, atomic JSON, non-finite losses,
+metrics on resume, one-line failures. Process-level failures use real subprocesses."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from laplax.train import workdir as workdir_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+
+
+def _spawn(script: str, *args, **kwargs) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+                          cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, **kwargs)
+
+
+# --- 1. readers never clean up ------------------------------------------------
+
+# Saves steps 1..N; every save keeps its temporary directory for 0.15 s before orbax's
+# commit rename, so a reader that cleans temporary directories would delete it mid-save.
+_SLOW_TRAINER = """
+    import asyncio, pathlib, sys, time
+    import numpy as np
+    from orbax.checkpoint._src.path import atomicity
+    from laplax.train.checkpoint import Checkpointer
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    async def slow_finalize(self, *args, **kwargs):
+      await asyncio.sleep(0.15)
+      return await finalize(self, *args, **kwargs)
+    atomicity.AtomicRenameTemporaryPath.finalize = slow_finalize
+    ckpt = Checkpointer(sys.argv[1], max_to_keep=3)
+    ready, deadline = pathlib.Path(sys.argv[3]), time.time() + 60
+    while not ready.exists() and time.time() < deadline:  # overlap with the reader for sure
+      time.sleep(0.02)
+    for step in range(1, int(sys.argv[2]) + 1):
+      ckpt.save(step, {"w": np.full((64, 64), step, np.float32)}, {"step": step})
+    ckpt.close()
+    print("done", flush=True)
+"""
+
+_READER = """
+    import pathlib, sys, time
+    import jax, jax.numpy as jnp
+    from laplax.train.checkpoint import Checkpointer
+    abstract = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)}
+    pathlib.Path(sys.argv[4]).touch()
+    last = Checkpointer(sys.argv[1], read_only=True)._step_dir(int(sys.argv[3]))
+    restores, deadline = 0, time.time() + 60
+    while time.time() < deadline and not last.exists():  # until the trainer's last save
+      ckpt = Checkpointer(sys.argv[1], read_only=sys.argv[2] == "1", log=lambda m: None)
+      out = ckpt.restore(abstract)
+      if out is not None:
+        step, state, extra = out
+        assert float(state["w"][0, 0]) == step == extra["step"], (step, extra)
+        restores += 1
+      ckpt.close()
+    print("restores", restores, flush=True)
+"""
+
+
+def _race(directory, read_only: bool, steps: int = 15):
+  ready = directory.parent / "reader_ready"
+  trainer = _spawn(_SLOW_TRAINER, directory, steps, ready)
+  reader = _spawn(_READER, directory, int(read_only), steps, ready)
+  t_out, t_err = trainer.communicate(timeout=120)
+  r_out, r_err = reader.communicate(timeout=120)
+  return trainer.returncode, t_err, reader.returncode, r_out + r_err
+
+
+def test_read_only_reader_does_not_kill_a_saving_trainer(tmp_path):
+  rc, err, reader_rc, reader_out = _race(tmp_path / "ckpt", read_only=True)
+  assert rc == 0, err[-3000:]
+  assert reader_rc == 0, reader_out[-3000:]
+  restores = int(reader_out.split("restores")[-1].split()[0])
+  assert restores > 5, reader_out  # many restores while the trainer was saving
+  names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+  assert names == ["13", "14", "15", "laplax_manifests"], names
+
+
+# --- 2. one writer per workdir, atomic JSON ----------------------------------------
+
+_HOLDER = """
+    import sys, time
+    from laplax.train.workdir import lock_workdir
+    with lock_workdir(sys.argv[1]):
+      print("locked", flush=True)
+      time.sleep(60)
+"""
+
+
+def _try_lock(workdir) -> subprocess.CompletedProcess:
+  script = """
+      import sys
+      from laplax import cli
+      from laplax.train.workdir import lock_workdir
+      def main():
+        with lock_workdir(sys.argv[1]):
+          print("got the lock")
+      cli.run_main(main)
+  """
+  return subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(workdir)], cwd=REPO,
+                        env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def test_second_process_refuses_a_locked_workdir_until_the_holder_is_killed(tmp_path):
+  holder = _spawn(_HOLDER, tmp_path / "w")
+  try:
+    assert holder.stdout.readline().strip() == "locked", holder.stderr.read()
+    second = _try_lock(tmp_path / "w")
+    assert second.returncode == 1
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in second.stderr, second.stderr
+    assert lines[0].startswith(f"error: workdir {tmp_path / 'w'} is in use by pid {holder.pid} on ")
+    assert "use another --workdir" in lines[0]
+    # In-process too: a ValueError subclass naming the pid.
+    with pytest.raises(workdir_lib.WorkdirLocked, match=f"pid {holder.pid} "):
+      with workdir_lib.lock_workdir(tmp_path / "w"):
+        pass
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.communicate()
+  # The kernel dropped the dead holder's lock: no stale lock file to clean up.
+  assert holder.returncode == -signal.SIGKILL
+  with workdir_lib.lock_workdir(tmp_path / "w") as lock:
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+
+
+def test_lock_is_reentrant_after_release_and_records_the_holder(tmp_path):
+  with workdir_lib.lock_workdir(tmp_path / "w") as lock:
+    info = json.loads(lock.read_text())
+    assert info["pid"] == os.getpid() and info["host"] and "python" in info["command"]
+  with workdir_lib.lock_workdir(tmp_path / "w"):
+    pass
+  assert issubclass(workdir_lib.WorkdirLocked, ValueError)
+
+
+def test_write_json_atomic_failure_keeps_the_old_file(tmp_path):
+  path = tmp_path / "results.json"
+  workdir_lib.write_json_atomic(path, {"loss": float("nan"), "acc": np.float32(0.5), "n": [1, 2]})
+  assert json.loads(path.read_text()) == {"loss": None, "acc": 0.5, "n": [1, 2]}
+  old = path.read_text()
+  with pytest.raises(TypeError):
+    workdir_lib.write_json_atomic(path, {"bad": object()})
+  assert path.read_text() == old
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp file left
+
+
+def test_write_json_atomic_killed_mid_write_leaves_old_or_new(tmp_path):
+  """SIGKILL while a child rewrites a big file in a loop: the file always parses."""
+  path = tmp_path / "state.json"
+  workdir_lib.write_json_atomic(path, {"i": -1, "pad": "x" * 10})
+  script = """
+      import sys
+      from laplax.train.workdir import write_json_atomic
+      print("go", flush=True)
+      for i in range(10 ** 6):
+        write_json_atomic(sys.argv[1], {"i": i, "pad": "x" * 2_000_000})
+  """
+  child = _spawn(script, path)
+  assert child.stdout.readline().strip() == "go"
+  time.sleep(0.5)
+  child.send_signal(signal.SIGKILL)
+  child.communicate()
+  assert json.loads(path.read_text())["i"] >= -1
+
+
+@pytest.mark.parametrize("text,problem", [("", "is empty"), ('{"a": 1', "is not valid JSON")])
+def test_read_json_damaged_file_is_one_line_naming_file_and_fix(tmp_path, text, problem):
+  path = tmp_path / "config.json"
+  path.write_text(text)
+  with pytest.raises(ValueError) as e:
+    workdir_lib.read_json(path, "run config")
+  message = str(e.value)
+  assert "\n" not in message and message.startswith(f"run config {path} {problem}")
+  assert message.endswith("delete it, or rerun the command that writes it")
+
+
+# --- 3. non-finite losses --------------------------------------------------------
+
+from laplax import sharding  # noqa: E402
+from laplax.train import loop  # noqa: E402
+from laplax.train.checkpoint import Checkpointer  # noqa: E402
+from laplax.train.metrics import MetricsWriter, read_metrics  # noqa: E402
+from laplax.train.state import TrainState  # noqa: E402
+from laplax.train.steps import guard_update, make_train_step  # noqa: E402
+import optax  # noqa: E402
+
+
+class _Batches:
+  """A checkpointable iterator of {'x': (8, 4), 'y': (8,), 'scale': (8,)} batches.
+
+  scale is NaN in the batches numbered `bad` (1-based, i.e. the step that consumes it).
+  """
+
+  def __init__(self, bad=()):
+    self.i, self.bad = 0, set(bad)
+
+  def __next__(self):
+    self.i += 1
+    rng = np.random.default_rng(self.i)
+    scale = np.full((8,), np.nan if self.i in self.bad else 1.0, np.float32)
+    return {"x": rng.standard_normal((8, 4)).astype(np.float32),
+            "y": rng.standard_normal(8).astype(np.float32), "scale": scale}
+
+  def get_state(self):
+    return {"i": self.i}
+
+
+def _linear_loss(params, batch, rng):
+  del rng
+  err = batch["x"] @ params["w"] - batch["y"]
+  loss = jnp.mean(err ** 2 * batch["scale"])
+  return loss, {}
+
+
+def _linear_setup(skip=False):
+  tx = optax.adam(1e-2)
+  state = TrainState.create({"w": jnp.ones((4,), jnp.float32)}, tx)
+  step = jax.jit(make_train_step(_linear_loss, tx, seed=0, skip_nonfinite=skip))
+  return state, step
+
+
+def _run(tmp_path, state, step_fn, batches, total=12, **kwargs):
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=None, save_interval_steps=2,
+                      log=lambda m: None)
+  return loop.run_steps(
+      state, step_fn, batches, ckpt, MetricsWriter(tmp_path), mesh=mesh,
+      rules=sharding.rules_from_config(()), start_step=0, total_steps=total, log_every=4,
+      items_per_step=8, unit="examples", schedule=lambda s: 1e-2, name="t",
+      describe=lambda s: "", **kwargs)
+
+
+def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path):
+  state, step_fn = _linear_setup()
+  with pytest.raises(loop.NonFiniteError) as e:
+    _run(tmp_path, state, step_fn, _Batches(bad={7}))
+  # Step 7 went NaN; the save at step 8 is refused; step 6 is the last good checkpoint.
+  assert str(e.value) == ("step 7: loss is nan (non-finite); the last good checkpoint (step 6)"
+                          " is kept; lower optim.lr or set optim.skip_nonfinite=True")
+  ckpt = Checkpointer(tmp_path / "checkpoints", read_only=True)
+  assert ckpt.all_steps() == [2, 4, 6]
+  abstract = jax.eval_shape(lambda: state)
+  for s in ckpt.all_steps():
+    restored = ckpt.restore(abstract, step=s)[1]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [4]  # the interval holding step 7 is not written
+
+
+def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
+  state, step_fn = _linear_setup(skip=True)
+  batches = _Batches(bad={3})
+  for _ in range(2):
+    state, _ = step_fn(state, next(batches))
+  new, metrics = step_fn(state, next(batches))
+  assert float(metrics["skipped"]) == 1.0 and int(new.step) == 3
+  for a, b in zip(jax.tree.leaves((state.params, state.opt_state)),
+                  jax.tree.leaves((new.params, new.opt_state))):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  newer, metrics = step_fn(new, next(batches))
+  assert float(metrics["skipped"]) == 0.0
+  assert not np.array_equal(newer.params["w"], new.params["w"])
+  # The loop tolerates isolated skips, logs their count and means over the good steps.
+  state, step_fn = _linear_setup(skip=True)
+  final, summary = _run(tmp_path, state, step_fn, _Batches(bad={3, 7, 8}))
+  assert int(final.step) == 12 and np.isfinite(np.asarray(final.params["w"])).all()
+  rows = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
+  assert [rows[s]["skipped"] for s in (4, 8, 12)] == [1.0, 2.0, 0.0]
+  assert all(np.isfinite(rows[s]["loss"]) for s in (4, 8, 12))
+
+
+def test_skip_mode_raises_after_too_many_consecutive_skips(tmp_path):
+  state, step_fn = _linear_setup(skip=True)
+  with pytest.raises(loop.NonFiniteError, match=(
+      r"^step 8: 4 consecutive steps had a non-finite loss or gradient and were skipped"
+      r" \(max_consecutive_skips=3\); the last good checkpoint \(step 6\) is kept")):
+    _run(tmp_path, state, step_fn, _Batches(bad=range(5, 13)), max_consecutive_skips=3)
+
+
+def test_guard_update_selects_every_leaf_but_the_step():
+  old = TrainState(step=jnp.int32(4), params={"w": jnp.zeros(3)}, opt_state=(jnp.zeros(3),),
+                   extra={"teacher": jnp.zeros(2)})
+  new = TrainState(step=jnp.int32(5), params={"w": jnp.ones(3)}, opt_state=(jnp.ones(3),),
+                   extra={"teacher": jnp.ones(2)})
+  kept = jax.jit(guard_update)(old, new, jnp.bool_(False))
+  assert int(kept.step) == 5
+  assert all(not np.asarray(x).any() for x in jax.tree.leaves((kept.params, kept.opt_state,
+                                                                kept.extra)))
+  taken = jax.jit(guard_update)(old, new, jnp.bool_(True))
+  assert all(np.asarray(x).all() for x in jax.tree.leaves(taken))
+
+
+# --- 4. gradient accumulation stays local to each data shard ----------------------
+
+from laplax.train import steps as steps_lib  # noqa: E402
+
+
+def _mlp_loss(params, batch, rng):
+  del rng
+  err = jnp.tanh(batch["x"] @ params["w1"]) @ params["w2"] - batch["y"]
+  return jnp.mean(err ** 2), {}
+
+
+def _compiled_step(monkeypatch, split, accum):
+  """(all-gather count in the compiled HLO, new params, metrics) on an 8-device data mesh."""
+  monkeypatch.setattr(steps_lib, "split_micro_batches", split)
+  mesh = sharding.make_mesh({"data": 8}, jax.devices()[:8])
+  rep, bs = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  rng = np.random.default_rng(0)
+  params = {"w1": jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),
+            "w2": jnp.asarray(rng.standard_normal(32), jnp.float32)}
+  tx = optax.sgd(0.1)
+  state = jax.device_put(TrainState.create(params, tx), rep)
+  batch = {"x": jax.device_put(rng.standard_normal((64, 16)).astype(np.float32), bs),
+           "y": jax.device_put(rng.standard_normal(64).astype(np.float32), bs)}
+  step = jax.jit(steps_lib.make_train_step(_mlp_loss, tx, seed=0, grad_accum_steps=accum),
+                 in_shardings=(rep, bs), out_shardings=(rep, None))
+  with jax.set_mesh(mesh):
+    hlo = step.lower(state, batch).compile().as_text()
+    new_state, metrics = step(state, batch)
+  return hlo.count("all-gather"), new_state.params, metrics
+
+
+def test_grad_accumulation_micro_batches_stay_on_their_devices(monkeypatch):
+  assert jax.device_count() >= 8
+  strided = steps_lib.split_micro_batches
+  gathers_1, params_1, metrics_1 = _compiled_step(monkeypatch, strided, 1)
+  gathers_4, params_4, metrics_4 = _compiled_step(monkeypatch, strided, 4)
+  assert gathers_1 == gathers_4 == 0
+  np.testing.assert_allclose(float(metrics_4["loss"]), float(metrics_1["loss"]), rtol=1e-6)
+  np.testing.assert_allclose(float(metrics_4["grad_norm"]), float(metrics_1["grad_norm"]),
+                             rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_1, params_4)
+  # Control: the old contiguous split makes XLA gather the batch (what the count detects).
+  contiguous = lambda x, a: x.reshape((a, x.shape[0] // a) + x.shape[1:])  # noqa: E731
+  assert _compiled_step(monkeypatch, contiguous, 4)[0] > 0
+  # Micro-batch i holds rows i, i + A, ...
+  x = jnp.arange(12).reshape(6, 2)
+  np.testing.assert_array_equal(strided(x, 3)[1], x[1::3])
+
+
+# --- 5. metrics.jsonl: strict JSON, no duplicate rows after a resume ---------------------
+
+
+def test_metrics_are_strict_json_and_old_nan_rows_still_read(tmp_path):
+  writer = MetricsWriter(tmp_path)
+  writer.write(1, "train", {"loss": np.float32("nan"), "grad_norm": float("inf"),
+                            "acc": jnp.float32(0.5), "hist": np.array([1.0, np.nan])})
+  line = (tmp_path / "metrics.jsonl").read_text()
+  record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}"))
+  assert (record["loss"], record["grad_norm"], record["acc"], record["hist"]) == (
+      None, None, 0.5, [1.0, None])
+  with (tmp_path / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 2, "split": "train", "loss": NaN, "x": Infinity}\n')
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  assert np.isnan(rows[0]["loss"]) and np.isnan(rows[1]["loss"]) and rows[1]["x"] == np.inf
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_heals_a_torn_line(tmp_path):
+  writer = MetricsWriter(tmp_path)
+  for step in (5, 10, 15):
+    writer.write(step, "train", {"loss": 1.0 / step})
+  writer.write(10, "eval", {"accuracy": 0.5})
+  with (tmp_path / "metrics.jsonl").open("a") as f:
+    f.write('{"step": 20, "split": "tr')  # killed mid-write
+  # Torn line only (no resume step): the next record starts on its own line.
+  MetricsWriter(tmp_path).write(21, "train", {"loss": 0.0})
+  assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [5, 10, 15, 10, 21]
+  # Resumed from the checkpoint at step 10: rows 15 and 21 are from after it.
+  resumed = MetricsWriter(tmp_path, resume_step=10)
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [(r["step"], r["split"]) for r in rows] == [(5, "train"), (10, "train"), (10, "eval")]
+  resumed.write(15, "train", {"loss": 0.1})
+  steps = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")]
+  assert steps == [5, 10, 10, 15]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+  assert MetricsWriter(tmp_path).truncate_after(100) == 0
+
+
+# --- 6. one line per failure -------------------------------------------------------
+
+_ASYNC_SAVE_FAILS = """
+    import errno, sys
+    import numpy as np
+    from orbax.checkpoint._src.path import atomicity
+    from laplax import cli
+    from laplax.train.checkpoint import Checkpointer
+    async def disk_full(self, *args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+    atomicity.AtomicRenameTemporaryPath.finalize = disk_full
+    def main():
+      ckpt = Checkpointer(sys.argv[1], async_save=True)
+      ckpt.save(1, {"w": np.zeros((4, 4), np.float32)}, {})
+      ckpt.close()
+    cli.run_main(main)
+"""
+
+
+def test_failed_async_save_is_one_error_line(tmp_path):
+  proc = _spawn(_ASYNC_SAVE_FAILS, tmp_path / "ckpt")
+  # Control, at the same time: with LAPLAX_DEBUG=1 orbax's thread tracebacks are printed.
+  debug = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_ASYNC_SAVE_FAILS),
+                            str(tmp_path / "ckpt2")], cwd=REPO, env=dict(ENV, LAPLAX_DEBUG="1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 1, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith("error: [Errno 28] No space left on device"), err
+  assert debug.communicate(timeout=120)[1].count("Traceback") >= 2
+
+
+def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
+  script = """
+      import logging, threading
+      from laplax import cli
+      def main():
+        logging.getLogger("absl").error("disk hiccup", exc_info=ValueError("x"))
+        t = threading.Thread(target=lambda: 1 / 0, name="prefetch")
+        t.start(); t.join()
+        print("done")
+      cli.run_main(main)
+  """
+  proc = _spawn(script)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0 and out.strip() == "done", err
+  assert err.strip().splitlines() == [
+      "warning: disk hiccup",
+      "warning: background thread prefetch failed: ZeroDivisionError: division by zero"], err
+
+
+@pytest.mark.parametrize("source,message", [
+    ("def get_config(:\n  pass\n", ":1: SyntaxError: invalid syntax"),
+    ("def get_config():\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
+])
+def test_broken_config_file_is_one_error_line(tmp_path, source, message):
+  config = tmp_path / "bad_config.py"
+  config.write_text(source)
+  proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={config}",
+                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines == [f"error: config file failed: {config}{message}"], proc.stderr
