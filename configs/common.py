@@ -89,6 +89,7 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.b2 = b2
   o.clip_norm = clip_norm  # <= 0: no clipping
   o.grad_accum_steps = 1
+  o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
   return o
 
 

@@ -70,4 +70,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.95
   c.optim.clip_norm = 1.0
   c.optim.grad_accum_steps = 1
+  c.optim.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
   return c

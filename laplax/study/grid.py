@@ -28,6 +28,7 @@ import numpy as np
 from laplax import heads as heads_lib
 from laplax import tasks as tasks_lib
 from laplax.study import stats
+from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import format_seconds
 
 
@@ -89,14 +90,13 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
     heads_lib.head_table(s, num_heads, depth)
   if hasattr(section, "validate"):
     section.validate(config)
-  workdir.mkdir(parents=True, exist_ok=True)
-  tmp = workdir / "config.json.tmp"
-  tmp.write_text(config.to_json_best_effort(indent=2))
-  tmp.replace(workdir / "config.json")
   name = config.get("name", "study")
-  done = run_grid(specs, config, workdir, section, name=name, log=log)
-  names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
-  report = write_report(workdir, config, specs, done, names, section)
+  with workdir_lib.lock_workdir(workdir):  # one study per workdir (each cell locks its own)
+    workdir_lib.write_json_atomic(workdir / "config.json",
+                                  json.loads(config.to_json_best_effort()), indent=2)
+    done = run_grid(specs, config, workdir, section, name=name, log=log)
+    names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
+    report = write_report(workdir, config, specs, done, names, section)
   log(f"[{name}] report: {report}")
   return report
 

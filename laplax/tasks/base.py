@@ -180,7 +180,8 @@ class Task(abc.ABC):
     del total_steps
     return steps_lib.make_train_step(
         self.loss_fn(model), tx, seed=self.config.seed,
-        grad_accum_steps=self.config.optim.get("grad_accum_steps", 1))
+        grad_accum_steps=self.config.optim.get("grad_accum_steps", 1),
+        skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
 
   @abc.abstractmethod
   def train_iterator(self, process_index: int, process_count: int):

@@ -40,6 +40,7 @@ from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.base import EvalOptions, Run, Task
 from laplax.tasks.classification import steps_from_epochs, vit_from_config
+from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
 
 Array = jax.Array
@@ -172,7 +173,7 @@ def _views_forward(model: dino_lib.DINO, params, views_VxBxHxWxC: Array, *,
 def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                    crops: multicrop_lib.MultiCropConfig, dino_config, *, seed: int,
                    total_steps: int, steps_per_epoch: int, mean, std,
-                   precomputed_crops: bool = False):
+                   precomputed_crops: bool = False, skip_nonfinite: bool = False):
   """-> step(state, batch) -> (state, metrics); batch['image'] (B, H, W, C) in [0, 1].
 
   precomputed_crops: the batch brings its crops instead, {'globals': (B, 2, S, S, C),
@@ -183,6 +184,8 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
   gradient); student forward on all crops; loss and gradient step; last-layer freeze; EMA
   teacher update with the NEW student params; centre update with this step's teacher logits.
   Keys: fold_in(key(seed), step), so a resumed run draws the same crops and drop-path masks.
+  skip_nonfinite: a step with a non-finite loss or gradient norm changes nothing but the step
+  counter (metrics['skipped'] = 1).
   """
   d = dino_config
   base_grid = dino_lib.patch_grid(model, (crops.global_size, crops.global_size))
@@ -227,7 +230,12 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     metrics = {"loss": loss, **aux, **feature_diagnostics(teacher_features[0]),
                "grad_norm": optax.global_norm(grads), "teacher_momentum": momentum,
                "teacher_temp": teacher_temp}
-    return new_state.replace(params=params, extra=extra), metrics
+    new_state = new_state.replace(params=params, extra=extra)
+    if skip_nonfinite:  # a non-finite step leaves student, teacher and centre unchanged
+      ok = steps_lib.is_finite_update(loss, metrics["grad_norm"])
+      new_state = steps_lib.guard_update(state, new_state, ok)
+      metrics["skipped"] = 1.0 - ok.astype(jnp.float32)
+    return new_state, metrics
 
   return step
 
@@ -319,7 +327,8 @@ class DinoTask(Task):
     info = self.info()
     return make_dino_step(model, tx, multicrop_config(self.config), self.config.dino,
                           seed=self.config.seed, total_steps=total_steps,
-                          steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std)
+                          steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
+                          skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
 
   def train_iterator(self, process_index: int, process_count: int):
     # Pixels in [0, 1] (mean 0, std 1): colour ops act on raw pixels; the step normalises.

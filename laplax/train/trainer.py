@@ -23,6 +23,7 @@ from laplax import tasks as tasks_lib
 from laplax.tasks.base import Run, Task
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import loop
+from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import MetricsWriter
 from laplax.train.state import TrainState
 
@@ -66,11 +67,7 @@ def check_workdir_config(workdir: pathlib.Path, config: ml_collections.ConfigDic
   path = workdir / "config.json"
   if not path.exists():
     return
-  try:
-    old = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError):
-    raise ValueError(f"{path} is not valid JSON (a failed start?): delete it, or use a fresh "
-                     "--workdir") from None
+  old = workdir_lib.read_json(path, "run config")
   new = json.loads(config.to_json_best_effort())
   for section in _IDENTITY:
     get = lambda d: _get_path(d, section)
@@ -87,9 +84,8 @@ def _get_path(d: dict, dotted: str):
 
 def write_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
   """workdir/config.json, atomically (a full disk never leaves a half-written file)."""
-  tmp = workdir / "config.json.tmp"
-  tmp.write_text(config.to_json_best_effort(indent=2))
-  tmp.replace(workdir / "config.json")
+  workdir_lib.write_json_atomic(workdir / "config.json",
+                                json.loads(config.to_json_best_effort()), indent=2)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
@@ -103,7 +99,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   mesh = sharding.make_mesh(config.mesh.to_dict())
   rules = sharding.rules_from_config(config.get("axis_rules"))
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
-  workdir.mkdir(parents=True, exist_ok=True)
+  with workdir_lib.lock_workdir(workdir):  # one trainer per workdir; the kernel frees it
+    return _train(task, config, workdir, mesh, rules, log)
+
+
+def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[str, Any]:
   check_workdir_config(workdir, config)
   task.load_data(workdir, log)  # missing or bad data stops a fresh start before config.json
   write_config(workdir, config)
@@ -120,7 +120,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # Restore into the abstract state: a resumed run never compiles the initialisers.
   checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
                                         shardings, train_iter, log=log)
-  writer = MetricsWriter(workdir)
+  # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
+  writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0)
   if state is abstract:
     state, _ = create_state(task, model, tx, mesh, rules, config.seed)
     task.before_training(model, state, mesh=mesh, rules=rules, workdir=workdir, writer=writer,
@@ -155,9 +156,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
              "laplacian_heads": task.describe_heads(model), "last_train_metrics": last,
              "train_time_s": train_time}
   writer.write(step, "final", final)
-  tmp = workdir / "results.json.tmp"
-  tmp.write_text(json.dumps(results, indent=2))
-  tmp.replace(workdir / "results.json")
+  workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
   log(f"done: {summary}")
   return results
 
@@ -167,11 +166,7 @@ def read_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
   path = workdir / "config.json"
   if not path.exists():
     raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
-  try:
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}): "
-                     "restore it from the run, or retrain") from None
+  return ml_collections.ConfigDict(workdir_lib.read_json(path, "run config"))
 
 
 def load_run(workdir: str | pathlib.Path, *, step: int | None = None, log=print) -> Run:
@@ -191,7 +186,8 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, log=print)
   abstract, _ = abstract_state(task, model, tx, mesh, rules)
   if not (workdir / "checkpoints").is_dir():
     raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} does not exist: train first")
-  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", log=log)
+  # Read-only: a reader never cleans up or writes inside a live run's checkpoints/.
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True, log=log)
   try:
     restored = checkpointer.restore(abstract, step)
   finally:

@@ -1,0 +1,122 @@
+"""The real CLIs as processes: eval.py next to a live trainer, a second trainer, Ctrl-C during
+training, a learning rate that diverges, a corrupt config.json. Each ends in one line."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, make_config
+from laplax.data.images import load_image_data
+from laplax.train import trainer
+from laplax.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow  # several short training runs as subprocesses
+
+
+def _args(workdir, cache, *extra):
+  return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs/test.py'}:vit",
+          f"--workdir={workdir}", f"--config.data.cache_dir={cache}", "--config.log_every=1",
+          "--config.checkpoint.every_steps=5", *extra]
+
+
+def _start(args):
+  return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True)
+
+
+def _wait_for_step(workdir: pathlib.Path, step: int, proc, timeout=300):
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None:
+    done = [int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*") if p.name.isdigit()] \
+        if (workdir / "checkpoints").exists() else []
+    if any(s >= step for s in done):
+      return
+    time.sleep(0.1)
+  raise AssertionError(f"no checkpoint >= {step} in time; trainer rc={proc.poll()}")
+
+
+@pytest.fixture(scope="module")
+def cache(data_cache):
+  load_image_data(make_config("vit", data_cache).data)  # prepared once, outside the runs
+  return data_cache
+
+
+def test_eval_on_a_live_run_and_a_second_trainer(tmp_path, cache):
+  work = tmp_path / "run"
+  trainer = _start(_args(work, cache, "--config.total_steps=300"))
+  _wait_for_step(work, 5, trainer)
+  # A second trainer on the same workdir refuses in one line naming the holder's pid.
+  second = subprocess.run(_args(work, cache, "--config.total_steps=300"), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+  assert second.returncode != 0
+  errors = [l for l in second.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and str(trainer.pid) in errors[0], second.stderr
+  assert "Traceback" not in second.stderr
+  # eval.py reads the live run several times while it saves; it must not break the trainer.
+  for _ in range(3):
+    ev = subprocess.run([sys.executable, str(REPO / "eval.py"), f"--workdir={work}",
+                         f"--out={tmp_path / 'eval'}"], cwd=REPO, capture_output=True,
+                        text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr
+    assert 0.0 <= json.loads(ev.stdout)["test"]["accuracy"] <= 1.0
+    assert "orbax" not in ev.stderr.lower() and "Traceback" not in ev.stderr, ev.stderr
+  out, _ = trainer.communicate(timeout=600)
+  assert trainer.returncode == 0, out
+  assert json.loads((work / "results.json").read_text())["step"] == 300
+  # Valid JSON metrics, one row per (step, split).
+  rows = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
+  keys = [(r["step"], r["split"]) for r in rows]
+  assert len(keys) == len(set(keys))
+
+
+def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path, cache):
+  work = tmp_path / "run"
+  proc = _start(_args(work, cache, "--config.total_steps=200"))
+  _wait_for_step(work, 10, proc)
+  os.killpg(proc.pid, signal.SIGINT)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 130, out
+  assert "Traceback" not in out, out
+  assert sum(l.startswith("interrupted") for l in out.splitlines()) == 1, out
+  rerun = subprocess.run(_args(work, cache, "--config.total_steps=200"), cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stderr
+  assert "resumed from step" in rerun.stdout + rerun.stderr
+  steps = [r["step"] for r in read_metrics(work / "metrics.jsonl") if r["split"] == "train"]
+  assert steps == list(range(1, 201))  # no duplicate rows for the redone steps
+
+
+def test_diverging_run_stops_without_a_nan_checkpoint(tmp_path, cache):
+  work = tmp_path / "run"
+  out = subprocess.run(_args(work, cache, "--config.total_steps=60", "--config.optim.lr=1e3",
+                             "--config.optim.warmup_steps=0", "--config.optim.clip_norm=0"),
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode != 0
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "non-finite" in errors[0], out.stderr
+  assert not (work / "results.json").exists()
+  # Every checkpoint left restores to finite parameters.
+  for step in sorted(int(p.name) for p in (work / "checkpoints").glob("[0-9]*")):
+    run = trainer.load_run(work, step=step, log=lambda m: None)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(run.params)), step
+
+
+def test_corrupt_config_json_is_one_line_for_both_clis(tmp_path, cache):
+  work = tmp_path / "run"
+  work.mkdir()
+  (work / "config.json").write_text("{\"model\": ")
+  for args in (_args(work, cache, "--config.total_steps=5"),
+               [sys.executable, str(REPO / "eval.py"), f"--workdir={work}"]):
+    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "config.json" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
