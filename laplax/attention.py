@@ -30,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from laplax import heads as heads_lib
 from laplax.kernels import splash as splash_lib
@@ -300,6 +301,8 @@ class MultiHeadAttention(nn.Module):
       if not self.is_causal:  # causal masks aligned at query_offset already hide empty slots
         written = jnp.arange(k.shape[1]) < start + t
         mask = written[None, None, None, :] if mask is None else mask & written
+    # Names for remat policies (laplax.models.remat); no-ops outside jax.checkpoint.
+    q, k, v = (checkpoint_name(a, "attn_qkv") for a in (q, k, v))
     spec = head_mask if head_mask is not None else self.laplacian_heads
     out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
                               query_offset=query_offset, implementation=self.implementation,
@@ -307,6 +310,7 @@ class MultiHeadAttention(nn.Module):
     probs = None
     if return_probs:
       out, probs = out
+    out = checkpoint_name(out, "attn_out")
     kernel = self.param("out", nn.with_logical_partitioning(
         self.out_init, ("heads", "head_dim", "embed")),
         (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)
