@@ -7,8 +7,8 @@ Laplacian heads only, replaces the output o = P V by v - o. With a static head m
 (einsum + softmax in float32) and can return it for analysis.
 
 Implementations (`implementation=`, the modules' `attention_impl`, config `model.attention_impl`):
-'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16 self-attention
-without a mask, XLA otherwise (and always for cached decoding); 'xla' / 'cudnn'
+'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16
+self-attention without a mask, XLA otherwise (and always for cached decoding); 'xla' / 'cudnn'
 (`jax.nn.dot_product_attention`); 'splash' (`laplax.kernels.splash`, Pallas TPU kernel, interpret
 mode off TPU, shard_map under a mesh); 'explicit'. 'auto' decides from `jax.default_backend()`:
 compiling ahead of time for TPU from a CPU host needs 'splash' spelled out.
@@ -225,7 +225,7 @@ class MultiHeadAttention(nn.Module):
   rope_theta: float | None = None
   use_bias: bool = True
   is_causal: bool = False
-  implementation: str | None = None
+  implementation: str | None = None  # None = 'auto'; see the module docstring
   # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
   out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
