@@ -264,3 +264,22 @@ def test_splash_gpt_equals_xla():
   a = gpt.GPT({**cfg, "attention_impl": "xla"}).apply({"params": params}, tokens)
   b = gpt.GPT({**cfg, "attention_impl": "splash"}).apply({"params": params}, tokens)
   np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_splash_gpt_under_mesh_equals_xla_one_device():
+  """A scanned GPT on splash under the (data 2, fsdp 2, model 2) mesh: logits and gradients of
+  the single-device XLA model (splash inside shard_map, inside nn.scan)."""
+  cfg = {**TINY, "laplacian_heads": [1, 4], "num_kv_heads": 2, "scan_layers": True}
+  params = _random_params(gpt.GPT(cfg))
+  tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, TINY["vocab_size"])
+
+  def loss(model):
+    return jax.value_and_grad(lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2))
+
+  want = jax.jit(loss(gpt.GPT({**cfg, "attention_impl": "xla"})))(params)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(())):
+    fn = loss(gpt.GPT({**cfg, "attention_impl": "splash"}))
+    assert "shard_map" in str(jax.make_jaxpr(fn)(params))
+    got = jax.jit(fn)(params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5), got, want)
