@@ -6,6 +6,18 @@ Laplacian heads only, replaces the output o = P V by v - o. With a static head m
 `where` that XLA fuses into the neighbouring ops. `implementation='explicit'` computes P itself
 (einsum + softmax in float32) and can return it for analysis.
 
+Implementations (`implementation=`, the modules' `attention_impl`, config `model.attention_impl`):
+'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16
+self-attention without a mask, XLA otherwise (and always for cached decoding); 'xla' / 'cudnn'
+(`jax.nn.dot_product_attention`); 'splash' (`laplax.kernels.splash`, Pallas TPU kernel, interpret
+mode off TPU, shard_map under a mesh); 'explicit'. 'auto' decides from `jax.default_backend()`:
+compiling ahead of time for TPU from a CPU host needs 'splash' spelled out.
+
+bf16-exact Laplacian heads: where P concentrates on the diagonal, P V is close to V and v - P V
+cancels most of its bits. So in a layer with Laplacian heads and sub-float32 inputs, P V is
+computed with P and the accumulator in float32 and returned unrounded, the subtraction is done in
+float32, and the result is cast once. Layers without Laplacian heads keep the native path.
+
 Shapes follow JAX: q (B, T, Hq, D); k, v (B, S, Hkv, D), Hq a multiple of Hkv (grouped-query
 attention: query head n reads kv head n // (Hq // Hkv)).
 """
@@ -18,11 +30,30 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from laplax import heads as heads_lib
+from laplax.kernels import splash as splash_lib
 
 Array = jax.Array
-IMPLEMENTATIONS = (None, "xla", "cudnn", "explicit")
+IMPLEMENTATIONS = (None, "auto", "xla", "cudnn", "splash", "explicit")
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+def resolve_implementation(implementation: str | None, *, dtype=jnp.float32,
+                           self_attention: bool = True, has_mask: bool = False) -> str:
+  """'auto'/None -> the concrete implementation for this backend and call; others unchanged."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r}; choose one of {IMPLEMENTATIONS}")
+  if implementation not in (None, "auto"):
+    return implementation
+  backend = jax.default_backend()
+  if backend == "tpu" and self_attention and not has_mask:
+    return "splash"
+  # cuDNN flash: half precision only, and its mask handling has open bugs (STACK.md).
+  if backend == "gpu" and self_attention and not has_mask and jnp.dtype(dtype) in _HALF:
+    return "cudnn"
+  return "xla"
 
 
 def _lap_mask(laplacian_heads, num_heads: int) -> Array | np.ndarray:
@@ -50,8 +81,9 @@ def _full_mask(mask, is_causal: bool, positions: Array | None, b: int, t: int, s
   return causal if mask is None else jnp.logical_and(mask, causal)
 
 
-def _explicit_attention(q, k, v, mask, scale) -> tuple[Array, Array]:
-  """Reference-style attention in float32: returns (P V (B, T, Hq, D), P (B, Hq, T, S))."""
+def _explicit_attention(q, k, v, mask, scale, f32_out: bool = False) -> tuple[Array, Array]:
+  """Reference-style attention in float32: returns (P V (B, T, Hq, D), P (B, Hq, T, S)).
+  P V is in v's dtype, or in float32 from float32 P and v when `f32_out`."""
   groups = q.shape[2] // k.shape[2]
   k = jnp.repeat(k, groups, axis=2)
   v = jnp.repeat(v, groups, axis=2)
@@ -59,7 +91,10 @@ def _explicit_attention(q, k, v, mask, scale) -> tuple[Array, Array]:
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
+  if f32_out:
+    out = jnp.einsum("bnts,bsnd->btnd", probs, v.astype(jnp.float32))
+  else:
+    out = jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
   return out, probs
 
 
@@ -75,6 +110,7 @@ def laplacian_attention(
     query_offset: int | Array | None = None,
     implementation: str | None = None,
     return_probs: bool = False,
+    exact_laplacian: bool = True,
 ) -> Array | tuple[Array, Array]:
   """Multi-head attention whose Laplacian heads return V - P V.
 
@@ -88,15 +124,17 @@ def laplacian_attention(
       `query_offset + t`; `query_offset` defaults to S - T (the last T positions).
     scale: logit scale, default 1/sqrt(D).
     query_offset: int or (B,) int array, position of query 0 along the key axis.
-    implementation: None / 'xla' / 'cudnn' (jax.nn.dot_product_attention) or 'explicit'.
+    implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
+      'splash' needs self-attention (T == S, no offset) and no mask.
     return_probs: also return P (B, Hq, T, S) (forces the explicit path).
+    exact_laplacian: in layers with Laplacian heads and bf16/fp16 inputs, keep P V in float32 and
+      subtract in float32 (False: the native-dtype path, kept to measure what it costs).
 
   Returns:
-    (B, T, Hq, D) outputs (and P if `return_probs`). A Laplacian head's identity term is the value
-    at the query's own position, expanded to the query heads under grouped-query attention.
+    (B, T, Hq, D) outputs in q's dtype (and P if `return_probs`). A Laplacian head's identity
+    term is the value at the query's own position, expanded to the query heads under
+    grouped-query attention.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r}; choose one of {IMPLEMENTATIONS}")
   b, t, num_heads, head_dim = q.shape
   s, num_kv_heads = k.shape[1], k.shape[2]
   if num_heads % num_kv_heads:
@@ -104,30 +142,52 @@ def laplacian_attention(
   if t > s:
     raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
   lap = _lap_mask(laplacian_heads, num_heads)
+  has_lap = not (isinstance(lap, np.ndarray) and not lap.any())
   scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
   aligned = t == s and query_offset is None
   positions = None if aligned else query_positions(b, t, s, query_offset)
+  impl = resolve_implementation(implementation, dtype=q.dtype, self_attention=aligned,
+                                has_mask=mask is not None)
+  out_dtype = q.dtype
+  # bf16-exact: P V unrounded (float32) in layers that subtract it from v.
+  f32 = has_lap and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
 
-  if return_probs or implementation == "explicit":
+  if return_probs or impl == "explicit":
     full = _full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
                       b, t, s)
-    out, probs = _explicit_attention(q, k, v, full, scale)
+    out, probs = _explicit_attention(q, k, v, full, scale, f32_out=f32)
   else:
     probs = None
-    if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=is_causal,
-                                         implementation=implementation)
+    if impl == "splash":
+      if not aligned or mask is not None:
+        raise ValueError("implementation='splash' supports self-attention (T == S, no "
+                         "query_offset) without a mask: use 'xla' for decoding or masks")
+      out = splash_lib.splash_attention(q, k, v, is_causal=is_causal, scale=scale,
+                                        out_dtype=jnp.float32 if f32 else None)
     else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=_full_mask(mask, is_causal, positions,
-                                                                  b, t, s),
-                                         scale=scale, implementation=implementation)
+      # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
+      # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
+      if f32 and impl == "xla":
+        q, k, v_in = (x.astype(jnp.float32) for x in (q, k, v))
+      else:
+        v_in = v
+      if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
+        out = jax.nn.dot_product_attention(q, k, v_in, mask=mask, scale=scale,
+                                           is_causal=is_causal, implementation=impl)
+      else:
+        out = jax.nn.dot_product_attention(q, k, v_in, mask=_full_mask(mask, is_causal,
+                                                                       positions, b, t, s),
+                                           scale=scale, implementation=impl)
 
-  if isinstance(lap, np.ndarray) and not lap.any():
+  if not has_lap:
+    out = out.astype(out_dtype)
     return (out, probs) if return_probs else out
   v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
-  v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2).astype(out.dtype)
-  # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads.
-  out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out)
+  v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
+  work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
+  v_self, out = v_self.astype(work), out.astype(work)
+  # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
+  out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out).astype(out_dtype)
   return (out, probs) if return_probs else out
 
 
@@ -165,7 +225,7 @@ class MultiHeadAttention(nn.Module):
   rope_theta: float | None = None
   use_bias: bool = True
   is_causal: bool = False
-  implementation: str | None = None
+  implementation: str | None = None  # None = 'auto'; see the module docstring
   # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
   out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
@@ -241,6 +301,8 @@ class MultiHeadAttention(nn.Module):
       if not self.is_causal:  # causal masks aligned at query_offset already hide empty slots
         written = jnp.arange(k.shape[1]) < start + t
         mask = written[None, None, None, :] if mask is None else mask & written
+    # Names for remat policies (laplax.models.remat); no-ops outside jax.checkpoint.
+    q, k, v = (checkpoint_name(a, "attn_qkv") for a in (q, k, v))
     spec = head_mask if head_mask is not None else self.laplacian_heads
     out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
                               query_offset=query_offset, implementation=self.implementation,
@@ -248,6 +310,7 @@ class MultiHeadAttention(nn.Module):
     probs = None
     if return_probs:
       out, probs = out
+    out = checkpoint_name(out, "attn_out")
     kernel = self.param("out", nn.with_logical_partitioning(
         self.out_init, ("heads", "head_dim", "embed")),
         (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)

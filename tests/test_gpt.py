@@ -162,3 +162,128 @@ def test_sharded_fsdp_model_step_equals_one_device():
   assert losses["one"][2] < losses["one"][0]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params["mesh"],
                params["one"])
+
+
+def _to_scanned(params, depth):
+  """Unrolled params {'block0': ..., 'block1': ...} -> scanned {'blocks': stacked on axis 0}."""
+  out = {k: v for k, v in params.items() if not k.startswith("block")}
+  out["blocks"] = jax.tree.map(lambda *a: jnp.stack(a), *[params[f"block{i}"]
+                                                            for i in range(depth)])
+  return out
+
+
+@pytest.mark.parametrize("extra", [dict(laplacian_heads=[1, 4]),
+                                   dict(laplacian_heads=0, num_kv_heads=2),
+                                   dict(laplacian_heads=[(True, False, True, False), 2],
+                                        num_kv_heads=2)],
+                         ids=["laplacian", "baseline_gqa", "mixed_gqa"])
+def test_scan_layers_equals_unrolled(extra):
+  """nn.scan over blocks (head table as a scanned input) gives the unrolled model's logits,
+  hidden states and gradients with the same (stacked) parameters; cached decoding too."""
+  model = gpt.GPT({**TINY, **extra})
+  scanned = gpt.GPT({**TINY, **extra, "scan_layers": True})
+  params = _random_params(model)
+  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, TINY["vocab_size"])
+  sparams = _to_scanned(params, TINY["depth"])
+  shapes = jax.eval_shape(lambda: scanned.init(jax.random.key(0), tokens))["params"]
+  assert jax.tree.map(lambda s: s.shape, nn.unbox(shapes)) == \
+      jax.tree.map(lambda a: a.shape, sparams)
+  (a, ha), (b, hb) = (m.apply({"params": p}, tokens, return_hidden=True)
+                      for m, p in ((model, params), (scanned, sparams)))
+  np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(ha["hidden"], hb["hidden"], atol=2e-5, rtol=1e-5)
+  ga = jax.grad(lambda p: model.apply({"params": p}, tokens).sum())(params)
+  gb = jax.grad(lambda p: scanned.apply({"params": p}, tokens).sum())(sparams)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-4), _to_scanned(
+      ga, TINY["depth"]), gb)
+  prompt = tokens[:, :4]
+  np.testing.assert_array_equal(gpt.generate(scanned, {"params": sparams}, prompt, 4),
+                                gpt.generate(model, {"params": params}, prompt, 4))
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_policies_keep_outputs_and_gradients(scan):
+  from jax._src.ad_checkpoint import saved_residuals
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, TINY["vocab_size"])
+  cfg = {**TINY, "laplacian_heads": 2, "scan_layers": scan}
+  params = _random_params(gpt.GPT(cfg))  # stacked under 'blocks' when scanned
+
+  def loss(model):
+    return lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2)
+
+  want = jax.value_and_grad(loss(gpt.GPT(cfg)))(params)
+  saved = {}
+  for policy in ("none", "full", "dots_saveable", "dots_no_batch_saveable",
+                 "save_attention_out", "save_qkv_attention_out"):
+    model = gpt.GPT({**cfg, "remat_policy": policy})
+    got = jax.value_and_grad(loss(model))(params)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), got, want)
+    saved[policy] = sum(a.size * a.dtype.itemsize
+                        for a, why in saved_residuals(loss(model), params)
+                        if "argument" not in str(why))
+  assert saved["full"] < saved["save_attention_out"] < saved["dots_saveable"] < saved["none"]
+  with pytest.raises(ValueError, match="remat_policy"):
+    gpt.GPT({**TINY, "remat_policy": "some"})
+
+
+@pytest.mark.parametrize("chunk", [3, 8, 16])
+def test_chunked_cross_entropy_equals_plain_loss_and_gradients(chunk):
+  import optax
+  model = gpt.GPT({**TINY, "laplacian_heads": 2})
+  params = _random_params(model, scale=0.5)
+  tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, TINY["vocab_size"])
+  weights = jnp.ones((2, 8)).at[1, 5:].set(0.0)  # padded tail of sequence 1
+
+  def plain(p):
+    logits = model.apply({"params": p}, tokens[:, :-1])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+    return jnp.sum(nll * weights) / jnp.sum(weights)
+
+  def chunked(p):
+    features = model.apply({"params": p}, tokens[:, :-1], return_features=True)
+    return gpt.chunked_cross_entropy(features, p["lm_head"], tokens[:, 1:], chunk=chunk,
+                                     softcap=model.config.logit_softcap, weights_BxT=weights)
+
+  (l1, g1), (l2, g2) = jax.value_and_grad(plain)(params), jax.value_and_grad(chunked)(params)
+  np.testing.assert_allclose(l2, l1, rtol=1e-6)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5), g2, g1)
+
+
+def test_chunked_cross_entropy_never_saves_full_logits():
+  from jax._src.ad_checkpoint import saved_residuals
+  vocab, b, t = 512, 2, 32
+  features = jnp.ones((b, t, 16))
+  head = jnp.ones((16, vocab))
+  targets = jnp.zeros((b, t), jnp.int32)
+  fn = lambda f, w: gpt.chunked_cross_entropy(f, w, targets, chunk=8)
+  shapes = [a.shape for a, _ in saved_residuals(fn, features, head)]
+  assert all(np.prod(s) < b * t * vocab for s in shapes), shapes
+
+
+def test_splash_gpt_equals_xla():
+  """attention_impl='splash' (interpret mode on CPU) gives the XLA model's logits."""
+  tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, TINY["vocab_size"])
+  cfg = {**TINY, "laplacian_heads": [1, 4], "num_kv_heads": 2}
+  params = _random_params(gpt.GPT(cfg))
+  a = gpt.GPT({**cfg, "attention_impl": "xla"}).apply({"params": params}, tokens)
+  b = gpt.GPT({**cfg, "attention_impl": "splash"}).apply({"params": params}, tokens)
+  np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_splash_gpt_under_mesh_equals_xla_one_device():
+  """A scanned GPT on splash under the (data 2, fsdp 2, model 2) mesh: logits and gradients of
+  the single-device XLA model (splash inside shard_map, inside nn.scan)."""
+  cfg = {**TINY, "laplacian_heads": [1, 4], "num_kv_heads": 2, "scan_layers": True}
+  params = _random_params(gpt.GPT(cfg))
+  tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, TINY["vocab_size"])
+
+  def loss(model):
+    return jax.value_and_grad(lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2))
+
+  want = jax.jit(loss(gpt.GPT({**cfg, "attention_impl": "xla"})))(params)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(())):
+    fn = loss(gpt.GPT({**cfg, "attention_impl": "splash"}))
+    assert "shard_map" in str(jax.make_jaxpr(fn)(params))
+    got = jax.jit(fn)(params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5), got, want)

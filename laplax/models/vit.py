@@ -20,6 +20,7 @@ import numpy as np
 
 from laplax import heads as heads_lib
 from laplax.attention import MultiHeadAttention
+from laplax.models import remat as remat_lib
 from laplax.models.layers import LayerScale, Mlp, drop_path, logical
 
 Array = jax.Array
@@ -108,6 +109,7 @@ class ViT(nn.Module):
   pool: str = "cls"  # 'cls' (DeiT) or 'gap' (mean of patch tokens)
   scan_layers: bool = False
   attention_impl: str | None = None
+  remat_policy: str = "none"  # laplax.models.remat.POLICIES
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -118,6 +120,7 @@ class ViT(nn.Module):
     if self.pool not in ("cls", "gap"):
       raise ValueError(f"pool={self.pool!r}; use 'cls' or 'gap'")
     self.head_table  # validates laplacian_heads with a clear ValueError at construction
+    remat_lib.check(self.remat_policy)
     super().__post_init__()
 
   @property
@@ -151,7 +154,8 @@ class ViT(nn.Module):
     rates = np.linspace(0.0, self.drop_path_rate, self.depth)
     tokens = [x]
     if self.scan_layers:
-      stack = nn.scan(_ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True,
+      stack = nn.scan(remat_lib.wrap(_ScanBlock, self.remat_policy, prevent_cse=False),
+                      variable_axes={"params": 0}, split_rngs={"params": True,
                                                                            "dropout": True},
                       in_axes=0, length=self.depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})
@@ -160,8 +164,13 @@ class ViT(nn.Module):
       tokens.extend(ys[i] for i in range(self.depth))
     else:
       for i, row in enumerate(self.head_table):
-        x = Block(laplacian_heads=row, name=f"block{i}", **block_kw)(
-            x, drop_rate=float(rates[i]), train=train)
+        if self.remat_policy == "none":
+          x = Block(laplacian_heads=row, name=f"block{i}", **block_kw)(
+              x, drop_rate=float(rates[i]), train=train)
+        else:  # nn.remat traces call arguments: `train` must be an attribute (_ScanBlock's)
+          x, _ = remat_lib.wrap(_ScanBlock, self.remat_policy)(
+              train=train, laplacian_heads=row, name=f"block{i}", **block_kw)(
+                  x, (None, float(rates[i])))
         tokens.append(x)
     x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="norm",
                      scale_init=logical(nn.initializers.ones, "embed"),
