@@ -19,37 +19,63 @@ from laplax.train import lm
 
 def test_bpe_learns_the_planted_merges():
   # Pre-tokens: "ab" once, " ab" three times, " cd" once. Pair counts: (a, b) 4, (' ', a) 3,
-  # (' ', c) 1, (c, d) 1 -> merge 256 = (a, b); then (' ', 256) 3 -> merge 257 = (' ', 256).
-  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + 1)
-  assert tok.merges == [(97, 98), (32, 256)]
-  assert tok.vocab_size == 259 and tok.bos_id == 258
+  # (' ', c) 1, (c, d) 1 -> merge 256 = 'ab'; then (' ', 256) 3 -> merge 257 = ' ab'.
+  specials = len(text.SPECIAL_TOKENS)
+  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + specials)
+  assert tok.token_bytes()[256:258] == [b"ab", b" ab"]
+  assert tok.vocab_size == 258 + specials and tok.bos_id == 258
+  assert tok.special_id("<|user_start|>") == 259
   assert tok.encode("ab ab").tolist() == [256, 257]
   assert tok.encode(" cd").tolist() == [32, 99, 100]
-  np.testing.assert_array_equal(tok.token_byte_lengths()[[97, 256, 257, 258]], [1, 2, 3, 0])
+  np.testing.assert_array_equal(tok.token_byte_lengths()[[97, 256, 257, 258, 266]],
+                                [1, 2, 3, 0, 0])
+  # A special token's spelling is ordinary text.
+  assert tok.bos_id not in tok.encode("<|bos|>").tolist()
 
 
-def test_bpe_round_trip_and_compression(tmp_path):
+def test_bpe_round_trip_compression_and_nanochat_split(tmp_path):
   corpus = ("The quick brown fox jumps over the lazy dog. " * 50
             + "def f(x):\n    return x ** 2  # 1234567\n" * 30)
-  tok = text.BPETokenizer.train([corpus], vocab_size=290)
-  assert tok.vocab_size == 290
+  tok = text.BPETokenizer.train([corpus], vocab_size=300)
+  assert tok.vocab_size == 300
   ids = tok.encode(corpus)
   assert len(ids) < 0.6 * len(corpus.encode())  # merges reduce the token count
   assert tok.decode(ids) == corpus
-  rng = np.random.default_rng(0)
-  samples = [rng.bytes(3000), "naïve café — 東京 🙂 <|bos|>\r\n\t x".encode(), b"", b"\xff\xfe a"]
-  for data in samples:
-    assert tok.decode_bytes(tok.encode(data)) == data
+  for sample in ["naïve café — 東京 🙂 <|bos|>\r\n\t x", "", "  \n\n x"]:
+    assert tok.decode(tok.encode(sample)) == sample
+  # Invalid UTF-8 becomes U+FFFD (tiktoken encodes Unicode).
+  assert tok.decode(tok.encode(b"\xff a")) == "\ufffd a"
+  # nanochat's split: digits in groups of at most two.
+  assert all(len(tok.decode([i])) <= 2 for i in tok.encode("1234567"))
   tok.save(tmp_path / "tok.json")
   loaded = text.BPETokenizer.load(tmp_path / "tok.json")
   np.testing.assert_array_equal(loaded.encode(corpus), ids)
   assert loaded.fingerprint() == tok.fingerprint()
+  np.testing.assert_array_equal(loaded.token_byte_lengths(), tok.token_byte_lengths())
   # Every pre-token is one token long before 4000 merges: training stops early.
   full = text.BPETokenizer.train([corpus], vocab_size=4000)
   assert full.vocab_size < 4000
-  assert len(full.encode(corpus)) == len(re.findall(text.PATTERN, corpus))
+  import regex
+  assert len(full.encode(corpus)) == len(regex.findall(text.SPLIT_PATTERN, corpus))
   with pytest.raises(ValueError, match="vocab_size=100"):
     text.BPETokenizer.train([corpus], vocab_size=100)
+
+
+def test_corrupt_or_foreign_tokenizer_files_fail_in_one_line(tmp_path):
+  tok = text.BPETokenizer.train(["hello world " * 10], vocab_size=280)
+  path = tmp_path / "tokenizer.json"
+  tok.save(path)
+  good = path.read_text()
+  cases = {"truncated": good[:len(good) // 2], "not json": "nope",
+           "edited": good.replace('"pattern": "', '"pattern": "x', 1),
+           "old format": json.dumps({"type": "laplax-byte-bpe", "merges": []})}
+  for what, content in cases.items():
+    path.write_text(content)
+    with pytest.raises(ValueError, match="cannot read tokenizer .*tokenizer.json") as e:
+      text.BPETokenizer.load(path)
+    assert "\n" not in str(e.value), what
+  with pytest.raises(ValueError, match="missing.json"):
+    text.BPETokenizer.load(tmp_path / "missing.json")
 
 
 def test_split_text_cuts_at_a_line_start():
