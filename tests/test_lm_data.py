@@ -6,6 +6,7 @@ import math
 import re
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -236,3 +237,100 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   prompt = tokenizer.encode("ROMEO:")[None]
   out = gpt.generate(model, variables, prompt, 4)
   assert out.shape == (1, prompt.shape[1] + 4) and int(out.max()) < model.config.vocab_size
+
+
+def _record_corpus(tmp_path):
+  """A directory with a parquet file, a JSONL file, a gzipped JSONL file and a plain file."""
+  import gzip
+
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  src = tmp_path / "records"
+  src.mkdir()
+  docs = {name: [f"{name} record {i} says {'word ' * (i % 7)}.\n" * 3 for i in range(40)]
+          for name in ("pq", "jl", "gz")}
+  pq.write_table(pa.table({"id": list(range(40)), "text": docs["pq"]}), src / "a.parquet",
+                 row_group_size=16)
+  (src / "b.jsonl").write_text("".join(json.dumps({"text": t, "meta": 1}) + "\n"
+                                       for t in docs["jl"]))
+  with gzip.open(src / "c.jsonl.gz", "wt") as f:
+    f.write("".join(json.dumps({"text": t}) + "\n" for t in docs["gz"]))
+  (src / "d.txt").write_text("".join(f"plain line {i}\n" for i in range(200)))
+  return src, docs
+
+
+def test_parquet_and_jsonl_sources_become_documents(tmp_path):
+  src, docs = _record_corpus(tmp_path)
+  paths = text.list_documents([str(src)])
+  assert [p.name for p in paths] == ["a.parquet", "b.jsonl", "c.jsonl.gz", "d.txt"]
+  assert list(text.iter_records(paths[0])) == docs["pq"]
+  assert list(text.iter_records(paths[2])) == docs["gz"]
+  # An evenly spaced tenth of every record file is validation: records 9, 19, 29, 39.
+  pieces = list(text.split_documents(paths[1], 0.1))
+  assert [i for i, (s, _) in enumerate(pieces) if s == "val"] == [9, 19, 29, 39]
+  config = ml_collections.ConfigDict({"sources": [str(src / "*")], "vocab_size": 300,
+                                      "val_fraction": 0.1, "tokenizer_train_chars": 50_000})
+  tok, out = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run" / "t.json",
+                          log=None, process_index=0, process_count=1)
+  assert text.BPETokenizer.load(tmp_path / "run" / "t.json").fingerprint() == tok.fingerprint()
+  corpus = text.describe_corpus(out)
+  assert corpus["files"] == 4 and corpus["documents"] == 3 * 40 + 2
+  meta = json.loads((out / "meta.json").read_text())
+  stream = np.concatenate([np.load(out / s["file"]) for s in meta["shards"]["val"]])
+  expected = [docs[k][i] for k in ("pq", "jl", "gz") for i in (9, 19, 29, 39)]
+  expected.append(text.split_text((src / "d.txt").read_text(), 0.1)[1])
+  np.testing.assert_array_equal(stream, np.concatenate(
+      [np.concatenate([[tok.bos_id], tok.encode(t)]) for t in expected]))
+
+
+def test_record_errors_name_the_file(tmp_path):
+  (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+  with pytest.raises(DataError, match="bad.jsonl line 2.*'text'"):
+    list(text.iter_records(tmp_path / "bad.jsonl"))
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({"body": ["x"]}), tmp_path / "bad.parquet")
+  with pytest.raises(DataError, match="bad.parquet has no 'text' column"):
+    list(text.iter_records(tmp_path / "bad.parquet"))
+
+
+def test_only_process_zero_writes_and_the_others_wait(tmp_path):
+  import threading
+
+  src = _corpus(tmp_path)
+  config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
+                                      "val_fraction": 0.1, "wait_timeout_s": 0.5})
+  # Host 1 alone: nothing appears, so it times out, having written nothing.
+  with pytest.raises(TimeoutError, match="process 0"):
+    text.prepare(config, tmp_path / "cache", log=None, process_index=1, process_count=2)
+  assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+  # Host 1 started first waits for host 0's tokenizer and shards, then uses the same ones.
+  config.wait_timeout_s = 120.0
+  got = {}
+  waiter = threading.Thread(target=lambda: got.update(one=text.prepare(
+      config, tmp_path / "cache", tokenizer_path=tmp_path / "run1" / "t.json", log=None,
+      process_index=1, process_count=2)))
+  waiter.start()
+  tok0, out0 = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run0" / "t.json",
+                            log=None, process_index=0, process_count=2)
+  waiter.join(timeout=120)
+  tok1, out1 = got["one"]
+  assert out1 == out0 and tok1.fingerprint() == tok0.fingerprint()
+  assert (tmp_path / "run0" / "t.json").exists() and not (tmp_path / "run1").exists()
+  # Each host streams its own windows of the shared shards.
+  shards = text.TokenShards(out1, "train", seq_len=8)
+  a, b = (next(iter(text.train_dataset(shards, batch_size=2, seed=0, process_index=p,
+                                       process_count=2)))["tokens"] for p in range(2))
+  assert not np.array_equal(a, b)
+
+
+def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
+  src = _corpus(tmp_path)
+  big = text.BPETokenizer.train([(src / "doc0.txt").read_text()], vocab_size=400)
+  big.save(tmp_path / "t.json")
+  config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
+                                      "val_fraction": 0.1})
+  with pytest.raises(ValueError, match="t.json has vocab_size .* data.vocab_size=300"):
+    text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json", log=None,
+                 process_index=0, process_count=1)

@@ -511,6 +511,7 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   cache_dir, which must be shared by all hosts.
   """
   process_index, process_count = _hosts(process_index, process_count)
+  log = log or (lambda *_: None)
   suffixes = tuple(data_config.get("suffixes") or TEXT_SUFFIXES)
   paths = list_documents(resolve_sources(data_config), suffixes=suffixes)
   val_fraction = float(data_config.val_fraction)
