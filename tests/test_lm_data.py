@@ -334,3 +334,13 @@ def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
   with pytest.raises(ValueError, match="t.json has vocab_size .* data.vocab_size=300"):
     text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json", log=None,
                  process_index=0, process_count=1)
+
+
+def test_seek_reader_matches_the_memory_map(tmp_path):
+  # The gs:// reader (no mmap there) on a local shard: same windows as np.load.
+  data = np.arange(1000, dtype=np.uint16) * 7
+  np.save(tmp_path / "s.npy", data)
+  reader = text._SeekArray(tmp_path / "s.npy")
+  assert len(reader) == 1000 and reader.dtype == np.uint16
+  for a, b in [(0, 17), (983, 1000), (500, 520), (990, 1010)]:
+    np.testing.assert_array_equal(reader[a:b], data[a:b])

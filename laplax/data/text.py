@@ -43,7 +43,7 @@ import numpy as np
 from etils import epath
 
 from laplax.data.builders import DataError
-from laplax.data.tokenizer import BOS, SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer
+from laplax.data.tokenizer import BOS, SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer, as_path
 
 # The trainer and eval load `text.BPETokenizer` (laplax.data.tokenizer.Tokenizer since v4 of
 # the cache; the pure-Python BPE it replaced is benchmarks/reference_bpe.py).
@@ -134,14 +134,13 @@ def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = TEXT_SUF
   keep = tuple(suffixes) + RECORD_SUFFIXES
   found: dict[str, epath.Path] = {}
   for source in sources:
-    source = str(source)
-    source = source if _is_remote(source) else os.path.expanduser(source)
+    source = str(as_path(source))
     if any(ch in source for ch in "*?["):
       files = [p for p in _glob(source) if p.is_file()]
       if not files:
         raise DataError(f"text source glob {source!r} matches no files")
     else:
-      path = epath.Path(source)
+      path = as_path(source)
       if path.is_file():
         files = [path]
       elif path.is_dir():
@@ -289,8 +288,7 @@ def tokenize_corpus(paths: Sequence[epath.Path], tokenizer: Tokenizer, cache_dir
   key = hashlib.sha256(f"{CACHE_VERSION}|{tokenizer.fingerprint()}|"
                        f"{_sources_fingerprint(paths)}|{val_fraction}|{shard_tokens}"
                        .encode()).hexdigest()[:16]
-  root = epath.Path(str(cache_dir) if _is_remote(cache_dir)
-                    else os.path.expanduser(str(cache_dir)))
+  root = as_path(cache_dir)
   out = root / f"tokens-{key}"
   if (out / META).exists():
     return out
@@ -383,7 +381,7 @@ class TokenShards:
   windows of seq_len + 1 tokens."""
 
   def __init__(self, directory: str | os.PathLike[str], split: str, seq_len: int):
-    directory = epath.Path(directory)
+    directory = as_path(directory)
     try:
       meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as e:
@@ -518,11 +516,11 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   if not 0.0 < val_fraction < 0.5:
     raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 0.5)")
   timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
-  cache_dir = epath.Path(str(cache_dir) if _is_remote(cache_dir)
-                         else os.path.expanduser(str(cache_dir)))
+  cache_dir = as_path(cache_dir)
   vocab_size = int(data_config.vocab_size)
   tokenizer = None
-  if tokenizer_path is not None and epath.Path(tokenizer_path).exists():
+  tokenizer_path = None if tokenizer_path is None else as_path(tokenizer_path)
+  if tokenizer_path is not None and tokenizer_path.exists():
     tokenizer = Tokenizer.load(tokenizer_path)
     if tokenizer.vocab_size > vocab_size:
       raise ValueError(f"tokenizer {tokenizer_path} has vocab_size {tokenizer.vocab_size}, the "
@@ -557,6 +555,6 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
 
 
 def describe_corpus(directory: str | os.PathLike[str]) -> dict[str, Any]:
-  meta = json.loads((epath.Path(directory) / META).read_text())
+  meta = json.loads((as_path(directory) / META).read_text())
   return {"documents": meta["documents"], "files": meta.get("files"), "bytes": meta["bytes"],
           "tokens": {k: sum(s["tokens"] for s in v) for k, v in meta["shards"].items()}}

@@ -16,6 +16,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -33,6 +34,13 @@ SPECIAL_TOKENS = (BOS, "<|user_start|>", "<|user_end|>", "<|assistant_start|>",
                   "<|output_end|>")
 FILE_TYPE = "laplax-bpe"
 FILE_VERSION = 2
+
+
+def as_path(path: str | os.PathLike[str]) -> epath.Path:
+  """An epath for a local path (~ expanded) or a URL; also repairs 'gs:/b/x', which is what
+  pathlib.Path('gs://b/x') turns a URL into (callers that build paths with pathlib)."""
+  s = re.sub(r"^([a-z][a-z0-9+.-]*):/(?!/)", r"\1://", os.fspath(path))
+  return epath.Path(s if "://" in s else os.path.expanduser(s))
 
 
 def _to_str(text: str | bytes) -> str:
@@ -168,7 +176,7 @@ class Tokenizer:
     return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
   def save(self, path: str | os.PathLike[str]) -> None:
-    path = epath.Path(path)
+    path = as_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
     tmp.write_text(self.to_json())
@@ -180,7 +188,7 @@ class Tokenizer:
     corrupt or not a laplax BPE file."""
     from laplax.data.builders import DataError
 
-    path = epath.Path(path)
+    path = as_path(path)
     try:
       data = json.loads(path.read_text())
       if not isinstance(data, dict) or data.get("type") != FILE_TYPE:
