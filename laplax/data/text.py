@@ -362,7 +362,9 @@ class _SeekArray:
   def __init__(self, path: epath.Path):
     self._f = epath.Path(path).open("rb")
     version = np.lib.format.read_magic(self._f)
-    shape, fortran, dtype = np.lib.format._read_array_header(self._f, version)  # noqa: SLF001
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(self._f)
     if len(shape) != 1:
       raise DataError(f"token shard {path} has shape {shape}; expected 1-D")
     self._offset, self.dtype, self._n = self._f.tell(), np.dtype(dtype), shape[0]
