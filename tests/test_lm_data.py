@@ -264,6 +264,8 @@ def test_parquet_and_jsonl_sources_become_documents(tmp_path):
   src, docs = _record_corpus(tmp_path)
   paths = text.list_documents([str(src)])
   assert [p.name for p in paths] == ["a.parquet", "b.jsonl", "c.jsonl.gz", "d.txt"]
+  # data.suffixes limits what directories contribute (lm_tiny: plain text only).
+  assert [p.name for p in text.list_documents([str(src)], suffixes=(".txt",))] == ["d.txt"]
   assert list(text.iter_records(paths[0])) == docs["pq"]
   assert list(text.iter_records(paths[2])) == docs["gz"]
   # An evenly spaced tenth of every record file is validation: records 9, 19, 29, 39.

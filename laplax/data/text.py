@@ -51,10 +51,12 @@ BPETokenizer = Tokenizer
 PATTERN = SPLIT_PATTERN
 __all__ = ["BOS", "SPECIAL_TOKENS", "SPLIT_PATTERN", "BPETokenizer", "Tokenizer"]
 
-# Directory sources keep these suffixes (not .md: the shared data folders hold SOURCES.md).
 TEXT_SUFFIXES = (".txt", ".rst", ".py")
 # Files of many documents: one per JSONL line ('text' field) or parquet row ('text' column).
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+# Directory sources keep these suffixes unless data.suffixes says otherwise (not .md: the shared
+# data folders hold SOURCES.md).
+DEFAULT_SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
 TEXT_FIELD = "text"
 _SHUFFLE_STREAM = 3  # laplax.data.pipeline uses streams 0-2 of the seed
 # Part of every cache key: bump it when tokenising or splitting changes, so that old caches
@@ -123,15 +125,15 @@ def _walk_files(root: epath.Path, exclude: Sequence[str]) -> Iterator[epath.Path
       yield epath.Path(dirpath) / name
 
 
-def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = TEXT_SUFFIXES,
+def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = DEFAULT_SUFFIXES,
                    exclude: Sequence[str] = ("site-packages", "__pycache__")
                    ) -> list[epath.Path]:
-  """Files named by `sources` (files, directories searched recursively for `suffixes` and the
-  record formats .jsonl[.gz] / .parquet, or globs; local or gs://), sorted and de-duplicated.
-  Directory parts named in `exclude` are skipped."""
+  """Files named by `sources` (files, directories searched recursively for `suffixes`, or globs;
+  local or gs://), sorted and de-duplicated. Directory parts named in `exclude` are skipped.
+  Files ending in .jsonl[.gz] / .parquet are record files (many documents each)."""
   if isinstance(sources, (str, os.PathLike)):
     sources = [sources]
-  keep = tuple(suffixes) + RECORD_SUFFIXES
+  keep = tuple(suffixes)
   found: dict[str, epath.Path] = {}
   for source in sources:
     source = str(as_path(source))
@@ -512,7 +514,7 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   """
   process_index, process_count = _hosts(process_index, process_count)
   log = log or (lambda *_: None)
-  suffixes = tuple(data_config.get("suffixes") or TEXT_SUFFIXES)
+  suffixes = tuple(data_config.get("suffixes") or DEFAULT_SUFFIXES)
   paths = list_documents(resolve_sources(data_config), suffixes=suffixes)
   val_fraction = float(data_config.val_fraction)
   if not 0.0 < val_fraction < 0.5:
