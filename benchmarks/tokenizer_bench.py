@@ -9,6 +9,13 @@ Text: every .txt file under <shared data>/text (Tiny Shakespeare + State of the 
 same even share of every file) and encode the same --encode_chars characters; one run each
 (timings are seconds to minutes, far above the noise of a shared machine). The new tokenizer
 also encodes with its threaded batch encoder (--threads). Prints one JSON object.
+
+Measured 2026-11-30 on a 2-core CPU shared with other jobs (load 5-9), one run each:
+  shared text (11.9 MB), vocab 2048, 2 MB training text: train 0.45 s vs 2.87 s (6.4x), encode
+    4.0 vs 3.0 MB/s (1.3x; the Python BPE caches every pre-token, and this text repeats few)
+  stdlib .py (11.3 MB, 800 files), vocab 8192, 4 MB training text: train 1.65 s vs 4.87 s
+    (3.0x), encode 4.2 vs 1.1 MB/s (3.7x)
+  vocab 65536 on all 11.9 MB of shared text: 4.6 s (the text supports 54,211 tokens)
 """
 
 from __future__ import annotations
