@@ -6,6 +6,7 @@ import math
 import re
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,37 +21,63 @@ from laplax.train import trainer
 
 def test_bpe_learns_the_planted_merges():
   # Pre-tokens: "ab" once, " ab" three times, " cd" once. Pair counts: (a, b) 4, (' ', a) 3,
-  # (' ', c) 1, (c, d) 1 -> merge 256 = (a, b); then (' ', 256) 3 -> merge 257 = (' ', 256).
-  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + 1)
-  assert tok.merges == [(97, 98), (32, 256)]
-  assert tok.vocab_size == 259 and tok.bos_id == 258
+  # (' ', c) 1, (c, d) 1 -> merge 256 = 'ab'; then (' ', 256) 3 -> merge 257 = ' ab'.
+  specials = len(text.SPECIAL_TOKENS)
+  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + specials)
+  assert tok.token_bytes()[256:258] == [b"ab", b" ab"]
+  assert tok.vocab_size == 258 + specials and tok.bos_id == 258
+  assert tok.special_id("<|user_start|>") == 259
   assert tok.encode("ab ab").tolist() == [256, 257]
   assert tok.encode(" cd").tolist() == [32, 99, 100]
-  np.testing.assert_array_equal(tok.token_byte_lengths()[[97, 256, 257, 258]], [1, 2, 3, 0])
+  np.testing.assert_array_equal(tok.token_byte_lengths()[[97, 256, 257, 258, 266]],
+                                [1, 2, 3, 0, 0])
+  # A special token's spelling is ordinary text.
+  assert tok.bos_id not in tok.encode("<|bos|>").tolist()
 
 
-def test_bpe_round_trip_and_compression(tmp_path):
+def test_bpe_round_trip_compression_and_nanochat_split(tmp_path):
   corpus = ("The quick brown fox jumps over the lazy dog. " * 50
             + "def f(x):\n    return x ** 2  # 1234567\n" * 30)
-  tok = text.BPETokenizer.train([corpus], vocab_size=290)
-  assert tok.vocab_size == 290
+  tok = text.BPETokenizer.train([corpus], vocab_size=300)
+  assert tok.vocab_size == 300
   ids = tok.encode(corpus)
   assert len(ids) < 0.6 * len(corpus.encode())  # merges reduce the token count
   assert tok.decode(ids) == corpus
-  rng = np.random.default_rng(0)
-  samples = [rng.bytes(3000), "naïve café — 東京 🙂 <|bos|>\r\n\t x".encode(), b"", b"\xff\xfe a"]
-  for data in samples:
-    assert tok.decode_bytes(tok.encode(data)) == data
+  for sample in ["naïve café — 東京 🙂 <|bos|>\r\n\t x", "", "  \n\n x"]:
+    assert tok.decode(tok.encode(sample)) == sample
+  # Invalid UTF-8 becomes U+FFFD (tiktoken encodes Unicode).
+  assert tok.decode(tok.encode(b"\xff a")) == "\ufffd a"
+  # nanochat's split: digits in groups of at most two.
+  assert all(len(tok.decode([i])) <= 2 for i in tok.encode("1234567"))
   tok.save(tmp_path / "tok.json")
   loaded = text.BPETokenizer.load(tmp_path / "tok.json")
   np.testing.assert_array_equal(loaded.encode(corpus), ids)
   assert loaded.fingerprint() == tok.fingerprint()
+  np.testing.assert_array_equal(loaded.token_byte_lengths(), tok.token_byte_lengths())
   # Every pre-token is one token long before 4000 merges: training stops early.
   full = text.BPETokenizer.train([corpus], vocab_size=4000)
   assert full.vocab_size < 4000
-  assert len(full.encode(corpus)) == len(re.findall(text.PATTERN, corpus))
+  import regex
+  assert len(full.encode(corpus)) == len(regex.findall(text.SPLIT_PATTERN, corpus))
   with pytest.raises(ValueError, match="vocab_size=100"):
     text.BPETokenizer.train([corpus], vocab_size=100)
+
+
+def test_corrupt_or_foreign_tokenizer_files_fail_in_one_line(tmp_path):
+  tok = text.BPETokenizer.train(["hello world " * 10], vocab_size=280)
+  path = tmp_path / "tokenizer.json"
+  tok.save(path)
+  good = path.read_text()
+  cases = {"truncated": good[:len(good) // 2], "not json": "nope",
+           "edited": good.replace('"pattern": "', '"pattern": "x', 1),
+           "old format": json.dumps({"type": "laplax-byte-bpe", "merges": []})}
+  for what, content in cases.items():
+    path.write_text(content)
+    with pytest.raises(ValueError, match="cannot read tokenizer .*tokenizer.json") as e:
+      text.BPETokenizer.load(path)
+    assert "\n" not in str(e.value), what
+  with pytest.raises(ValueError, match="missing.json"):
+    text.BPETokenizer.load(tmp_path / "missing.json")
 
 
 def test_split_text_cuts_at_a_line_start():
@@ -213,3 +240,112 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   prompt = tokenizer.encode("ROMEO:")[None]
   out = gpt.generate(model, variables, prompt, 4)
   assert out.shape == (1, prompt.shape[1] + 4) and int(out.max()) < model.config.vocab_size
+
+
+def _record_corpus(tmp_path):
+  """A directory with a parquet file, a JSONL file, a gzipped JSONL file and a plain file."""
+  import gzip
+
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  src = tmp_path / "records"
+  src.mkdir()
+  docs = {name: [f"{name} record {i} says {'word ' * (i % 7)}.\n" * 3 for i in range(40)]
+          for name in ("pq", "jl", "gz")}
+  pq.write_table(pa.table({"id": list(range(40)), "text": docs["pq"]}), src / "a.parquet",
+                 row_group_size=16)
+  (src / "b.jsonl").write_text("".join(json.dumps({"text": t, "meta": 1}) + "\n"
+                                       for t in docs["jl"]))
+  with gzip.open(src / "c.jsonl.gz", "wt") as f:
+    f.write("".join(json.dumps({"text": t}) + "\n" for t in docs["gz"]))
+  (src / "d.txt").write_text("".join(f"plain line {i}\n" for i in range(200)))
+  return src, docs
+
+
+def test_parquet_and_jsonl_sources_become_documents(tmp_path):
+  src, docs = _record_corpus(tmp_path)
+  paths = text.list_documents([str(src)])
+  assert [p.name for p in paths] == ["a.parquet", "b.jsonl", "c.jsonl.gz", "d.txt"]
+  # data.suffixes limits what directories contribute (lm_tiny: plain text only).
+  assert [p.name for p in text.list_documents([str(src)], suffixes=(".txt",))] == ["d.txt"]
+  assert list(text.iter_records(paths[0])) == docs["pq"]
+  assert list(text.iter_records(paths[2])) == docs["gz"]
+  # An evenly spaced tenth of every record file is validation: records 9, 19, 29, 39.
+  pieces = list(text.split_documents(paths[1], 0.1))
+  assert [i for i, (s, _) in enumerate(pieces) if s == "val"] == [9, 19, 29, 39]
+  config = ml_collections.ConfigDict({"sources": [str(src / "*")], "vocab_size": 300,
+                                      "val_fraction": 0.1, "tokenizer_train_chars": 50_000})
+  tok, out = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run" / "t.json",
+                          log=None, process_index=0, process_count=1)
+  assert text.BPETokenizer.load(tmp_path / "run" / "t.json").fingerprint() == tok.fingerprint()
+  corpus = text.describe_corpus(out)
+  assert corpus["files"] == 4 and corpus["documents"] == 3 * 40 + 2
+  meta = json.loads((out / "meta.json").read_text())
+  stream = np.concatenate([np.load(out / s["file"]) for s in meta["shards"]["val"]])
+  expected = [docs[k][i] for k in ("pq", "jl", "gz") for i in (9, 19, 29, 39)]
+  expected.append(text.split_text((src / "d.txt").read_text(), 0.1)[1])
+  np.testing.assert_array_equal(stream, np.concatenate(
+      [np.concatenate([[tok.bos_id], tok.encode(t)]) for t in expected]))
+
+
+def test_record_errors_name_the_file(tmp_path):
+  (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+  with pytest.raises(DataError, match="bad.jsonl line 2.*'text'"):
+    list(text.iter_records(tmp_path / "bad.jsonl"))
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({"body": ["x"]}), tmp_path / "bad.parquet")
+  with pytest.raises(DataError, match="bad.parquet has no 'text' column"):
+    list(text.iter_records(tmp_path / "bad.parquet"))
+
+
+def test_only_process_zero_writes_and_the_others_wait(tmp_path):
+  import threading
+
+  src = _corpus(tmp_path)
+  config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
+                                      "val_fraction": 0.1, "wait_timeout_s": 0.5})
+  # Host 1 alone: nothing appears, so it times out, having written nothing.
+  with pytest.raises(TimeoutError, match="process 0"):
+    text.prepare(config, tmp_path / "cache", log=None, process_index=1, process_count=2)
+  assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+  # Host 1 started first waits for host 0's tokenizer and shards, then uses the same ones.
+  config.wait_timeout_s = 120.0
+  got = {}
+  waiter = threading.Thread(target=lambda: got.update(one=text.prepare(
+      config, tmp_path / "cache", tokenizer_path=tmp_path / "run1" / "t.json", log=None,
+      process_index=1, process_count=2)))
+  waiter.start()
+  tok0, out0 = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run0" / "t.json",
+                            log=None, process_index=0, process_count=2)
+  waiter.join(timeout=120)
+  tok1, out1 = got["one"]
+  assert out1 == out0 and tok1.fingerprint() == tok0.fingerprint()
+  assert (tmp_path / "run0" / "t.json").exists() and not (tmp_path / "run1").exists()
+  # Each host streams its own windows of the shared shards.
+  shards = text.TokenShards(out1, "train", seq_len=8)
+  a, b = (next(iter(text.train_dataset(shards, batch_size=2, seed=0, process_index=p,
+                                       process_count=2)))["tokens"] for p in range(2))
+  assert not np.array_equal(a, b)
+
+
+def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
+  src = _corpus(tmp_path)
+  big = text.BPETokenizer.train([(src / "doc0.txt").read_text()], vocab_size=400)
+  big.save(tmp_path / "t.json")
+  config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
+                                      "val_fraction": 0.1})
+  with pytest.raises(ValueError, match="t.json has vocab_size .* data.vocab_size=300"):
+    text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json", log=None,
+                 process_index=0, process_count=1)
+
+
+def test_seek_reader_matches_the_memory_map(tmp_path):
+  # The gs:// reader (no mmap there) on a local shard: same windows as np.load.
+  data = np.arange(1000, dtype=np.uint16) * 7
+  np.save(tmp_path / "s.npy", data)
+  reader = text._SeekArray(tmp_path / "s.npy")
+  assert len(reader) == 1000 and reader.dtype == np.uint16
+  for a, b in [(0, 17), (983, 1000), (500, 520), (990, 1010)]:
+    np.testing.assert_array_equal(reader[a:b], data[a:b])

@@ -1,13 +1,14 @@
-"""Text for language modelling: byte-level BPE, token shards on disk, grain pipelines.
+"""Text for language modelling: corpora, BPE, token shards on disk, grain pipelines.
 
-config -> `list_documents` (files, directories, globs; optionally the Python standard library
-as a code corpus) -> `split_documents` (train / val by position inside each document: the last
-`val_fraction` of every document, cut at a line break, is validation; no token or window crosses
-the cut) -> `BPETokenizer.train` on the training text -> `tokenize_corpus` (once: uint16/uint32
-`.npy` shards in a cache directory, written to a temporary directory and renamed, so a kill
-leaves no half-written cache) -> `TokenShards` (memory-mapped, random access to windows) ->
-`train_dataset` (grain: shuffled windows of seq_len + 1 tokens, per-host sharded, checkpointable
-iterator) and `eval_batches` (ordered, padded, masked).
+config -> `list_documents` (files, directories, globs, local or gs://; plain text, JSONL with a
+`text` field, or parquet with a `text` column; optionally the Python standard library as a code
+corpus) -> `split_documents` (train / val: in a plain file the last `val_fraction`, cut at a line
+break; in a JSONL / parquet file an evenly spaced `val_fraction` of its records) ->
+`Tokenizer.train` (rustbpe) on the training text -> `tokenize_corpus` (tiktoken, once: uint16 /
+uint32 `.npy` shards in the data directory, written by process 0 only; the others wait for its
+completion marker, meta.json) -> `TokenShards` (memory-mapped or, on gs://, read by seek;
+random access to windows) -> `train_dataset` (grain: shuffled windows of seq_len + 1 tokens,
+each host its own, checkpointable iterator) and `eval_batches` (ordered, padded, masked).
 
 Packing: every document becomes [<|bos|>] + its tokens; documents are concatenated and the
 stream is cut into shards. Window i of a shard is tokens [i L, i L + L] (L = seq_len): windows
@@ -16,293 +17,190 @@ every token after a shard's first is predicted exactly once by the ordered valid
 
 Bits per byte: a token's byte length is the length of its UTF-8 bytes (0 for special tokens,
 which are neither scored nor counted, as in nanochat's evaluate_bpb).
+
+Multi-host: the data directory (`cache_dir`) must be one that every host sees (a shared file
+system or gs://); process 0 trains the tokenizer and writes the shards, the others wait.
 """
 
 from __future__ import annotations
 
-import collections
 import glob
+import gzip
 import hashlib
-import heapq
+import io
 import json
 import os
-import pathlib
 import re
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
 import numpy as np
+from etils import epath
 
 from laplax.data.builders import DataError
+from laplax.data.tokenizer import BOS, SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer, as_path
 
-# GPT-2's pre-tokenisation with the standard-library `re` (no \p{L}): contractions, letter runs
-# with one leading space, 1-3 digit groups, runs of other symbols with one leading space,
-# whitespace. The alternatives cover every character, so ''.join(chunks) == text always.
-PATTERN = (r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+|\d{1,3}| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+")
-BOS = "<|bos|>"
-# Directory sources keep these suffixes (not .md: the shared data folders hold SOURCES.md).
+# The trainer and eval load `text.BPETokenizer` (laplax.data.tokenizer.Tokenizer since v4 of
+# the cache; the pure-Python BPE it replaced is benchmarks/reference_bpe.py).
+BPETokenizer = Tokenizer
+PATTERN = SPLIT_PATTERN
+__all__ = ["BOS", "SPECIAL_TOKENS", "SPLIT_PATTERN", "BPETokenizer", "Tokenizer"]
+
 TEXT_SUFFIXES = (".txt", ".rst", ".py")
+# Files of many documents: one per JSONL line ('text' field) or parquet row ('text' column).
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+# Directory sources keep these suffixes unless data.suffixes says otherwise (not .md: the shared
+# data folders hold SOURCES.md).
+DEFAULT_SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
+TEXT_FIELD = "text"
 _SHUFFLE_STREAM = 3  # laplax.data.pipeline uses streams 0-2 of the seed
 # Part of every cache key: bump it when tokenising or splitting changes, so that old caches
 # are not reused.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
+META = "meta.json"  # written last: the completion marker of a token directory
 
 
 def _derive_seed(seed: int, stream: int) -> int:
   return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
-def _to_str(text: str | bytes) -> str:
-  # surrogateescape keeps invalid UTF-8 bytes as lone surrogates: bytes -> str -> bytes is exact.
-  return text.decode("utf-8", "surrogateescape") if isinstance(text, bytes) else text
+def _is_remote(path) -> bool:
+  return "://" in str(path)
 
 
-def _to_bytes(text: str) -> bytes:
-  return text.encode("utf-8", "surrogateescape")
+def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  if process_index is None or process_count is None:
+    import jax
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} must be in [0, process_count="
+                     f"{process_count})")
+  return process_index, process_count
 
 
-# ----------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-class BPETokenizer:
-  """Byte-level BPE: ids 0-255 are bytes, then one id per merge, then the special tokens.
-
-  encode(text or bytes) -> int32 (N,); decode_bytes(ids) -> bytes is its exact inverse on any
-  byte string (invalid UTF-8 included). Special tokens are never produced by `encode` (text that
-  spells '<|bos|>' is encoded as ordinary bytes); documents get BOS from the data pipeline.
-  """
-
-  def __init__(self, merges: Sequence[tuple[int, int]], special_tokens: Sequence[str] = (BOS,),
-               pattern: str = PATTERN):
-    self.merges = [tuple(int(x) for x in m) for m in merges]
-    self.special_tokens = list(special_tokens)
-    self.pattern = pattern
-    self._regex = re.compile(pattern)
-    self.ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
-    vocab = [bytes([i]) for i in range(256)]
-    for i, (a, b) in enumerate(self.merges):
-      if not (0 <= a < 256 + i and 0 <= b < 256 + i):
-        raise ValueError(f"merge {i} = ({a}, {b}) refers to a token that does not exist yet")
-      vocab.append(vocab[a] + vocab[b])
-    self._vocab = vocab
-    self._cache: dict[str, tuple[int, ...]] = {}
-
-  # -- properties --
-  @property
-  def vocab_size(self) -> int:
-    return 256 + len(self.merges) + len(self.special_tokens)
-
-  def special_id(self, token: str) -> int:
-    if token not in self.special_tokens:
-      raise ValueError(f"special token {token!r} is not one of {self.special_tokens}")
-    return 256 + len(self.merges) + self.special_tokens.index(token)
-
-  @property
-  def bos_id(self) -> int:
-    return self.special_id(BOS)
-
-  def token_bytes(self) -> list[bytes]:
-    """UTF-8 bytes of every id; special tokens -> b''."""
-    return self._vocab + [b""] * len(self.special_tokens)
-
-  def token_byte_lengths(self) -> np.ndarray:
-    """int32 (vocab_size,): bytes per token (0 for special tokens) for bits per byte."""
-    return np.array([len(b) for b in self.token_bytes()], np.int32)
-
-  # -- training --
-  @classmethod
-  def train(cls, texts: Iterable[str | bytes], vocab_size: int,
-            special_tokens: Sequence[str] = (BOS,), pattern: str = PATTERN) -> "BPETokenizer":
-    """Learns vocab_size - 256 - len(special_tokens) merges from `texts` (fewer when every
-    pre-token has become a single token: the vocabulary is then smaller than asked).
-
-    Merges never cross pre-token boundaries. Each step merges the most frequent adjacent pair
-    (ties: the smallest pair of ids). Incremental: only words that contain the merged pair are
-    rewritten, and a heap with lazy deletion finds the next pair (pair counts only ever fall,
-    except for new pairs that contain the new token, which are pushed fresh).
-    """
-    num_merges = vocab_size - 256 - len(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
-        or num_merges < 0:
-      raise ValueError(f"vocab_size={vocab_size!r} must be an integer >= "
-                       f"{256 + len(special_tokens)} (256 bytes + special tokens)")
-    regex = re.compile(pattern)
-    counts: collections.Counter[str] = collections.Counter()
-    for text in texts:
-      counts.update(regex.findall(_to_str(text)))
-    words = [list(_to_bytes(w)) for w in counts]
-    freqs = list(counts.values())
-    pair_counts: dict[tuple[int, int], int] = collections.defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
-    for i, (w, f) in enumerate(zip(words, freqs)):
-      for pair in zip(w, w[1:]):
-        pair_counts[pair] += f
-        where[pair].add(i)
-    heap = [(-c, p) for p, c in pair_counts.items()]
-    heapq.heapify(heap)
-    merges: list[tuple[int, int]] = []
-    while len(merges) < num_merges and heap:
-      neg, pair = heapq.heappop(heap)
-      count = pair_counts.get(pair, 0)
-      if count <= 0:
-        continue
-      if -neg != count:  # stale entry: the count fell since it was pushed
-        heapq.heappush(heap, (-count, pair))
-        continue
-      new_id = 256 + len(merges)
-      merges.append(pair)
-      a, b = pair
-      fresh: set[tuple[int, int]] = set()
-      for i in where.pop(pair, ()):
-        w, f = words[i], freqs[i]
-        if len(w) < 2:
-          continue
-        merged, j = [], 0
-        while j < len(w):
-          if j + 1 < len(w) and w[j] == a and w[j + 1] == b:
-            merged.append(new_id)
-            j += 2
-          else:
-            merged.append(w[j])
-            j += 1
-        if len(merged) == len(w):
-          continue  # a stale index: this word lost the pair to an earlier merge
-        for p in zip(w, w[1:]):
-          pair_counts[p] -= f
-        for p in zip(merged, merged[1:]):
-          pair_counts[p] += f
-          where[p].add(i)
-          if new_id in p:
-            fresh.add(p)
-        words[i] = merged
-      pair_counts.pop(pair, None)
-      for p in fresh:
-        heapq.heappush(heap, (-pair_counts[p], p))
-    return cls(merges, special_tokens, pattern)
-
-  # -- encoding --
-  def _encode_chunk(self, chunk: str) -> tuple[int, ...]:
-    ids = list(_to_bytes(chunk))
-    ranks = self.ranks
-    while len(ids) >= 2:
-      best = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, 1 << 62))
-      new_id = ranks.get(best)
-      if new_id is None:
-        break
-      merged, j = [], 0
-      while j < len(ids):
-        if j + 1 < len(ids) and ids[j] == best[0] and ids[j + 1] == best[1]:
-          merged.append(new_id)
-          j += 2
-        else:
-          merged.append(ids[j])
-          j += 1
-      ids = merged
-    return tuple(ids)
-
-  def encode(self, text: str | bytes) -> np.ndarray:
-    """text (str, or bytes of any content) -> int32 (N,) token ids."""
-    cache, out = self._cache, []
-    for chunk in self._regex.findall(_to_str(text)):
-      ids = cache.get(chunk)
-      if ids is None:
-        ids = cache[chunk] = self._encode_chunk(chunk)
-      out.extend(ids)
-    return np.asarray(out, np.int32)
-
-  def decode_bytes(self, ids: Iterable[int]) -> bytes:
-    """ids -> the exact bytes they encode (special tokens contribute nothing)."""
-    table = self.token_bytes()
-    try:
-      return b"".join(table[int(i)] for i in np.asarray(ids).reshape(-1))
-    except IndexError:
-      raise ValueError(f"token ids must be in [0, {self.vocab_size}); got "
-                       f"{int(np.max(ids))}") from None
-
-  def decode(self, ids: Iterable[int]) -> str:
-    """ids -> text (invalid UTF-8 from partial tokens becomes U+FFFD)."""
-    return self.decode_bytes(ids).decode("utf-8", "replace")
-
-  # -- persistence --
-  def to_json(self) -> str:
-    return json.dumps({"type": "laplax-byte-bpe", "version": 1, "pattern": self.pattern,
-                       "special_tokens": self.special_tokens, "merges": self.merges})
-
-  def save(self, path: str | os.PathLike[str]) -> None:
-    _atomic_write_text(pathlib.Path(path), self.to_json())
-
-  @classmethod
-  def load(cls, path: str | os.PathLike[str]) -> "BPETokenizer":
-    path = pathlib.Path(path)
-    try:
-      data = json.loads(path.read_text())
-      if data.get("type") != "laplax-byte-bpe":
-        raise ValueError("not a laplax byte-level BPE file")
-      return cls([tuple(m) for m in data["merges"]], data["special_tokens"], data["pattern"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise DataError(f"cannot read tokenizer {path}: {e}; delete it to retrain") from None
-
-  def fingerprint(self) -> str:
-    return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-
-def _atomic_write_text(path: pathlib.Path, text: str) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+def _wait_for(path: epath.Path, what: str, timeout_s: float, poll_s: float = 1.0) -> None:
+  """Blocks until `path` exists (written by process 0), or raises TimeoutError."""
+  deadline = time.time() + timeout_s
+  while not path.exists():
+    if time.time() > deadline:
+      raise TimeoutError(f"waited {timeout_s:.0f} s for process 0 to write {what} {path}: is "
+                         "data.cache_dir on storage every host sees, and is process 0 alive?")
+    time.sleep(poll_s)
 
 
 # ----------------------------------------------------------------------------------------------
 # Documents
 
 
-def stdlib_dir() -> pathlib.Path:
+def stdlib_dir() -> epath.Path:
   """The running Python's standard library (a code corpus present on every machine)."""
-  return pathlib.Path(sysconfig.get_paths()["stdlib"])
+  return epath.Path(sysconfig.get_paths()["stdlib"])
 
 
-def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = TEXT_SUFFIXES,
+def _has_suffix(name: str, suffixes: Sequence[str]) -> bool:
+  return any(name.endswith(s) for s in suffixes)
+
+
+def _glob(source: str) -> list[epath.Path]:
+  if not _is_remote(source):
+    return [epath.Path(p) for p in glob.glob(source, recursive=True)]
+  # gs://bucket/dir/*.parquet: glob below the longest prefix without wildcards.
+  parts = source.split("/")
+  fixed = next(i for i, p in enumerate(parts) if any(ch in p for ch in "*?["))
+  return list(epath.Path("/".join(parts[:fixed])).glob("/".join(parts[fixed:])))
+
+
+def _walk_files(root: epath.Path, exclude: Sequence[str]) -> Iterator[epath.Path]:
+  """Files below root, recursively, skipping directories named in `exclude`."""
+  walk = os.walk(os.fspath(root)) if not _is_remote(root) else root.walk()
+  for dirpath, dirnames, filenames in walk:
+    dirnames[:] = [d for d in dirnames if d not in exclude]
+    for name in filenames:
+      yield epath.Path(dirpath) / name
+
+
+def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = DEFAULT_SUFFIXES,
                    exclude: Sequence[str] = ("site-packages", "__pycache__")
-                   ) -> list[pathlib.Path]:
-  """Files named by `sources` (files, directories searched recursively for `suffixes`, or globs),
-  sorted and de-duplicated. Directory parts named in `exclude` are skipped."""
+                   ) -> list[epath.Path]:
+  """Files named by `sources` (files, directories searched recursively for `suffixes`, or globs;
+  local or gs://), sorted and de-duplicated. Directory parts named in `exclude` are skipped.
+  Files ending in .jsonl[.gz] / .parquet are record files (many documents each)."""
   if isinstance(sources, (str, os.PathLike)):
     sources = [sources]
-  found: set[pathlib.Path] = set()
+  keep = tuple(suffixes)
+  found: dict[str, epath.Path] = {}
   for source in sources:
-    source = os.path.expanduser(str(source))
+    source = str(as_path(source))
     if any(ch in source for ch in "*?["):
-      matches = [pathlib.Path(p) for p in glob.glob(source, recursive=True)]
-      files = [p for p in matches if p.is_file()]
+      files = [p for p in _glob(source) if p.is_file()]
       if not files:
         raise DataError(f"text source glob {source!r} matches no files")
     else:
-      path = pathlib.Path(source)
+      path = as_path(source)
       if path.is_file():
         files = [path]
       elif path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes
-                 and not set(p.relative_to(path).parts) & set(exclude)]
+        files = [p for p in _walk_files(path, exclude) if _has_suffix(p.name, keep)]
         if not files:
-          raise DataError(f"text source directory {path} holds no {'/'.join(suffixes)} files")
+          raise DataError(f"text source directory {path} holds no {'/'.join(keep)} files")
       else:
         raise DataError(f"text source {path} does not exist: give files, directories or globs "
                         "(data.sources)")
-    found.update(p.resolve() for p in files)
+    for p in files:
+      p = p if _is_remote(p) else p.resolve()
+      found[str(p)] = p
   if not found:
     raise DataError("data.sources names no text: give files, directories or globs")
-  return sorted(found)
+  return [found[k] for k in sorted(found)]
 
 
-def read_document(path: pathlib.Path) -> str:
-  """A file's text; bytes that are not UTF-8 survive as surrogate escapes (exact round trip)."""
-  return _to_str(path.read_bytes())
+def read_document(path: epath.Path) -> str:
+  """A plain file's text; bytes that are not UTF-8 become U+FFFD (tiktoken takes Unicode)."""
+  return epath.Path(path).read_bytes().decode("utf-8", "replace")
+
+
+def _record_text(record: Any, path, where: str) -> str:
+  if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
+    raise DataError(f"{path} {where}: expected an object with a string field "
+                    f"{TEXT_FIELD!r}")
+  return record[TEXT_FIELD]
+
+
+def iter_records(path: epath.Path) -> Iterator[str]:
+  """The documents of a JSONL (one object per line, field 'text') or parquet (column 'text')
+  file, in file order, streamed (a parquet file one row group at a time)."""
+  path = epath.Path(path)
+  name = path.name
+  if name.endswith(".parquet"):
+    import pyarrow.parquet as pq
+    with path.open("rb") as f:
+      try:
+        pf = pq.ParquetFile(f)
+      except Exception as e:  # noqa: BLE001 - pyarrow raises several types
+        raise DataError(f"{path} is not a readable parquet file: {e}") from None
+      if TEXT_FIELD not in pf.schema_arrow.names:
+        raise DataError(f"{path} has no {TEXT_FIELD!r} column (columns: "
+                        f"{pf.schema_arrow.names})")
+      for g in range(pf.num_row_groups):
+        for t in pf.read_row_group(g, columns=[TEXT_FIELD]).column(0).to_pylist():
+          yield t or ""
+    return
+  with path.open("rb") as raw:
+    f = gzip.open(raw, "rt", encoding="utf-8", errors="replace") if name.endswith(".gz") \
+        else io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    for n, line in enumerate(f):
+      if line.strip():
+        try:
+          record = json.loads(line)
+        except ValueError as e:
+          raise DataError(f"{path} line {n + 1} is not JSON: {e}") from None
+        yield _record_text(record, path, f"line {n + 1}")
 
 
 def split_text(text: str, val_fraction: float, *, search: int = 1000) -> tuple[str, str]:
@@ -321,15 +219,34 @@ def split_text(text: str, val_fraction: float, *, search: int = 1000) -> tuple[s
   return text[:cut], text[cut:]
 
 
+def is_val_record(i: int, val_fraction: float) -> bool:
+  """Record i of a file is validation for an evenly spaced val_fraction of the records (with
+  0.1: records 9, 19, 29, ...): deterministic, streaming, no count needed."""
+  return int((i + 1) * val_fraction) > int(i * val_fraction)
+
+
+def split_documents(path: epath.Path, val_fraction: float) -> Iterator[tuple[str, str]]:
+  """(split, text) pieces of one file: a plain file gives ('train', head) and ('val', tail);
+  a record file gives one piece per record. Empty pieces are skipped."""
+  if _has_suffix(epath.Path(path).name, RECORD_SUFFIXES):
+    for i, t in enumerate(iter_records(path)):
+      if t:
+        yield ("val" if is_val_record(i, val_fraction) else "train"), t
+    return
+  for split, t in zip(("train", "val"), split_text(read_document(path), val_fraction)):
+    if t:
+      yield split, t
+
+
 # ----------------------------------------------------------------------------------------------
 # Token shards on disk
 
 
-def _sources_fingerprint(paths: Sequence[pathlib.Path]) -> str:
+def _sources_fingerprint(paths: Sequence[epath.Path]) -> str:
   h = hashlib.sha256()
   for p in paths:
-    st = p.stat()
-    h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    st = epath.Path(p).stat()
+    h.update(f"{p}\0{st.length}\0{st.mtime}\n".encode())
   return h.hexdigest()
 
 
@@ -337,75 +254,140 @@ def token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def tokenize_corpus(paths: Sequence[pathlib.Path], tokenizer: BPETokenizer, cache_dir: str |
-                    os.PathLike[str], *, val_fraction: float,
-                    shard_tokens: int = 1 << 24, log=print) -> pathlib.Path:
+def _save_npy(path: epath.Path, data: np.ndarray) -> None:
+  with epath.Path(path).open("wb") as f:
+    np.save(f, data)
+
+
+def _batched_documents(paths, val_fraction: float, max_chars: int = 1 << 23
+                       ) -> Iterator[list[tuple[str, str]]]:
+  """(split, text) pieces of all files, in order, in lists of about max_chars characters."""
+  batch, size = [], 0
+  for path in paths:
+    for piece in split_documents(path, val_fraction):
+      batch.append(piece)
+      size += len(piece[1])
+      if size >= max_chars:
+        yield batch
+        batch, size = [], 0
+  if batch:
+    yield batch
+
+
+def tokenize_corpus(paths: Sequence[epath.Path], tokenizer: Tokenizer, cache_dir: str |
+                    os.PathLike[str], *, val_fraction: float, shard_tokens: int = 1 << 24,
+                    log=print, process_index: int | None = None,
+                    process_count: int | None = None, timeout_s: float = 4 * 3600.0,
+                    num_threads: int = 8) -> epath.Path:
   """Tokenises the documents once into `cache_dir/tokens-<key>/{train,val}_NNNNN.npy`.
 
   The key hashes the tokenizer, the files (path, size, mtime) and the split; a finished
-  directory (with its meta.json) is reused as is. Returns that directory.
+  directory (with its meta.json) is reused as is. Only process 0 writes (locally into a
+  temporary directory that is then renamed; on gs:// in place, meta.json last); the others wait
+  up to timeout_s for meta.json. Returns that directory.
   """
+  process_index, _ = _hosts(process_index, process_count)
   key = hashlib.sha256(f"{CACHE_VERSION}|{tokenizer.fingerprint()}|"
                        f"{_sources_fingerprint(paths)}|{val_fraction}|{shard_tokens}"
                        .encode()).hexdigest()[:16]
-  root = pathlib.Path(cache_dir).expanduser()
+  root = as_path(cache_dir)
   out = root / f"tokens-{key}"
-  if (out / "meta.json").exists():
+  if (out / META).exists():
+    return out
+  if process_index != 0:
+    _wait_for(out / META, "the token shards", timeout_s)
     return out
   root.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".tokens-{key}-", dir=root))
+  remote = _is_remote(root)
+  if remote:
+    if out.exists():
+      out.rmtree()  # an unfinished earlier attempt (no meta.json)
+    tmp = out
+    tmp.mkdir(parents=True, exist_ok=True)
+  else:
+    tmp = epath.Path(tempfile.mkdtemp(prefix=f".tokens-{key}-", dir=os.fspath(root)))
   try:
     dtype = token_dtype(tokenizer.vocab_size)
     buffers: dict[str, list[np.ndarray]] = {"train": [], "val": []}
     sizes = {"train": 0, "val": 0}
-    shards = {"train": [], "val": []}
+    shards: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
     nbytes = {"train": 0, "val": 0}
+    documents = {"train": 0, "val": 0}
 
     def flush(split: str, final: bool):
       data = np.concatenate(buffers[split]) if buffers[split] else np.zeros(0, dtype)
       while len(data) >= shard_tokens or (final and len(data)):
         name = f"{split}_{len(shards[split]):05d}.npy"
-        np.save(tmp / name, data[:shard_tokens])
+        _save_npy(tmp / name, data[:shard_tokens])
         shards[split].append({"file": name, "tokens": int(min(len(data), shard_tokens))})
         data = data[shard_tokens:]
       buffers[split], sizes[split] = ([data] if len(data) else []), len(data)
 
-    for n, path in enumerate(paths):
-      parts = split_text(read_document(path), val_fraction)
-      for split, text in zip(("train", "val"), parts):
-        if not text:
-          continue
-        ids = np.concatenate([[tokenizer.bos_id], tokenizer.encode(text)]).astype(dtype)
+    t0, done = time.time(), 0
+    for batch in _batched_documents(paths, val_fraction):
+      encoded = tokenizer.encode_batch([t for _, t in batch], num_threads=num_threads)
+      for (split, t), ids in zip(batch, encoded):
+        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(dtype)
         buffers[split].append(ids)
         sizes[split] += len(ids)
-        nbytes[split] += len(_to_bytes(text))
+        nbytes[split] += len(t.encode("utf-8"))
+        documents[split] += 1
+      for split in ("train", "val"):
         if sizes[split] >= shard_tokens:
           flush(split, final=False)
-      if log and (n + 1) % 200 == 0:
-        log(f"tokenised {n + 1}/{len(paths)} documents")
+      done += sum(len(t) for _, t in batch)
+      if log:
+        log(f"tokenised {sum(documents.values()):,} documents, {done / 1e6:,.0f} M characters "
+            f"({done / 1e6 / max(time.time() - t0, 1e-9):.1f} M/s)")
     for split in ("train", "val"):
       flush(split, final=True)
     meta = {"tokenizer": tokenizer.fingerprint(), "vocab_size": tokenizer.vocab_size,
-            "dtype": dtype.name, "documents": len(paths), "val_fraction": val_fraction,
-            "bytes": nbytes, "shards": shards}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    try:
-      os.replace(tmp, out)
-    except OSError:  # another process finished the same key first: use theirs
-      if not (out / "meta.json").exists():
-        raise
+            "dtype": dtype.name, "files": len(paths),
+            "documents": sum(documents.values()), "documents_per_split": documents,
+            "val_fraction": val_fraction, "bytes": nbytes, "shards": shards}
+    (tmp / META).write_text(json.dumps(meta, indent=1))
+    if not remote:
+      try:
+        os.replace(os.fspath(tmp), os.fspath(out))
+      except OSError:  # another process finished the same key first: use theirs
+        if not (out / META).exists():
+          raise
   finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not remote:
+      shutil.rmtree(os.fspath(tmp), ignore_errors=True)
   return out
 
 
+class _SeekArray:
+  """A 1-D .npy file read by seek (gs:// has no mmap): len() and [a:b] slices."""
+
+  def __init__(self, path: epath.Path):
+    self._f = epath.Path(path).open("rb")
+    version = np.lib.format.read_magic(self._f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(self._f)
+    if len(shape) != 1:
+      raise DataError(f"token shard {path} has shape {shape}; expected 1-D")
+    self._offset, self.dtype, self._n = self._f.tell(), np.dtype(dtype), shape[0]
+
+  def __len__(self) -> int:
+    return self._n
+
+  def __getitem__(self, s: slice) -> np.ndarray:
+    start, stop, _ = s.indices(self._n)
+    self._f.seek(self._offset + start * self.dtype.itemsize)
+    return np.frombuffer(self._f.read(max(stop - start, 0) * self.dtype.itemsize), self.dtype)
+
+
 class TokenShards:
-  """One split's shards, memory-mapped, as an indexable set of windows of seq_len + 1 tokens."""
+  """One split's shards (memory-mapped locally, read by seek on gs://), as an indexable set of
+  windows of seq_len + 1 tokens."""
 
   def __init__(self, directory: str | os.PathLike[str], split: str, seq_len: int):
-    directory = pathlib.Path(directory)
+    directory = as_path(directory)
     try:
-      meta = json.loads((directory / "meta.json").read_text())
+      meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as e:
       raise DataError(f"token cache {directory} is unreadable ({e}); delete it to rebuild")
     if split not in meta["shards"]:
@@ -414,7 +396,9 @@ class TokenShards:
       raise ValueError(f"seq_len={seq_len} must be >= 1")
     self.seq_len = seq_len
     self.meta = meta
-    self.arrays = [np.load(directory / s["file"], mmap_mode="r") for s in meta["shards"][split]]
+    self.arrays = [_SeekArray(directory / s["file"]) if _is_remote(directory)
+                   else np.load(os.fspath(directory / s["file"]), mmap_mode="r")
+                   for s in meta["shards"][split]]
     counts = np.array([max(len(a) - 1, 0) // seq_len for a in self.arrays], np.int64)
     self._ends = np.cumsum(counts)
     self.num_windows = int(self._ends[-1]) if len(counts) else 0
@@ -498,56 +482,83 @@ def resolve_sources(data_config) -> list[str]:
   return sources
 
 
+def _training_sample(paths, val_fraction: float, budget: int) -> Iterator[str]:
+  """Training text for the tokenizer: the same leading share of every document (so one large
+  file does not dominate), sized from the files' bytes, and never more than `budget` chars."""
+  total = sum(epath.Path(p).stat().length for p in paths)
+  keep = min(1.0, budget / max(total, 1))
+  left = budget
+  for path in paths:
+    for split, t in split_documents(path, val_fraction):
+      if split != "train":
+        continue
+      t = t[:min(max(int(len(t) * keep), 1), left)]
+      left -= len(t)
+      yield t
+      if left <= 0:
+        return
+
+
 def prepare(data_config, cache_dir: str | os.PathLike[str], *,
-            tokenizer_path: str | os.PathLike[str] | None = None, log=print
-            ) -> tuple[BPETokenizer, pathlib.Path]:
+            tokenizer_path: str | os.PathLike[str] | None = None, log=print,
+            process_index: int | None = None, process_count: int | None = None
+            ) -> tuple[Tokenizer, epath.Path]:
   """Documents -> tokenizer (loaded from `tokenizer_path` if it exists, else trained on the
-  training text, cached by content, and saved there) -> token shard directory.
+  training text, cached by content in cache_dir, and saved there) -> token shard directory.
 
   data_config fields: sources, include_stdlib, suffixes, vocab_size, val_fraction,
-  tokenizer_train_chars
-  (the tokenizer sees at most this many characters, taken evenly from every document).
+  tokenizer_train_chars (the tokenizer sees at most this many characters, the same share of
+  every document), wait_timeout_s (how long hosts > 0 wait for process 0; default 4 h).
+  Process 0 (default: jax.process_index()) trains and writes; the others wait for its files in
+  cache_dir, which must be shared by all hosts.
   """
-  suffixes = tuple(data_config.get("suffixes") or TEXT_SUFFIXES)
+  process_index, process_count = _hosts(process_index, process_count)
+  log = log or (lambda *_: None)
+  suffixes = tuple(data_config.get("suffixes") or DEFAULT_SUFFIXES)
   paths = list_documents(resolve_sources(data_config), suffixes=suffixes)
   val_fraction = float(data_config.val_fraction)
   if not 0.0 < val_fraction < 0.5:
     raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 0.5)")
-  cache_dir = pathlib.Path(cache_dir).expanduser()
+  timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
+  cache_dir = as_path(cache_dir)
+  vocab_size = int(data_config.vocab_size)
   tokenizer = None
-  if tokenizer_path is not None and pathlib.Path(tokenizer_path).exists():
-    tokenizer = BPETokenizer.load(tokenizer_path)
-    if tokenizer.vocab_size > data_config.vocab_size:
-      raise ValueError(f"{tokenizer_path} has vocab_size {tokenizer.vocab_size}, the config "
-                       f"{data_config.vocab_size}: use the config the run was made with")
+  tokenizer_path = None if tokenizer_path is None else as_path(tokenizer_path)
+  if tokenizer_path is not None and tokenizer_path.exists():
+    tokenizer = Tokenizer.load(tokenizer_path)
+    if tokenizer.vocab_size > vocab_size:
+      raise ValueError(f"tokenizer {tokenizer_path} has vocab_size {tokenizer.vocab_size}, the "
+                       f"config data.vocab_size={vocab_size}: use the config the run was made "
+                       "with, or delete the file to retrain")
   if tokenizer is None:
     budget = int(data_config.get("tokenizer_train_chars", 2_000_000))
     key = hashlib.sha256(f"{CACHE_VERSION}|{_sources_fingerprint(paths)}|{val_fraction}|"
-                         f"{budget}|{data_config.vocab_size}|{PATTERN}".encode()
+                         f"{budget}|{vocab_size}|{SPLIT_PATTERN}|{SPECIAL_TOKENS}".encode()
                          ).hexdigest()[:16]
     cached = cache_dir / f"tokenizer-{key}.json"
+    if not cached.exists() and process_index != 0:
+      _wait_for(cached, "the tokenizer", timeout_s)
     if cached.exists():
-      tokenizer = BPETokenizer.load(cached)
+      tokenizer = Tokenizer.load(cached)
     else:
-      texts = [split_text(read_document(p), val_fraction)[0] for p in paths]
-      total = sum(len(t) for t in texts)
-      # An even share of every document, so that one large file does not dominate.
-      keep = min(1.0, budget / max(total, 1))
-      sample = [t[:int(len(t) * keep)] for t in texts]
-      log(f"training a {data_config.vocab_size}-token BPE on "
-          f"{sum(len(s) for s in sample):,} characters of {len(paths)} documents")
-      tokenizer = BPETokenizer.train(sample, int(data_config.vocab_size))
-      if tokenizer.vocab_size < data_config.vocab_size:
-        log(f"the text has only {tokenizer.vocab_size - 256 - 1} distinct merges: vocabulary "
-            f"{tokenizer.vocab_size}, not {data_config.vocab_size}")
+      log(f"training a {vocab_size:,}-token BPE on at most {budget:,} characters of "
+          f"{len(paths)} files")
+      t0 = time.time()
+      tokenizer = Tokenizer.train(_training_sample(paths, val_fraction, budget), vocab_size)
+      log(f"tokenizer trained in {time.time() - t0:.1f} s")
+      if tokenizer.vocab_size < vocab_size:
+        log(f"the text has only {tokenizer.vocab_size - 256 - len(SPECIAL_TOKENS)} distinct "
+            f"merges: vocabulary {tokenizer.vocab_size}, not {vocab_size}")
       tokenizer.save(cached)
-    if tokenizer_path is not None:
+    if tokenizer_path is not None and process_index == 0:
       tokenizer.save(tokenizer_path)
-  directory = tokenize_corpus(paths, tokenizer, cache_dir, val_fraction=val_fraction, log=log)
+  directory = tokenize_corpus(paths, tokenizer, cache_dir, val_fraction=val_fraction, log=log,
+                              process_index=process_index, process_count=process_count,
+                              timeout_s=timeout_s)
   return tokenizer, directory
 
 
-def describe_corpus(directory: pathlib.Path) -> dict[str, Any]:
-  meta = json.loads((directory / "meta.json").read_text())
-  return {"documents": meta["documents"], "bytes": meta["bytes"],
+def describe_corpus(directory: str | os.PathLike[str]) -> dict[str, Any]:
+  meta = json.loads((as_path(directory) / META).read_text())
+  return {"documents": meta["documents"], "files": meta.get("files"), "bytes": meta["bytes"],
           "tokens": {k: sum(s["tokens"] for s in v) for k, v in meta["shards"].items()}}

@@ -24,7 +24,8 @@ Scoring rules:
     prompt + completion + test + 'check(entry_point)' runs in the sandbox; pass@1.
   * LAMBADA: greedy continuation of the context; correct when its first word is the target word.
 
-Every result carries its chance level: 0.25 for the four-choice tasks, 0 for the others.
+Every result carries its chance level: for multiple choice the mean over items of 1 / (number of
+choices) (0.25 when all have four; ARC's originals have a few with 3 or 5), 0 for the others.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class ChoiceItem:
 
 def letter_prompt(item: ChoiceItem, header: str = "") -> str:
   """'[header]Question: q\\nA. c0\\nB. c1\\n...\\nAnswer:' (the letter follows with a space)."""
+  if not 2 <= len(item.choices) <= len(LETTERS):
+    raise ValueError(f"{len(item.choices)} choices; letter prompts take 2 to {len(LETTERS)}")
   lines = [f"{header}Question: {item.question}"]
   lines += [f"{LETTERS[i]}. {c}" for i, c in enumerate(item.choices)]
   return "\n".join(lines) + "\nAnswer:"
@@ -123,11 +126,16 @@ def _argmax_per_item(scores: Sequence[float], sizes: Sequence[int]) -> list[int]
   return out
 
 
+def chance_level(items: Sequence[ChoiceItem]) -> float:
+  """Expected accuracy of uniform guessing: the mean over items of 1 / (number of choices)."""
+  return float(np.mean([1.0 / len(it.choices) for it in items])) if items else float("nan")
+
+
 class MultipleChoiceTask(abc.ABC):
-  """Shared scoring of four-choice tasks; subclasses define `name` and `load`."""
+  """Shared scoring of multiple-choice tasks (any number of choices per item, up to 10);
+  subclasses define `name` and `load`. Chance is computed from the items (`chance_level`)."""
 
   name = "multiple_choice"
-  chance = 0.25
 
   @abc.abstractmethod
   def load(self, data_dir, limit: int | None = None) -> list[ChoiceItem]:
@@ -142,8 +150,8 @@ class MultipleChoiceTask(abc.ABC):
                 for it in items for i in range(len(it.choices))]
     scores = list(logprob_fn(requests))
     preds = _argmax_per_item(scores, [len(it.choices) for it in items])
-    return _result(self.name, [p == it.gold for p, it in zip(preds, items)], self.chance,
-                   mode="letter")
+    return _result(self.name, [p == it.gold for p, it in zip(preds, items)],
+                   chance_level(items), mode="letter")
 
   def score_loglik(self, items: Sequence[ChoiceItem], logprob_fn: LogprobFn) -> dict[str, Any]:
     """Completion log-likelihood: argmax of sum log p(' choice' | question), raw and per byte."""
@@ -154,8 +162,8 @@ class MultipleChoiceTask(abc.ABC):
     sizes = [len(it.choices) for it in items]
     raw = _argmax_per_item(scores, sizes)
     norm = _argmax_per_item(scores / nbytes, sizes)
-    out = _result(self.name, [p == it.gold for p, it in zip(raw, items)], self.chance,
-                  mode="loglik")
+    out = _result(self.name, [p == it.gold for p, it in zip(raw, items)],
+                  chance_level(items), mode="loglik")
     out["accuracy_norm"] = float(np.mean([p == it.gold for p, it in zip(norm, items)])) \
         if items else float("nan")
     return out
@@ -409,14 +417,21 @@ def _bucket(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << (max(n, 1) - 1).bit_length())
 
 
-def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size: int = 8
-                   ) -> tuple[LogprobFn, GenerateFn]:
-  """(logprob_fn, generate_fn) for a laplax GPT: every sequence starts with BOS; contexts that
-  are too long lose their oldest tokens (left truncation to `max_len`)."""
+def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size: int = 8,
+                   max_new_tokens: int = 256) -> tuple[LogprobFn, GenerateFn]:
+  """(logprob_fn, generate_fn) for a laplax GPT. Every sequence starts with BOS; one that is
+  too long keeps BOS and loses its oldest tokens after it (left truncation to `max_len`).
+
+  generate_fn runs `laplax.evals.generate.BatchedGenerator`: batches of `batch_size` prompts,
+  one compiled program for every prompt length and every max_new_tokens up to the
+  `max_new_tokens` given here (a larger request builds one more generator). Prompts keep their
+  last max(max_len - max_new_tokens, max_len / 2) tokens (BOS first). Ids the tokenizer does
+  not have (vocabulary padding) are never generated.
+  """
   import jax
   import jax.numpy as jnp
 
-  from laplax.models import gpt
+  from laplax.evals import generate as generate_lib
 
   variables = {"params": params["params"] if "params" in params else params}
   bos = tokenizer.bos_id
@@ -433,12 +448,12 @@ def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size:
       c, x = list(tokenizer.encode(ctx)), list(tokenizer.encode(cont))
       if not x:
         raise ValueError(f"continuation {cont!r} encodes to no tokens")
-      ids = ([bos] + c + x)[-max_len:]
-      seqs.append((ids, len(x)))
+      ids = generate_lib.left_truncate([bos] + c + x, max_len)
+      seqs.append((ids, min(len(x), len(ids) - 1)))  # BOS is never a target
     out = []
     for start in range(0, len(seqs), batch_size):
       chunk = seqs[start:start + batch_size]
-      length = _bucket(max(len(s) for s, _ in chunk))
+      length = min(_bucket(max(len(s) for s, _ in chunk)), max(max_len, 2))
       tokens = np.zeros((batch_size, length), np.int32)
       for i, (s, _) in enumerate(chunk):
         tokens[i, :len(s)] = s
@@ -448,15 +463,22 @@ def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size:
         out.append(float(lp[i, len(s) - 1 - n:len(s) - 1].sum()))
     return out
 
-  def generate_fn(prompts, max_new_tokens):
-    outs = []
-    for p in prompts:
-      ids = ([bos] + list(tokenizer.encode(p)))[-max(max_len - max_new_tokens, 1):]
-      toks = gpt.generate(model, variables, np.asarray([ids], np.int32), int(max_new_tokens))
-      new = np.asarray(toks[0, len(ids):])
-      # Padded vocabulary ids (>= the tokenizer's size) have no text: an untrained model may
-      # still pick them.
-      outs.append(tokenizer.decode(new[new < tokenizer.vocab_size]))
-    return outs
+  generators: dict[int, generate_lib.BatchedGenerator] = {}
 
+  def generate_fn(prompts, max_new_tokens_):
+    if max_new_tokens_ < 1 or not prompts:
+      return [""] * len(prompts)
+    cap = max(int(max_new_tokens), int(max_new_tokens_))
+    if cap not in generators:
+      # Prompt + continuation fit max_len, except that a prompt keeps at least max_len / 2
+      # tokens (a model with a short context still sees the question).
+      generators[cap] = generate_lib.BatchedGenerator(
+          model, batch_size=batch_size, prompt_len=max(max_len - cap, max_len // 2, 1),
+          max_new_tokens=cap, vocab_limit=tokenizer.vocab_size)
+    gen = generators[cap]
+    ids = [generate_lib.left_truncate([bos] + list(tokenizer.encode(p)), gen.prompt_len)
+           for p in prompts]
+    return [tokenizer.decode(t) for t in gen(variables, ids, int(max_new_tokens_))]
+
+  generate_fn.generators = generators  # for tests and reports: compilations()
   return logprob_fn, generate_fn
