@@ -70,7 +70,8 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
   m.layerscale_init = 0.1
   m.drop_path_rate = 0.0
   m.pool = "cls"
-  m.scan_layers = False
+  m.scan_layers = False  # nn.scan over blocks, the head table as a scanned input
+  m.remat_policy = "none"  # laplax.models.remat: none | full | dots_saveable | ...
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
   m.dtype = "float32"  # compute; parameters and optimiser state stay param_dtype
   m.param_dtype = "float32"

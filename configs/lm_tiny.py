@@ -57,6 +57,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
   c.model.vocab_multiple = 64
+  c.model.scan_layers = False  # nn.scan over blocks (faster compiles; the pod configs' choice)
+  # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |
+  # save_qkv_attention_out (laplax.models.remat)
+  c.model.remat_policy = "none"
+  c.model.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 3e-3

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: the Debian Fashion-MNIST files and a venv with the pinned requirements.
+# Idempotent setup: the Debian Fashion-MNIST files, a venv with the pinned requirements and
+# laplax installed into it (editable).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -11,3 +12,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -r requirements.txt
+# The project itself, editable: `import laplax` works from any directory with this venv.
+.venv/bin/python -m pip install -q --no-deps -e .

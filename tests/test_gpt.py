@@ -287,3 +287,20 @@ def test_splash_gpt_under_mesh_equals_xla_one_device():
     assert "shard_map" in str(jax.make_jaxpr(fn)(params))
     got = jax.jit(fn)(params)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5), got, want)
+
+
+def test_lm_task_chunked_loss_equals_the_plain_loss():
+  plain = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
+  chunked = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16,
+                                                      "model.loss_chunk": 6}))
+  model = plain.build_model()
+  params = _random_params(model)
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (3, 17), 0, 300), np.int32)
+  grads = []
+  for task in (plain, chunked):
+    loss_fn = lambda p: task.loss_fn(task.build_model())(p, {"tokens": tokens}, None)[0]
+    value, grad = jax.value_and_grad(loss_fn)(params)
+    grads.append((value, grad))
+  np.testing.assert_allclose(grads[0][0], grads[1][0], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0][1],
+               grads[1][1])

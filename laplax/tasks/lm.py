@@ -132,7 +132,10 @@ class LanguageModelTask(Task):
 
   def build_model(self) -> gpt.GPT:
     vocab = self.tokenizer.vocab_size if self.tokenizer else self.config.data.vocab_size
-    return gpt_from_config(self.config.model, vocab)
+    model_config = ml_collections.ConfigDict(self.config.model.to_dict())
+    if "loss_chunk" in model_config:  # a loss setting, not the module's
+      del model_config["loss_chunk"]
+    return gpt_from_config(model_config, vocab)
 
   def sample_input(self) -> np.ndarray:
     return np.zeros((1, self.config.data.seq_len), np.int32)
@@ -156,9 +159,18 @@ class LanguageModelTask(Task):
             lr_schedule(self.config.optim, total_steps))
 
   def loss_fn(self, model: gpt.GPT):
+    """Mean next-token cross-entropy (nats). With model.loss_chunk > 0 it is computed in
+    sequence chunks (gpt.chunked_cross_entropy): the float32 (B, T, V) logits never exist."""
+    chunk = int(self.config.model.get("loss_chunk", 0))
+
     def loss_fn(params, batch, rng):
       del rng  # no dropout
       tokens = batch["tokens"]
+      if chunk:
+        features = model.apply({"params": params}, tokens[:, :-1], return_features=True)
+        return gpt.chunked_cross_entropy(
+            features, params["lm_head"], tokens[:, 1:], chunk=chunk,
+            softcap=model.config.logit_softcap, dtype=model.config.dtype), {}
       logits = model.apply({"params": params}, tokens[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), {}
     return loss_fn
