@@ -6,7 +6,7 @@ r"""DINO multi-crop: batched jax.numpy inside the jitted step vs grain map trans
 
 laplax makes DINO's crops (laplax.data.multicrop.multicrop: random resized crop, flip, colour
 jitter, greyscale, blur, solarise, normalise; 2 global + L local crops) as batched jnp ops inside
-the jitted train step (laplax.train.dino.make_dino_step). The alternative is the torchvision
+the jitted train step (laplax.tasks.dino.make_dino_step). The alternative is the torchvision
 way: a per-example host transform in a grain pipeline. This script implements that alternative
 (`HostMultiCrop`, a grain.transforms.RandomMap in NumPy, with the resized crop done either by two
 small NumPy matrix products or by PIL's antialiased bilinear resize, whichever times faster

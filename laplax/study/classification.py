@@ -14,7 +14,7 @@ import numpy as np
 
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
-from laplax.study.grid import Claim, Score
+from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 
 FINISHED = ("results.json", "analysis.json")
 SCORES = [Score("test_accuracy", "test accuracy (%)")]
@@ -76,17 +76,14 @@ def title(config) -> str:
 
 def setup(config) -> str:
   b = config.base
-  return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; "
-          f"{b.total_steps or b.num_epochs} {'steps' if b.total_steps else 'epochs'}, batch "
-          f"{b.data.batch_size}, lr {b.optim.lr}, augmentation {b.data.augment}. Seeds: "
-          f"{list(config.study.seeds)}. Geometry of the last layer on "
+  return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}, "
+          f"augmentation {b.data.augment}; {schedule_line(config)} Geometry on "
           f"{config.study.analysis_examples} test images.")
 
 
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Accuracy plot, last-layer geometry table, per-layer figures."""
-  groups = {row["name"]: [done[(spec, s)]["analysis"] for s in row["seeds"]]
-            for spec, row in zip(specs, summary["rows"])}
+  groups = cells_by_name(specs, done, summary, "analysis")
   figs = {name: plots.plot_layer_curves(groups, workdir / f"{name}.png", name)
           for name in plots.FIGURES}
   plots.plot_accuracy([r["name"] for r in summary["rows"]],

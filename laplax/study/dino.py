@@ -18,7 +18,7 @@ from laplax.data.images import load_image_data
 from laplax.evals import segmentation
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
-from laplax.study.grid import Claim, Score, spec_name
+from laplax.study.grid import Claim, Score, cells_by_name, schedule_line, spec_name
 
 _SPECTRA = pathlib.Path("analysis") / "spectra.json"
 FINISHED = ("results.json", str(_SPECTRA))
@@ -87,10 +87,8 @@ def setup(config) -> str:
   b = config.base
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; DINO head "
           f"out_dim {b.head.out_dim}, crops 2 x {b.multicrop.global_size} px + "
-          f"{b.multicrop.num_local} x {b.multicrop.local_size} px; "
-          f"{b.total_steps or b.num_epochs} {'steps' if b.total_steps else 'epochs'}, batch "
-          f"{b.data.batch_size}, lr {b.optim.lr}. Seeds: {list(config.study.seeds)}. Probes on "
-          f"the frozen teacher (k-NN bank / linear-probe training set: "
+          f"{b.multicrop.num_local} x {b.multicrop.local_size} px; {schedule_line(config)} "
+          f"Probes on the frozen teacher (k-NN bank / linear-probe training set: "
           f"{b.eval.probe_train_size or 'all'} training images); spectra over "
           f"{config.study.analysis_examples} test images.")
 
@@ -100,8 +98,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   b = config.base
   names = {spec: row["name"] for spec, row in zip(specs, summary["rows"])}
   keys = list(summary["rows"][0]["scores"])
-  groups = {row["name"]: [done[(spec, s)]["spectra"] for s in row["seeds"]]
-            for spec, row in zip(specs, summary["rows"])}
+  groups = cells_by_name(specs, done, summary, "spectra")
   plots.plot_spectrum(groups, workdir / "spectrum.png",
                       title="Patch-token spectral decay of the DINO teachers")
   pca = pca_figure(config, specs, done, names, workdir, workdir / "pca.png")

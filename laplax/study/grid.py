@@ -207,6 +207,20 @@ def verdict(summary: dict[str, Any], scores: list[Score], claims: list[Claim]) -
 # --- The report -------------------------------------------------------------------------------
 
 
+def schedule_line(config) -> str:
+  """'500 steps, batch 128, lr 0.002. Seeds: [0, 1, 2].' of a study's base run."""
+  b = config.base
+  length = f"{b.total_steps} steps" if b.total_steps else f"{b.num_epochs} epochs"
+  return (f"{length}, batch {b.data.batch_size}, lr {b.optim.lr}. Seeds: "
+          f"{list(config.study.seeds)}.")
+
+
+def cells_by_name(specs, done, summary, key: str) -> dict[str, list[Any]]:
+  """{row name: [cell[key] for each of its seeds]}, in the report's row order."""
+  return {row["name"]: [done[(spec, s)][key] for s in row["seeds"]]
+          for spec, row in zip(specs, summary["rows"])}
+
+
 def score_table(summary: dict[str, Any], scores: list[Score]) -> list[str]:
   """Markdown: one row per score, mean +- std per spec, then paired differences vs baseline."""
   rows = summary["rows"]

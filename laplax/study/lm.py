@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from laplax.geometry import plots
-from laplax.study.grid import Claim, Score
+from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 
 FINISHED = ("results.json", "eval.json")
 SCORES = [Score("val_bpb", "validation bits per byte", higher_is_better=False, scale=1.0,
@@ -72,16 +72,14 @@ def title(config) -> str:
 def setup(config) -> str:
   b = config.base
   return (f"Model: GPT depth {b.model.depth}, width {b.model.width}, head_dim "
-          f"{b.model.head_dim}; {b.total_steps} steps x {b.data.batch_size} x {b.data.seq_len} "
-          f"tokens, lr {b.optim.lr}, vocabulary {b.data.vocab_size}. Seeds: "
-          f"{list(config.study.seeds)}. Tasks on the first {config.study.eval_limit or 'all'} "
+          f"{b.model.head_dim}, vocabulary {b.data.vocab_size}, windows of {b.data.seq_len} "
+          f"tokens; {schedule_line(config)} Tasks on the first {config.study.eval_limit or 'all'} "
           f"items; geometry on {config.study.analysis_windows} validation windows.")
 
 
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Benchmarks next to chance, collapse and spectrum table, spectrum figure."""
-  groups = {row["name"]: [done[(spec, s)]["analysis"] for s in row["seeds"]]
-            for spec, row in zip(specs, summary["rows"])}
+  groups = cells_by_name(specs, done, summary, "analysis")
   plots.plot_spectrum(groups, workdir / "spectrum.png")
   lines = []
   first = done[(specs[0], summary["rows"][0]["seeds"][0])]["eval"].get("tasks", {})
