@@ -2,6 +2,7 @@
 import gzip
 import io
 import json
+import os
 import pathlib
 import struct
 import tarfile
@@ -444,3 +445,20 @@ def test_bad_pipeline_arguments_are_named():
     pipeline.train_dataset(images, labels, batch_size=4, seed=0, mean=(0.5, 0.5), std=1.0)
   with pytest.raises(ValueError, match='val_size=100'):
     pipeline.split_train_val(images, labels, val_size=100, seed=0)
+
+
+@pytest.mark.slow
+def test_corrupt_prepared_cache_names_the_cache_and_the_fix(tmp_path, fashion_mnist_dir):
+  builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir, cache_dir=tmp_path)
+  for npz in (tmp_path / 'arrays').glob('*.npz'):
+    npz.unlink()  # force a read of the prepared TFDS files
+  records = sorted((tmp_path / 'tfds').rglob('*test.array_record*'))
+  assert records
+  for path in records:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 4096] = os.urandom(4096)
+    path.write_bytes(bytes(data[: len(data) // 2]))
+  with pytest.raises(DataError, match='cache .* is unreadable .*: delete .* and rerun') as e:
+    builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir,
+                        cache_dir=tmp_path)
+  assert '\n' not in str(e.value)

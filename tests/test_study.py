@@ -39,7 +39,14 @@ def test_report_has_every_section_and_plot(finished_study):
   # Geometry sentences carry paired intervals, never a bare comparison of means.
   verdict = text.split("## Verdict")[1].split("## Scores")[0]
   assert "paired diff." in verdict and "directions hold with intervals excluding 0" in verdict
-  for png in ("accuracy.png", "variance.png", "collapse.png", "smoothing.png"):
+  assert "## Learning curve" in text and "| 6 |" in text and "| 12 |" in text
+  for cell in ("k0_s0", "k1-0_s1"):  # the curve's last point is the final test accuracy
+    curve = json.loads((workdir / "cells" / cell / "curve.json").read_text())
+    final = json.loads((workdir / "cells" / cell / "results.json").read_text())["test"]
+    assert sorted(curve, key=int) == ["6", "12"]
+    assert curve["12"] == pytest.approx(final["accuracy"])
+  for png in ("accuracy.png", "learning_curve.png", "variance.png", "collapse.png",
+              "smoothing.png"):
     assert f"({png})" in text
     assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   summary = json.loads((workdir / "summary.json").read_text())

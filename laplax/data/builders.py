@@ -498,7 +498,15 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
   builder.download_and_prepare()  # A no-op when already prepared.
   # Same as tfds.data_source(...), reusing our builder. Decoding ourselves is about 2x faster
   # than TFDS's NumPy path (which goes through PIL per record anyway).
-  source = builder.as_data_source(split=split, decoders={'image': tfds.decode.SkipDecoding()})
-  images, labels = _read_all(source, info.image_shape)
+  try:
+    source = builder.as_data_source(split=split, decoders={'image': tfds.decode.SkipDecoding()})
+    images, labels = _read_all(source, info.image_shape)
+  except DataError:
+    raise
+  except Exception as e:  # array_record / TFDS errors for damaged prepared files
+    prepared = pathlib.Path(builder.data_dir)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise DataError(f'the prepared {name} cache {prepared} is unreadable ({first[:200]}): '
+                    f'delete {prepared} and rerun to prepare it again') from None
   _save_npz_atomic(arrays_path, images=images, labels=labels)
   return images, labels

@@ -111,3 +111,35 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[Sequence[float]]],
+                        differences: Mapping[str, Sequence[tuple[float, float, float]]],
+                        path: pathlib.Path) -> pathlib.Path:
+  """Left: test accuracy vs step per variant (mean, +- std band over seeds); right: the paired
+  difference vs the baseline with its 95 % interval (nan intervals drawn as points only)."""
+  fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+  for label, per_step in accuracies.items():
+    a = np.asarray(per_step, float) * 100  # (steps, seeds)
+    axes[0].plot(steps, a.mean(1), marker="o", ms=3, label=label)
+    if a.shape[1] > 1:
+      axes[0].fill_between(steps, a.mean(1) - a.std(1, ddof=1), a.mean(1) + a.std(1, ddof=1),
+                           alpha=0.2)
+  axes[0].set_title("test accuracy (%)", fontsize=10)
+  axes[0].legend(fontsize=8)
+  for label, diffs in differences.items():
+    d = np.asarray(diffs, float) * 100  # (steps, 3): mean, low, high
+    axes[1].plot(steps, d[:, 0], marker="o", ms=3, label=f"{label} - baseline")
+    if np.isfinite(d[:, 1]).all():
+      axes[1].fill_between(steps, d[:, 1], d[:, 2], alpha=0.2)
+  axes[1].axhline(0.0, color="k", lw=0.8)
+  axes[1].set_title("paired difference (points, 95 % CI)", fontsize=10)
+  axes[1].legend(fontsize=8)
+  for ax in axes:
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

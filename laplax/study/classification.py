@@ -10,13 +10,15 @@ import json
 import pathlib
 from typing import Any
 
+import jax
 import numpy as np
 
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
+from laplax.study import stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 
-FINISHED = ("results.json", "analysis.json")
+FINISHED = ("results.json", "analysis.json", "curve.json")
 SCORES = [Score("test_accuracy", "test accuracy (%)")]
 # Last-layer geometry; the paper: Laplacian heads shrink the within-sequence variance, grow the
 # between-class variance and make the spectrum decay faster.
@@ -57,8 +59,36 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
     tmp = analysis_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(geo, indent=2))
     tmp.replace(analysis_path)
+  curve_path = cell_dir / "curve.json"
+  if not curve_path.exists():
+    tmp = curve_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(learning_curve(cell_dir, log), indent=2))
+    tmp.replace(curve_path)
   return {"results": json.loads(results_path.read_text()),
-          "analysis": json.loads(analysis_path.read_text())}
+          "analysis": json.loads(analysis_path.read_text()),
+          "curve": json.loads(curve_path.read_text())}
+
+
+def learning_curve(cell_dir: pathlib.Path, log) -> dict[str, float]:
+  """{step: test accuracy} of every checkpoint the run kept (checkpoint.keep of them, every
+  checkpoint.every_steps), read-only."""
+  from laplax import sharding
+  from laplax.train import checkpoint as ckpt_lib
+  from laplax.train import trainer
+  reader = ckpt_lib.Checkpointer(cell_dir / "checkpoints", read_only=True, log=log)
+  steps = reader.all_steps()
+  reader.close()
+  first = trainer.load_run(cell_dir, log=log)
+  first.task.load_data(cell_dir, log)
+  mesh = sharding.make_mesh({"data": -1})
+  rules = sharding.rules_from_config(first.config.get("axis_rules"))
+  curve = {}
+  for step in steps:
+    params = jax.device_put(trainer.load_run(cell_dir, step=step, log=log).params,
+                            sharding.replicated(mesh))
+    curve[str(step)] = first.task.accuracy(first.model, params, "test", mesh=mesh,
+                                           rules=rules)["accuracy"]
+  return curve
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -81,6 +111,39 @@ def setup(config) -> str:
           f"{config.study.analysis_examples} test images.")
 
 
+def curve_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
+  """Test accuracy and the paired difference vs the baseline at every checkpoint step that all
+  cells kept: does the Laplacian gap grow, shrink or change sign as training goes on?"""
+  rows = summary["rows"]
+  cells = {row["name"]: {s: done[(spec, s)]["curve"] for s in row["seeds"]}
+           for spec, row in zip(specs, rows)}
+  steps = sorted(set.intersection(*[set(c) for runs in cells.values() for c in runs.values()]),
+                 key=int)
+  if len(steps) < 2:
+    return []
+  base = rows[0]["name"]
+  table = ["## Learning curve", "",
+           "Test accuracy (%) of the checkpoints each cell kept (mean +- std over seeds) and the "
+           "paired difference vs the baseline with its 95 % interval.", "",
+           "| step | " + " | ".join(cells) + " | "
+           + " | ".join(f"{n} - baseline" for n in list(cells)[1:]) + " |",
+           "| --- |" + " --- |" * (2 * len(cells) - 1)]
+  diffs: dict[str, list] = {n: [] for n in list(cells)[1:]}
+  for step in steps:
+    accs = {n: [runs[s][step] for s in sorted(runs)] for n, runs in cells.items()}
+    cols = [stats.mean_std(a) for a in accs.values()]
+    for n in diffs:
+      shared = sorted(set(cells[n]) & set(cells[base]))
+      d = stats.paired_difference([cells[base][s][step] for s in shared],
+                                  [cells[n][s][step] for s in shared])
+      diffs[n].append(d)
+      cols.append(stats.interval(d))
+    table.append(f"| {step} | " + " | ".join(cols) + " |")
+  means = {n: [[runs[s][step] for s in runs] for step in steps] for n, runs in cells.items()}
+  plots.plot_learning_curve([int(s) for s in steps], means, diffs, workdir / "learning_curve.png")
+  return table + ["", "![learning curve](learning_curve.png)", ""]
+
+
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Accuracy plot, last-layer geometry table, per-layer figures."""
   groups = cells_by_name(specs, done, summary, "analysis")
@@ -89,7 +152,8 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   plots.plot_accuracy([r["name"] for r in summary["rows"]],
                       [r["scores"]["test_accuracy"] for r in summary["rows"]],
                       workdir / "accuracy.png")
-  lines = ["![accuracy](accuracy.png)", "", "## Last layer geometry (mean over seeds)", "",
+  lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
+           "## Last layer geometry (mean over seeds)", "", "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -113,7 +113,9 @@ class ClassificationTask(Task):
   def describe(self, m: dict[str, float]) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
 
-  def _accuracy(self, model, params, split: str, *, mesh, rules) -> dict[str, float]:
+  def accuracy(self, model, params, split: str, *, mesh, rules) -> dict[str, float]:
+    """Accuracy and mean loss of params on a loaded split ('val' / 'test'); the jitted eval
+    step is reused for the same model and mesh."""
     key = (id(model), id(mesh))
     if getattr(self, "_eval_key", None) != key:
       self._eval_fn, self._eval_key = accuracy.make_eval_fn(model, mesh, rules), key
@@ -122,11 +124,11 @@ class ClassificationTask(Task):
                              info=self.data["info"], mesh=mesh, rules=rules)
 
   def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
-    return self._accuracy(model, state.params, "val", mesh=mesh, rules=rules)
+    return self.accuracy(model, state.params, "val", mesh=mesh, rules=rules)
 
   def final_results(self, model, state, *, mesh, rules, workdir, log):
-    val = self._accuracy(model, state.params, "val", mesh=mesh, rules=rules)
-    test = self._accuracy(model, state.params, "test", mesh=mesh, rules=rules)
+    val = self.accuracy(model, state.params, "val", mesh=mesh, rules=rules)
+    test = self.accuracy(model, state.params, "test", mesh=mesh, rules=rules)
     return ({"val": val, "test": test},
             {"val_accuracy": val["accuracy"], "test_accuracy": test["accuracy"]},
             f"val accuracy {val['accuracy']:.4f}, test accuracy {test['accuracy']:.4f}")
@@ -144,7 +146,7 @@ class ClassificationTask(Task):
     mesh = sharding.make_mesh({"data": -1})
     rules = sharding.rules_from_config(run.config.get("axis_rules"))
     params = jax.device_put(run.params, sharding.replicated(mesh))
-    result: dict[str, Any] = {"step": run.step, "test": self._accuracy(
+    result: dict[str, Any] = {"step": run.step, "test": self.accuracy(
         run.model, params, "test", mesh=mesh, rules=rules)}
     out.mkdir(parents=True, exist_ok=True)
     if options.export:

@@ -19,6 +19,7 @@ Choices that differ from the DINO code (Caron et al. 2021, main_dino.py), on pur
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -258,10 +259,10 @@ class DinoTask(Task):
                        "does not accumulate gradients; use 1 and a smaller data.batch_size")
     d = config.dino
     for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
-      if d[name] <= 0:
-        raise ValueError(f"dino.{name}={d[name]} must be positive")
+      if not (math.isfinite(d[name]) and d[name] > 0):
+        raise ValueError(f"dino.{name}={d[name]} must be a finite positive number")
     for name in ("momentum_teacher", "centre_momentum"):
-      if not 0 <= d[name] <= 1:
+      if not 0 <= d[name] <= 1:  # NaN fails this too
         raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
     bank = config.eval.probe_train_size
     ks = tuple(config.eval.knn_ks)

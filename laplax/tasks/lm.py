@@ -9,6 +9,7 @@ windows -> GPT -> next-token cross-entropy -> validation loss and bits per byte
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 from typing import Any
@@ -104,6 +105,9 @@ class LanguageModelTask(Task):
     if c.data.eval_batch_size % (dp * hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
+    for key in ("embed_lr_scale", "unembed_lr_scale"):
+      if not (math.isfinite(c.optim[key]) and c.optim[key] > 0):
+        raise ValueError(f"optim.{key}={c.optim[key]} must be a finite positive number")
     if not 0.0 <= c.optim.warmdown_fraction <= 1.0:
       raise ValueError(f"optim.warmdown_fraction={c.optim.warmdown_fraction} must be in [0, 1]")
     if c.data.seq_len < 2:
