@@ -16,29 +16,30 @@ torch is optional: without it this prints how to install it and exits 0.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
+import subprocess
 import sys
+import time
 
 if __package__ in (None, ""):  # run as a file: make the repo root importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+if os.environ.get("LAPLAX_TREE"):  # a worker timing another checkout's laplax (before/after)
+  sys.path.insert(0, os.environ["LAPLAX_TREE"])
 
 from benchmarks import torch_peer
 
+DEFAULT_VARIANTS = "laplax=laplax-flat"
 
-def run(args) -> dict | None:
-  if not torch_peer.available():
-    print("cpu_step_ratio: torch is not installed (an optional benchmark dependency): "
-          "`pip install torch` to compare against PyTorch; nothing to do.")
-    return None
+
+def _laplax_step(args, k: int, flatten: bool):
+  """-> (zero-argument step function, compiled stats) for laplax's ViT with k Laplacian heads."""
   import jax
   import numpy as np
-
-  from benchmarks import common
   from benchmarks import vit_step_bench
   from laplax import sharding
 
-  ks = common.parse_int_list(args.k)
   bench_args = vit_step_bench.parse_args([
       "--preset=tiny", f"--hidden-dim={args.width}", f"--depth={args.depth}",
       f"--num-heads={args.heads}", f"--mlp-dim={args.mlp_dim}", f"--patch={args.patch}",
@@ -46,57 +47,169 @@ def run(args) -> dict | None:
       f"--num-classes={args.num_classes}", f"--batch={args.batch}", f"--seed={args.seed}"])
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "model": 1})
   rules = sharding.rules_from_config(None)
+  v = vit_step_bench.Variant(f"laplax k={k}", vit_step_bench.build_model(bench_args, k),
+                             _batch(args), mesh=mesh, rules=rules, seed=args.seed,
+                             steps_per_call=1, flatten=flatten)
+  return v, v.stats
+
+
+def _batch(args) -> dict:
+  import numpy as np
   rng = np.random.default_rng(args.seed)
-  batch_np = {
-      "image": rng.standard_normal((args.batch, args.image_size, args.image_size,
-                                    args.channels)).astype(np.float32),
-      "label": rng.integers(0, args.num_classes, args.batch).astype(np.int32)}
+  return {"image": rng.standard_normal((args.batch, args.image_size, args.image_size,
+                                        args.channels)).astype(np.float32),
+          "label": rng.integers(0, args.num_classes, args.batch).astype(np.int32)}
+
+
+def _torch_step(args, k: int, threads: int):
+  batch = _batch(args)
+  peer = torch_peer.Trainer(images=batch["image"], labels=batch["label"], threads=threads,
+                            seed=args.seed, patch=args.patch, width=args.width,
+                            depth=args.depth, heads=args.heads, mlp_dim=args.mlp_dim,
+                            num_classes=args.num_classes, laplacian_heads=k)
+  return peer.step, {"params": peer.num_params()}
+
+
+def worker(args) -> None:
+  """A variant in its own process (own XLA_FLAGS, own thread pools), driven over stdin/stdout.
+
+  Prints one JSON line (stats) when ready; then for each 'run' line on stdin runs one step and
+  prints its seconds; exits on EOF.
+  """
+  kind, k = args.worker.split(":")
   threads = args.threads or os.cpu_count()
+  if kind == "torch":
+    fn, stats = _torch_step(args, int(k), threads)
+  else:
+    fn, stats = _laplax_step(args, int(k), flatten=kind == "laplax-flat")
+  print(json.dumps(stats, default=str), flush=True)
+  for line in sys.stdin:
+    if not line.strip():
+      continue
+    start = time.perf_counter()
+    fn()
+    print(f"{time.perf_counter() - start!r}", flush=True)
+
+
+class _Remote:
+  """Parent side of `worker`: calling it runs one step in the child; the child's time counts."""
+
+  def __init__(self, name: str, spec: str, xla_flags: str, argv: list[str], tree: str = ""):
+    env = dict(os.environ)
+    if tree:
+      env["LAPLAX_TREE"] = str(pathlib.Path(tree).resolve())
+    if xla_flags:
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+    self.name = name
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.cpu_step_ratio", f"--worker={spec}", *argv],
+        cwd=pathlib.Path(__file__).resolve().parents[1], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    line = self.proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"variant {name!r} ({spec}, XLA_FLAGS={xla_flags!r}) failed to start")
+    self.stats = json.loads(line)
+    self.last = float("nan")
+
+  def __call__(self) -> float:
+    self.proc.stdin.write("run\n")
+    self.proc.stdin.flush()
+    self.last = float(self.proc.stdout.readline())
+    return self.last
+
+  def close(self) -> None:
+    self.proc.stdin.close()
+    self.proc.wait(timeout=60)
+
+
+def _interleave(remotes: dict[str, "_Remote"], *, repetitions: int, warmup: int, seed: int):
+  """common.time_interleaved, but each time is the one the child measured around its step."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  names = list(remotes)
+  for _ in range(warmup):
+    for name in names:
+      remotes[name]()
+  times = {name: np.empty(repetitions) for name in names}
+  for r in range(repetitions):
+    for i in rng.permutation(len(names)):
+      times[names[i]][r] = remotes[names[i]]()
+  return times
+
+
+def parse_variants(text: str) -> list[tuple[str, str, str, str]]:
+  """'name=kind[:tree][@XLA flags];...' -> [(name, kind, tree, flags)].
+
+  kind: laplax (the optax chain) | laplax-flat (optim.flatten); tree: a directory holding
+  another laplax package to time instead of this checkout's (e.g. `git archive <commit> laplax`
+  unpacked there), for before/after in one run.
+  """
+  out = []
+  for part in filter(None, (p.strip() for p in text.split(";"))):
+    name, _, rest = part.partition("=")
+    rest, _, flags = rest.partition("@")
+    kind, _, tree = rest.partition(":")
+    if kind not in ("laplax", "laplax-flat"):
+      raise ValueError(f"variant {part!r}: kind {kind!r} is not laplax or laplax-flat")
+    if tree and not (pathlib.Path(tree) / "laplax").is_dir():
+      raise ValueError(f"variant {part!r}: {tree} holds no laplax package")
+    out.append((name.strip(), kind, tree.strip(), flags.strip()))
+  return out
+
+
+def run(args) -> dict | None:
+  if not torch_peer.available():
+    print("cpu_step_ratio: torch is not installed (an optional benchmark dependency): "
+          "`pip install torch` to compare against PyTorch; nothing to do.")
+    return None
+  import numpy as np
+  from benchmarks import common
+
+  ks = common.parse_int_list(args.k)
+  threads = args.threads or os.cpu_count()
+  variants = parse_variants(args.variants)
+  if args.control:
+    variants.append((variants[0][0] + " (control)",) + variants[0][1:])
+  common_argv = [f"--{f.replace('_', '-')}={getattr(args, f)}" for f in (
+      "width", "depth", "heads", "mlp_dim", "patch", "image_size", "channels", "num_classes",
+      "batch", "seed")] + [f"--threads={threads}"]
+  import torch
   print(f"ViT width {args.width}, depth {args.depth}, {args.heads} heads, MLP {args.mlp_dim}, "
         f"patch {args.patch} on {args.image_size}x{args.image_size}x{args.channels}, batch "
-        f"{args.batch}; jax {jax.__version__} ({jax.default_backend()}), torch "
-        f"{__import__('torch').__version__} with {threads} threads; load {os.getloadavg()}",
-        flush=True)
-
-  fns, stats = {}, {}
-  for k in ks:
-    specs = [f"laplax k={k}"] + ([f"laplax k={k} (control)"] if args.control and k == ks[0]
-                                 else [])
-    for name in specs:
-      v = vit_step_bench.Variant(name, vit_step_bench.build_model(bench_args, k), batch_np,
-                                 mesh=mesh, rules=rules, seed=args.seed, steps_per_call=1)
-      fns[name], stats[name] = v, v.stats
-      print(f"  compiled {name}: {v.stats['fusions']} fusions, {v.stats['instructions']} HLO "
-            "instructions", flush=True)
-    peer = torch_peer.Trainer(images=batch_np["image"], labels=batch_np["label"],
-                              threads=threads, seed=args.seed, patch=args.patch,
-                              width=args.width, depth=args.depth, heads=args.heads,
-                              mlp_dim=args.mlp_dim, num_classes=args.num_classes,
-                              laplacian_heads=k)
-    fns[f"torch k={k}"] = peer.step
-
-  times = common.time_interleaved(fns, repetitions=args.repetitions, warmup=args.warmup,
-                                  seed=args.seed)
+        f"{args.batch}; torch {torch.__version__} with {threads} threads; each variant in its "
+        f"own process; load {os.getloadavg()}", flush=True)
+  remotes = {}
+  try:
+    for k in ks:
+      for name, kind, tree, flags in variants:
+        full = f"{name} k={k}"
+        remotes[full] = _Remote(full, f"{kind}:{k}", flags, common_argv, tree)
+        s = remotes[full].stats
+        print(f"  compiled {full}: {s['fusions']} fusions, {s['instructions']} HLO "
+              f"instructions" + (f" (XLA_FLAGS {flags})" if flags else ""), flush=True)
+      remotes[f"torch k={k}"] = _Remote(f"torch k={k}", f"torch:{k}", "", common_argv)
+    times = _interleave(remotes, repetitions=args.repetitions, warmup=args.warmup,
+                        seed=args.seed)
+  finally:
+    for r in remotes.values():
+      r.close()
   result = {"config": vars(args), "environment": common.environment(), "threads": threads,
-            "variants": {}, "ratios": {}, "hlo": stats}
+            "variants": {}, "ratios": {},
+            "hlo": {n: r.stats for n, r in remotes.items() if not n.startswith("torch")}}
   print(f"\nper step, over {args.repetitions} interleaved rounds:")
   for name, t in times.items():
     ips = args.batch / np.median(t)
     result["variants"][name] = {"images_per_s": ips, "median_ms": 1e3 * np.median(t),
                                 "min_ms": 1e3 * t.min(), "max_ms": 1e3 * t.max()}
-    print(f"  {name:24s} {ips:8.1f} images/s   ms/step {common.describe_times(t)}")
+    print(f"  {name:28s} {ips:8.1f} images/s   ms/step {common.describe_times(t)}")
   print()
   for k in ks:
-    # Throughput ratio laplax / torch == time ratio torch / laplax.
-    s = result["ratios"][f"k={k} laplax / torch"] = common.ratio_stats(
-        times[f"torch k={k}"], times[f"laplax k={k}"], seed=args.seed)
-    print(common.format_ratio(f"throughput ratio laplax / torch, k={k}", s) +
-          f"   (target >= 1: {'met' if s['ratio'] >= 1 else 'NOT met'})")
-  if args.control:
-    s = result["control"] = common.ratio_stats(times[f"laplax k={ks[0]}"],
-                                               times[f"laplax k={ks[0]} (control)"],
-                                               seed=args.seed)
-    print(common.format_ratio(f"control: laplax k={ks[0]} / its second compile", s))
+    for name, *_ in variants:
+      # Throughput ratio laplax / torch == time ratio torch / laplax.
+      s = result["ratios"][f"{name} k={k} / torch"] = common.ratio_stats(
+          times[f"torch k={k}"], times[f"{name} k={k}"], seed=args.seed)
+      print(common.format_ratio(f"throughput {name} / torch, k={k}", s) +
+            f"   (target >= 1: {'met' if s['ratio'] >= 1 else 'NOT met'})")
   common.write_json(args.json, result)
   return result
 
@@ -116,12 +229,25 @@ def parse_args(argv=None):
   p.add_argument("--threads", type=int, default=0, help="torch threads (0: os.cpu_count())")
   p.add_argument("--repetitions", type=int, default=30, help="timed rounds")
   p.add_argument("--warmup", type=int, default=3, help="untimed rounds")
-  p.add_argument("--control", action="store_true", help="a second laplax compile (noise)")
+  p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                 help="laplax variants 'name=kind[:tree][@XLA_FLAGS];...', kind laplax (optax "
+                 "chain) or laplax-flat (optim.flatten); tree: another checkout's root")
+  p.add_argument("--control", action="store_true",
+                 help="a second copy of the first variant (its ratio shows the noise)")
+  p.add_argument("--worker", default="", help=argparse.SUPPRESS)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default="", help="write the summary here")
   return p.parse_args(argv)
 
 
+def main() -> None:
+  args = parse_args()
+  if args.worker:
+    worker(args)
+  else:
+    run(args)
+
+
 if __name__ == "__main__":
   from laplax import cli
-  cli.run_main(lambda: run(parse_args()))
+  cli.run_main(main)
