@@ -31,6 +31,7 @@ if os.environ.get("LAPLAX_TREE"):  # a worker timing another checkout's laplax (
 from benchmarks import torch_peer
 
 DEFAULT_VARIANTS = "laplax=laplax-flat"
+KINDS = ("laplax", "laplax-flat", "laplax+qkv", "laplax-flat+qkv")
 
 
 def _laplax_step(args, k: int, flatten: bool):
@@ -81,7 +82,10 @@ def worker(args) -> None:
   if kind == "torch":
     fn, stats = _torch_step(args, int(k), threads)
   else:
-    fn, stats = _laplax_step(args, int(k), flatten=kind == "laplax-flat")
+    if kind.endswith("+qkv"):  # the prototype attention layout (benchmarks/attention_proto.py)
+      from benchmarks import attention_proto
+      attention_proto.install()
+    fn, stats = _laplax_step(args, int(k), flatten=kind.startswith("laplax-flat"))
   print(json.dumps(stats, default=str), flush=True)
   for line in sys.stdin:
     if not line.strip():
@@ -140,7 +144,8 @@ def _interleave(remotes: dict[str, "_Remote"], *, repetitions: int, warmup: int,
 def parse_variants(text: str) -> list[tuple[str, str, str, str]]:
   """'name=kind[:tree][@XLA flags];...' -> [(name, kind, tree, flags)].
 
-  kind: laplax (the optax chain) | laplax-flat (optim.flatten); tree: a directory holding
+  kind: laplax (the optax chain) | laplax-flat (optim.flatten), either with '+qkv': the
+  prototype attention of benchmarks/attention_proto.py (one fused q/k/v matmul); tree: a directory holding
   another laplax package to time instead of this checkout's (e.g. `git archive <commit> laplax`
   unpacked there), for before/after in one run.
   """
@@ -149,8 +154,8 @@ def parse_variants(text: str) -> list[tuple[str, str, str, str]]:
     name, _, rest = part.partition("=")
     rest, _, flags = rest.partition("@")
     kind, _, tree = rest.partition(":")
-    if kind not in ("laplax", "laplax-flat"):
-      raise ValueError(f"variant {part!r}: kind {kind!r} is not laplax or laplax-flat")
+    if kind not in KINDS:
+      raise ValueError(f"variant {part!r}: kind {kind!r} is not one of {KINDS}")
     if tree and not (pathlib.Path(tree) / "laplax").is_dir():
       raise ValueError(f"variant {part!r}: {tree} holds no laplax package")
     out.append((name.strip(), kind, tree.strip(), flags.strip()))
@@ -210,6 +215,12 @@ def run(args) -> dict | None:
           times[f"torch k={k}"], times[f"{name} k={k}"], seed=args.seed)
       print(common.format_ratio(f"throughput {name} / torch, k={k}", s) +
             f"   (target >= 1: {'met' if s['ratio'] >= 1 else 'NOT met'})")
+  first = variants[0][0]
+  for k in ks:  # before / after in one run: every laplax variant against the first
+    for name, *_ in variants[1:]:
+      s = result["ratios"][f"{name} k={k} / {first} k={k}"] = common.ratio_stats(
+          times[f"{first} k={k}"], times[f"{name} k={k}"], seed=args.seed)
+      print(common.format_ratio(f"throughput {name} / {first}, k={k}", s))
   common.write_json(args.json, result)
   return result
 
