@@ -98,8 +98,9 @@ def worker(args) -> None:
 class _Remote:
   """Parent side of `worker`: calling it runs one step in the child; the child's time counts."""
 
-  def __init__(self, name: str, spec: str, xla_flags: str, argv: list[str], tree: str = ""):
-    env = dict(os.environ)
+  def __init__(self, name: str, spec: str, xla_flags: str, argv: list[str], tree: str = "",
+               extra_env: dict[str, str] | None = None):
+    env = {**os.environ, **(extra_env or {})}
     if tree:
       env["LAPLAX_TREE"] = str(pathlib.Path(tree).resolve())
     if xla_flags:
@@ -192,7 +193,11 @@ def run(args) -> dict | None:
         s = remotes[full].stats
         print(f"  compiled {full}: {s['fusions']} fusions, {s['instructions']} HLO "
               f"instructions" + (f" (XLA_FLAGS {flags})" if flags else ""), flush=True)
-      remotes[f"torch k={k}"] = _Remote(f"torch k={k}", f"torch:{k}", "", common_argv)
+      # OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning between ops; on a
+      # machine shared with other jobs the spinning collapses torch's throughput.
+      remotes[f"torch k={k}"] = _Remote(
+          f"torch k={k}", f"torch:{k}", "", common_argv,
+          extra_env={"OMP_WAIT_POLICY": "PASSIVE"} if args.torch_passive else None)
     times = _interleave(remotes, repetitions=args.repetitions, warmup=args.warmup,
                         seed=args.seed)
   finally:
@@ -245,6 +250,8 @@ def parse_args(argv=None):
                  "chain) or laplax-flat (optim.flatten); tree: another checkout's root")
   p.add_argument("--control", action="store_true",
                  help="a second copy of the first variant (its ratio shows the noise)")
+  p.add_argument("--torch-passive", action="store_true",
+                 help="OMP_WAIT_POLICY=PASSIVE for torch (fairer on a loaded machine)")
   p.add_argument("--worker", default="", help=argparse.SUPPRESS)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default="", help="write the summary here")
