@@ -15,8 +15,10 @@ epochs of 55k), flat AdamW. Baseline (k=0) test accuracy of single train.py runs
   1500 steps, lr 2e-3 / lr 3e-3                  0.877 (seed 0) / 0.876 (seed 1)
   2000 steps, lr 3e-3                            0.881 (seed 0)
 Time: the tiny patch-7 step runs 2.6x the images/s of the width-128 step (interleaved); that one
-does ~720-760 images/s on 2 idle cores, so 1250 steps ~ 85 s, plus ~12 s per cell for start-up
-and compile, val + test evaluation and the 2000-image geometry analysis: ~14.5 min for 9 cells.
+does ~720-760 images/s on 2 idle cores, so 1250 steps ~ 85 s, plus ~10-15 s per cell for compile,
+val + test evaluation and the 2000-image geometry analysis (measured on a shared machine at ~1
+core: 24 s start-up incl. imports, 5 s evaluation, 9 s analysis): ~14.5-15 min for 9 cells,
+extrapolated, not measured idle.
 Traded: no crop augmentation (it slows a 3-epoch run down; helps only longer runs), patch 7
 instead of 4 (3-4x cheaper steps, about a point of accuracy), 1250 instead of 2000 steps (about
 -0.6 points, -35% time). Margin over 0.87 is thin (~0.5 point): 1500 steps adds ~0.1-0.2 points
