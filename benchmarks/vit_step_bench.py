@@ -48,9 +48,11 @@ class Variant:
   """One compiled train step and its (donated, chained) state."""
 
   def __init__(self, name: str, model: vit.ViT, batch_np: dict[str, np.ndarray], *,
-               mesh, rules, seed: int, steps_per_call: int):
+               mesh, rules, seed: int, steps_per_call: int, flatten: bool = False):
     self.name, self.steps_per_call = name, steps_per_call
-    tx = make_optimizer(optim_config(), total_steps=10_000)
+    optim = optim_config()
+    optim.flatten = flatten  # one raveled AdamW update (laplax.train.state.flat_adamw)
+    tx = make_optimizer(optim, total_steps=10_000)
     sample = jnp.zeros((1,) + batch_np["image"].shape[1:], jnp.float32)
     self.state, shardings = create_state(model, tx, mesh, rules, sample, seed)
     self.batch = sharding.host_batch_to_global(batch_np, mesh)

@@ -4,7 +4,21 @@ r"""The main job: baseline vs Laplacian ViTs on Fashion-MNIST, 3 seeds, with geo
   # -> runs/study/report.md (+ PNGs); rerun to resume; finished cells are skipped.
 
 Grid: k = 0 (baseline), k = 4 (all heads Laplacian, "ViT-tiny-4L") and k = 2 (a mix: the last 2
-of 4 heads in every layer) x seeds 0, 1, 2.
+of 4 heads in every layer) x seeds 0, 1, 2: 9 cells, about 15 min on 2 idle CPU cores.
+
+Recipe, tuned so the baseline converges inside that budget: ViT-tiny (width 64, depth 4, 4 heads,
+MLP 128), patch 7 (16 tokens + class token), batch 128, AdamW lr 3e-3 (75 warm-up steps, cosine
+to 1 %), weight decay 0.05, clip 1.0, label smoothing 0.1, no augmentation, 1250 steps (2.9
+epochs of the 55k training images), flat AdamW. Baseline (k=0) test accuracy of single runs:
+  500 steps, lr 2e-3, crop (the old default)    0.735
+  1250 steps, lr 3e-3 (this recipe)              0.875 (seeds 0 and 2)
+  1500 steps, lr 2e-3 / lr 3e-3                  0.877 (seed 0) / 0.876 (seed 1)
+  2000 steps, lr 3e-3                            0.881 (seed 0)
+Traded: no crop augmentation (it slows a 3-epoch run down; it helps only longer runs), patch 7
+instead of 4 (3-4x cheaper steps, about a point of accuracy), 1250 instead of 2000 steps (about
+-0.6 points, -35 % time), 3 head settings x 3 seeds instead of a k sweep. The margin over 0.87
+is thin (about 0.5 point). Checkpoints every 250 steps, all 5 kept: the report's learning curve
+(test accuracy and the paired difference at steps 250 ... 1250).
 """
 
 from configs import common
@@ -13,11 +27,16 @@ from configs import fashion_mnist_vit
 
 def get_config():
   b = fashion_mnist_vit.get_config()
+  b.model.preset = "tiny"  # width 64, depth 4, 4 heads, MLP 128
   b.model.patch_size = 7  # 16 patch tokens + class token: CPU-sized
-  b.total_steps = 500
-  b.optim.warmup_steps = 50
-  b.log_every = 100
-  b.checkpoint.every_steps = 250
+  b.data.batch_size = 128
+  b.data.augment = "none"
+  b.total_steps = 1250
+  b.optim.lr = 3e-3
+  b.optim.warmup_steps = 75
+  b.log_every = 125
+  b.checkpoint.every_steps = 250  # the learning curve's points
+  b.checkpoint.keep = 5
   c = common.study("study_fmnist", b, specs=(0, 4, 2))
   c.study.analysis_examples = 2000  # test images for the geometry
   return c

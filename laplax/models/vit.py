@@ -44,6 +44,36 @@ def preset(name: str) -> dict[str, int]:
   return dict(PRESETS[name])
 
 
+class PatchEmbed(nn.Module):
+  """images (B, H, W, C) -> (B, (H/p) * (W/p), E): non-overlapping p x p patches, one matmul.
+
+  The parameters are nn.Conv's ('kernel' (p, p, C, E), 'bias' (E,)), so checkpoints of the
+  strided-conv embedding load unchanged, and the result equals that conv up to float rounding.
+  A reshape + one (B*N, p*p*C) x (p*p*C, E) matmul is much cheaper on the CPU than XLA's
+  strided convolution and its transposed-conv gradient.
+  """
+
+  features: int
+  patch_size: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: Array) -> Array:
+    b, h, w, c = images.shape
+    p = self.patch_size
+    kernel = self.param("kernel", logical(nn.initializers.lecun_normal(), None, None, None,
+                                          "embed"), (p, p, c, self.features), self.param_dtype)
+    bias = self.param("bias", logical(nn.initializers.zeros, "embed"), (self.features,),
+                      self.param_dtype)
+    # (B, H/p, p, W/p, p, C) -> (B, H/p, W/p, p, p, C): patch pixels in the kernel's (p, p, C)
+    # order, patches row-major as the conv's output positions.
+    x = images.astype(self.dtype).reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+    x = x.reshape(b, (h // p) * (w // p), p * p * c)
+    y = jnp.dot(x, kernel.reshape(p * p * c, self.features).astype(self.dtype))
+    return y + bias.astype(self.dtype)
+
+
 class Block(nn.Module):
   """Pre-norm transformer block: x + ls(attn(ln(x))), then x + ls(mlp(ln(x)))."""
 
@@ -66,7 +96,9 @@ class Block(nn.Module):
         bias_init=logical(nn.initializers.zeros, "embed"))
     scale = ((lambda name: LayerScale(self.layerscale_init, self.param_dtype, name=name))
              if self.layerscale_init is not None else (lambda name: (lambda y: y)))
-    rng = self.make_rng("dropout") if train else None
+    # A static zero rate needs no random bits (and no per-example select): skip the rng work.
+    static_zero = isinstance(drop_rate, (int, float)) and drop_rate == 0
+    rng = self.make_rng("dropout") if train and not static_zero else None
     rngs = (None, None) if rng is None else tuple(jax.random.split(rng))
 
     y = MultiHeadAttention(
@@ -133,11 +165,8 @@ class ViT(nn.Module):
     p = self.patch_size
     if h % p or w % p:
       raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
-    x = nn.Conv(self.hidden_dim, (p, p), strides=(p, p), padding="VALID", name="embedding",
-                dtype=self.dtype, param_dtype=self.param_dtype,
-                kernel_init=logical(nn.initializers.lecun_normal(), None, None, None, "embed"),
-                bias_init=logical(nn.initializers.zeros, "embed"))(images.astype(self.dtype))
-    x = x.reshape(b, -1, self.hidden_dim)
+    x = PatchEmbed(self.hidden_dim, p, dtype=self.dtype, param_dtype=self.param_dtype,
+                   name="embedding")(images)
     pos = self.param("pos_embedding", logical(nn.initializers.normal(0.02), None, "length",
                                               "embed"),
                      (1, x.shape[1], self.hidden_dim), self.param_dtype)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing import NamedTuple
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -46,9 +49,62 @@ def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
       end_value=optim.lr * optim.get("final_lr_fraction", 0.0))
 
 
+class FlatAdamWState(NamedTuple):
+  """count (): updates done; mu, nu (P,): Adam moments of all P parameters in one vector."""
+  count: jax.Array
+  mu: jax.Array
+  nu: jax.Array
+
+
+def flat_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
+               weight_decay: float, clip_norm: float = 0.0, eps: float = 1e-8,
+               mask=decay_mask) -> optax.GradientTransformation:
+  """optax.chain(clip_by_global_norm, adamw(mask=...)) on one raveled (P,) vector.
+
+  Same update as the chain, to float rounding, but as a few fused elementwise loops over one
+  vector instead of ~10 small ops per parameter leaf: the per-op launch cost of a ~100-leaf tree
+  dominated the CPU optimizer step. The moments are flat (P,) arrays with no logical axis names,
+  so they are replicated on a sharded mesh: meant for one device (the CPU configs).
+  """
+  lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+  def init(params):
+    flat, _ = ravel_pytree(params)
+    return FlatAdamWState(count=jnp.zeros((), jnp.int32), mu=jnp.zeros_like(flat),
+                          nu=jnp.zeros_like(flat))
+
+  def update(grads, state, params=None):
+    if params is None:
+      raise ValueError("flat_adamw needs params (weight decay)")
+    g, unravel = ravel_pytree(grads)
+    p, _ = ravel_pytree(params)
+    if clip_norm and clip_norm > 0:
+      norm = jnp.sqrt(jnp.sum(g * g))
+      g = jnp.where(norm < clip_norm, g, g / norm * clip_norm)
+    mu = b1 * state.mu + (1 - b1) * g
+    nu = b2 * state.nu + (1 - b2) * g * g
+    count = optax.safe_increment(state.count)
+    mu_hat = mu / (1 - b1 ** count.astype(mu.dtype))
+    nu_hat = nu / (1 - b2 ** count.astype(nu.dtype))
+    # The decay mask is static (from the tree's structure): a constant (P,) 0/1 vector.
+    decay = ravel_pytree(jax.tree.map(lambda m, x: jnp.full(x.shape, m, x.dtype),
+                                      mask(params), params))[0]
+    u = mu_hat / (jnp.sqrt(nu_hat) + eps) + weight_decay * decay * p
+    return unravel(-lr(state.count) * u), FlatAdamWState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
-  """AdamW with warm-up + cosine and global-norm clipping (clip_norm <= 0 disables it)."""
+  """AdamW with warm-up + cosine and global-norm clipping (clip_norm <= 0 disables it).
+
+  optim.flatten (default False): the same update over one raveled parameter vector
+  (`flat_adamw`), faster on one CPU device; its optimizer state is not sharded.
+  """
   schedule = learning_rate_schedule(optim, total_steps)
+  if optim.get("flatten", False):
+    return flat_adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
+                      clip_norm=optim.clip_norm)
   parts = []
   if optim.clip_norm and optim.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(optim.clip_norm))
