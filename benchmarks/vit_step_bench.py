@@ -4,7 +4,7 @@ r"""Train-step time of one ViT with every head Laplacian (k=H) against the basel
       --batch=128 --repetitions=60 --control
 
 Both variants are the same model, optimiser and sharded jitted step as the classification
-trainer (laplax.train.classification), differing only in `laplacian_heads`. They are compiled
+trainer (laplax.train.trainer with laplax.tasks.classification), differing only in `laplacian_heads`. They are compiled
 first (AOT), then timed interleaved: each round runs every variant once in a shuffled order.
 `--control` adds a second, separately compiled k=0 step, so the k=0 / k=0 ratio shows how large a
 difference pure noise makes on this machine. The compiled programs are compared too (fusions,
@@ -31,7 +31,9 @@ from benchmarks import common
 from laplax import cli
 from laplax import sharding
 from laplax.models import vit
-from laplax.train.classification import classification_loss, create_state
+from configs import test as test_configs
+from laplax.tasks.classification import ClassificationTask
+from laplax.train import trainer
 from laplax.train.state import make_optimizer
 from laplax.train.steps import make_train_step
 
@@ -44,6 +46,17 @@ def optim_config() -> ml_collections.ConfigDict:
                                         weight_decay=0.05, b1=0.9, b2=0.999, clip_norm=1.0))
 
 
+class _BenchTask(ClassificationTask):
+  """The classification task on this benchmark's random images of any shape."""
+
+  def __init__(self, config, image_shape):
+    super().__init__(config)
+    self.image_shape = tuple(image_shape)
+
+  def sample_input(self):
+    return np.zeros((1,) + self.image_shape, np.float32)
+
+
 class Variant:
   """One compiled train step and its (donated, chained) state."""
 
@@ -53,10 +66,10 @@ class Variant:
     optim = optim_config()
     optim.flatten = flatten  # one raveled AdamW update (laplax.train.state.flat_adamw)
     tx = make_optimizer(optim, total_steps=10_000)
-    sample = jnp.zeros((1,) + batch_np["image"].shape[1:], jnp.float32)
-    self.state, shardings = create_state(model, tx, mesh, rules, sample, seed)
+    task = _BenchTask(test_configs.get_config("vit"), batch_np["image"].shape[1:])
+    self.state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed)
     self.batch = sharding.host_batch_to_global(batch_np, mesh)
-    step = make_train_step(classification_loss(model, 0.1), tx, seed=seed)
+    step = make_train_step(task.loss_fn(model), tx, seed=seed)  # label smoothing 0.1
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh)),
                        out_shardings=(shardings, None), donate_argnums=(0,))
