@@ -40,6 +40,8 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.checkpoint.async_save = ml_collections.FieldReference(None, field_type=bool)
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
   c.axis_rules = ()  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
+  c.profile = ()  # (first step, number of steps): a jax.profiler trace in workdir/profile
+  c.compilation_cache_dir = ""  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps
   return c
 
 

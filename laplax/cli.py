@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
+from laplax.train.loop import Preempted
 
 USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
 
@@ -148,6 +149,9 @@ def run_main(main: Callable[[], object]) -> None:
       print("interrupted: the latest checkpoint is kept; rerun the same command to resume",
             file=sys.stderr)
       sys.exit(130)
+    except Preempted as e:  # SIGTERM / preemption: saved, then stopped on purpose
+      print(str(e), file=sys.stderr)
+      sys.exit(143)
     except USER_ERRORS as e:
       print(f"error: {one_line(e)}", file=sys.stderr)
       sys.exit(1)

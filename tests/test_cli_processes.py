@@ -94,6 +94,28 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path, cache):
   assert steps == list(range(1, 201))  # no duplicate rows for the redone steps
 
 
+def test_sigterm_saves_waits_and_exits_then_the_rerun_resumes(tmp_path, cache):
+  work = tmp_path / "run"
+  proc = _start(_args(work, cache, "--config.total_steps=400",
+                      "--config.checkpoint.every_steps=1000"))
+  deadline = time.time() + 300
+  while time.time() < deadline and not (work / "metrics.jsonl").exists():
+    time.sleep(0.1)
+  time.sleep(2.0)  # some steps in, no periodic checkpoint yet (every 1000 steps)
+  os.killpg(proc.pid, signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 143, out
+  lines = [l for l in out.splitlines() if l.startswith("preempted at step")]
+  assert len(lines) == 1 and "Traceback" not in out, out
+  step = int(lines[0].split()[3].rstrip(":"))
+  assert 0 < step < 400 and (work / "checkpoints" / str(step)).is_dir()
+  rerun = subprocess.run(_args(work, cache, "--config.total_steps=400",
+                               "--config.checkpoint.every_steps=1000"),
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stderr
+  assert f"resumed from step {step}" in rerun.stdout + rerun.stderr
+
+
 def test_diverging_run_stops_without_a_nan_checkpoint(tmp_path, cache):
   work = tmp_path / "run"
   out = subprocess.run(_args(work, cache, "--config.total_steps=60", "--config.optim.lr=1e3",

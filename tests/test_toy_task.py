@@ -6,6 +6,7 @@ import json
 
 import flax.linen as nn
 import grain
+import jax
 import ml_collections
 import numpy as np
 import optax
@@ -108,3 +109,18 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
 def test_register_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a laplax.tasks.Task subclass"):
     tasks.register("nope", dict)
+
+
+def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registered):
+  config = toy_config(8)
+  config.profile = (3, 2)
+  config.compilation_cache_dir = str(tmp_path / "xla_cache")
+  try:
+    trainer.train_and_evaluate(config, tmp_path / "run", log=lambda m: None)
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla_cache")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", None)  # process-wide: not for later tests
+  assert list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
+  config.profile = (0, 2)
+  with pytest.raises(ValueError, match="profile=\\(0, 2\\)"):
+    trainer.train_and_evaluate(config, tmp_path / "run2", log=lambda m: None)

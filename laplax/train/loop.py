@@ -60,13 +60,24 @@ class _FiniteGuard:
               " lower optim.lr or set optim.skip_nonfinite=True")
 
 
+class Preempted(Exception):
+  """The run was asked to stop (SIGTERM, a preemption notice) and saved its state first."""
+
+  def __init__(self, step: int):
+    super().__init__(f"preempted at step {step}: its checkpoint is saved; rerun the same "
+                     "command to resume")
+    self.step = step
+
+
 def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               writer: MetricsWriter, *, mesh, rules, start_step: int, total_steps: int,
               log_every: int, items_per_step: int, unit: str, schedule: Callable[[int], Any],
               name: str, describe: Callable[[dict[str, float]], str],
               evaluate: Callable[[Any, int], None] | None = None, eval_every: int = 0,
               batch_keys: Sequence[str] | None = None,
-              max_consecutive_skips: int = 10) -> tuple[Any, dict[str, float]]:
+              max_consecutive_skips: int = 10,
+              stop_requested: Callable[[int], bool] | None = None,
+              profile: tuple[int, int, str] | None = None) -> tuple[Any, dict[str, float]]:
   """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
 
   Every log_every steps (and at the end): the interval's mean metrics and throughput
@@ -77,7 +88,10 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   at the end. batch_keys: the batch entries the step takes (None: all).
   Raises NonFiniteError (after finishing any save in flight) when a step's loss or grad_norm
   is non-finite and not skipped, or more than max_consecutive_skips steps in a row were
-  skipped; no state after the bad step is saved.
+  skipped; no state after the bad step is saved. When stop_requested(step) turns true (a
+  SIGTERM, a pod's preemption notice), the state of that step is saved, the save is waited
+  for, and Preempted is raised. profile = (first step, steps, directory): a jax.profiler trace
+  of those steps (TensorBoard / XProf).
   Returns (state, the last interval's summary).
   """
   progress = Progress(total_steps, name=name, start=start_step)
@@ -85,14 +99,22 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   guard = _FiniteGuard(checkpointer, max_consecutive_skips)
   should_save = getattr(checkpointer, "should_save", None)
   t_last, step, last = time.time(), start_step, {}
+  tracing = False
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       while step < total_steps:
+        if profile is not None and step + 1 == profile[0]:
+          jax.profiler.start_trace(profile[2])
+          tracing = True
         batch = next(train_iter)
         if batch_keys is not None:
           batch = {k: batch[k] for k in batch_keys}
         state, metrics = step_fn(state, sharding.host_batch_to_global(batch, mesh))
         step += 1
+        if tracing and step + 1 >= profile[0] + profile[1]:
+          jax.block_until_ready(state)
+          jax.profiler.stop_trace()
+          tracing = False
         pending.append(metrics)
         guard.unchecked.append((step, metrics))
         if step % log_every == 0 or step == total_steps:
@@ -106,13 +128,21 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         if evaluate is not None and eval_every and step % eval_every == 0 and step < total_steps:
           evaluate(state, step)
           t_last = time.time()
-        force = step == total_steps
+        stop = stop_requested is not None and stop_requested(step) and step < total_steps
+        force = step == total_steps or stop
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
           checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
+        if stop:
+          checkpointer.wait_until_finished()
+          checkpointer.close()
+          raise Preempted(step)
   except NonFiniteError:
     checkpointer.close()  # finishes the last (good) save in flight
     raise
+  finally:
+    if tracing:  # the run ended inside the window
+      jax.profiler.stop_trace()
   checkpointer.wait_until_finished()
   checkpointer.close()
   return state, last

@@ -37,8 +37,11 @@ class MetricsWriter:
   """
 
   def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl", *,
-               resume_step: int | None = None):
+               resume_step: int | None = None, active: bool = True):
     self.path = pathlib.Path(workdir) / filename
+    self.active = active  # False on all hosts but process 0: one writer per run
+    if not active:
+      return
     self.path.parent.mkdir(parents=True, exist_ok=True)
     if resume_step is not None:
       self.truncate_after(resume_step)
@@ -83,6 +86,8 @@ class MetricsWriter:
     return dropped
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
+    if not self.active:
+      return
     record = {"step": int(step), "split": split, "time": time.time(),
               **{k: _plain(v) for k, v in metrics.items()}}
     line = _dumps(record) + "\n"

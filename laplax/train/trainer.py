@@ -9,8 +9,11 @@ final evaluation -> results.json. `run(config, workdir)` is what train.py calls:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
+import signal
+import threading
 import time
 from typing import Any
 
@@ -62,6 +65,40 @@ def _init_state(task: Task, model: nn.Module, tx, rng) -> TrainState:
   return TrainState.create(params, tx, extra=task.init_extra(params))
 
 
+def _profile_window(config, workdir: pathlib.Path) -> tuple[int, int, str] | None:
+  """config.profile = (first step, number of steps) -> a trace in workdir/profile for
+  TensorBoard / XProf; () or absent: no trace."""
+  window = tuple(config.get("profile", ()) or ())
+  if not window:
+    return None
+  if len(window) != 2 or window[0] < 1 or window[1] < 1:
+    raise ValueError(f"profile={window}: use (first step >= 1, number of steps >= 1)")
+  return int(window[0]), int(window[1]), str(workdir / "profile")
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+  """Yields stop_requested(step) -> bool: true once SIGTERM arrived (a scheduler or a spot VM
+  asking the job to end) or, on a multi-host pod, at the preemption sync point that JAX's
+  distributed runtime reports to every host at the same step."""
+  received = []
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+
+  def stop_requested(step: int) -> bool:
+    if jax.process_count() > 1:  # every host must stop at the same step: ask the runtime
+      from jax.experimental import multihost_utils
+      return multihost_utils.reached_preemption_sync_point(step)
+    return bool(received)
+
+  try:
+    yield stop_requested
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+
+
 def check_workdir_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
   """Refuses to resume a workdir made with another task, model, data set or seed."""
   path = workdir / "config.json"
@@ -96,6 +133,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   task = tasks_lib.for_config(config)
   workdir = pathlib.Path(workdir)
+  if config.get("compilation_cache_dir"):  # compiled steps persist across runs and restarts
+    jax.config.update("jax_compilation_cache_dir", str(config.compilation_cache_dir))
   mesh = sharding.make_mesh(config.mesh.to_dict())
   rules = sharding.rules_from_config(config.get("axis_rules"))
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
@@ -106,7 +145,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[str, Any]:
   check_workdir_config(workdir, config)
   task.load_data(workdir, log)  # missing or bad data stops a fresh start before config.json
-  write_config(workdir, config)
+  lead = jax.process_index() == 0  # process 0 alone writes the run's files
+  if lead:
+    write_config(workdir, config)
   name = config.get("name", task.name)
   model = task.build_model()
   total_steps = task.total_steps()
@@ -121,7 +162,7 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
   checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
                                         shardings, train_iter, log=log)
   # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
-  writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0)
+  writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
   if state is abstract:
     state, _ = create_state(task, model, tx, mesh, rules, config.seed)
     task.before_training(model, state, mesh=mesh, rules=rules, workdir=workdir, writer=writer,
@@ -140,12 +181,14 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
           f"val {k} {v:.4f}" for k, v in val.items() if isinstance(v, float)))
 
   t0 = time.time()
-  state, last = loop.run_steps(
-      state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
-      start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
-      items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
-      describe=task.describe, evaluate=validate, eval_every=config.get("eval_every", 0),
-      batch_keys=task.batch_keys)
+  with _stop_on_sigterm() as stop_requested:
+    state, last = loop.run_steps(
+        state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+        start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
+        items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
+        describe=task.describe, evaluate=validate, eval_every=config.get("eval_every", 0),
+        batch_keys=task.batch_keys, stop_requested=stop_requested,
+        profile=_profile_window(config, workdir))
   step, train_time = int(state.step), time.time() - t0
   if config.get("eval_every", 0):  # the val curve ends at the last step
     validate(state, step)
@@ -156,7 +199,8 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
              "laplacian_heads": task.describe_heads(model), "last_train_metrics": last,
              "train_time_s": train_time}
   writer.write(step, "final", final)
-  workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
+  if lead:
+    workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
   log(f"done: {summary}")
   return results
 
