@@ -26,6 +26,7 @@ Reading a run never writes into its workdir's checkpoints/: it is safe next to a
 
 import json
 import pathlib
+import sys
 
 from absl import app, flags
 
@@ -62,8 +63,10 @@ def main(argv):
                           analysis_examples=FLAGS.analysis_examples, tasks=tuple(FLAGS.tasks),
                           limit=FLAGS.limit, data_dir=FLAGS.data_dir or str(shared_data_dir()),
                           photos=FLAGS.photos)
-    print(json.dumps(run.run(FLAGS.workdir, pathlib.Path(FLAGS.out or FLAGS.workdir), options),
-                     indent=2))
+    # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
+    log = lambda message: print(message, file=sys.stderr)
+    print(json.dumps(run.run(FLAGS.workdir, pathlib.Path(FLAGS.out or FLAGS.workdir), options,
+                             log=log), indent=2))
 
   cli.run_main(work)
 
