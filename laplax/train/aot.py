@@ -14,6 +14,7 @@ gets the figures; `fits` means peak <= (1 - HEADROOM) x the chip's HBM.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import time
 from typing import Any
@@ -50,6 +51,9 @@ def topology_devices(topology: str) -> list:
     import libtpu  # noqa: F401  # the TPU compiler; an optional install
   except ImportError:
     raise ValueError("--aot needs libtpu: .venv/bin/pip install -r requirements-tpu.txt") from None
+  # Compiling only: no chip is claimed, so libtpu's one-process-per-host lock (held by any
+  # other fit check, or a test's parent process) must not refuse us.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
