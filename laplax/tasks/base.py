@@ -143,7 +143,7 @@ class Task(abc.ABC):
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, Any]:
     """The step's global batch as jax.ShapeDtypeStructs (ahead-of-time compiles; no data)."""
-    raise NotImplementedError(f"task {self.name!r} has no abstract_batch (needed by --aot)")
+    raise ValueError(f"task {self.name!r} defines no abstract_batch: --aot cannot compile it")
 
   def flops_per_step(self, model: nn.Module, params: Any) -> int | None:
     """Analytic model FLOPs of one optimiser step (laplax.flops); None when not defined."""
