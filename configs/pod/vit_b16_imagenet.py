@@ -30,7 +30,7 @@ def get_config():
   c.data.val_size = 0  # ImageNet's own validation split
   # DeiT-III: LayerScale 1e-4 for ViT-B, stochastic depth 0.2 at 192 px.
   c.model = common.vit("B", patch_size=16, drop_path_rate=0.2, layerscale_init=1e-4,
-                       dtype="bfloat16", scan_layers=True, remat_policy="none",
+                       dtype="bfloat16", scan_layers=True, remat_policy="full",
                        attention_impl="splash")
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(2e-3, warmup_steps=5 * 625, weight_decay=0.05)  # 5 epochs warm-up

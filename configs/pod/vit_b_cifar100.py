@@ -26,7 +26,7 @@ def get_config():
   c.data.num_train = 50_000
   c.data.val_size = 5000
   c.model = common.vit("B", patch_size=4, drop_path_rate=0.1, layerscale_init=1e-4,
-                       dtype="bfloat16", scan_layers=True, remat_policy="none",
+                       dtype="bfloat16", scan_layers=True, remat_policy="full",
                        attention_impl="splash")
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(1e-3, warmup_steps=2000, weight_decay=0.05)

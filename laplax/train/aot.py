@@ -6,8 +6,9 @@ No data is loaded and nothing is allocated: the train state is the trainer's abs
 (`trainer.abstract_state`), the batch the task's `abstract_batch` (ShapeDtypeStructs), the
 devices those of `jax.experimental.topologies.get_topology_desc` (libtpu must be installed:
 `requirements-tpu.txt`; set JAX_PLATFORMS=cpu so that JAX itself stays on the CPU). The step is
-jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated), lowered,
-compiled by the TPU compiler, and `memory_analysis()` gives the per-chip bytes. workdir/aot.json
+jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated), lowered
+(splash attention as its Mosaic kernel: `model.attention_impl='splash'` must be explicit, 'auto'
+decides from the CPU host), compiled by the TPU compiler, and `memory_analysis()` gives the per-chip bytes. workdir/aot.json
 gets the figures; `fits` means peak <= (1 - HEADROOM) x the chip's HBM.
 """
 
@@ -25,6 +26,7 @@ import ml_collections
 
 from laplax import sharding
 from laplax import tasks as tasks_lib
+from laplax.kernels import splash
 from laplax.train import trainer
 from laplax.train import workdir as workdir_lib
 
@@ -97,7 +99,7 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
   t0 = time.time()
   try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), splash.for_tpu():
       step_fn = trainer.jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
       compiled = step_fn.lower(abstract, batch).compile()
   except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over its HBM
