@@ -9,6 +9,7 @@ windows -> GPT -> next-token cross-entropy -> validation loss and bits per byte
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 from typing import Any
@@ -103,7 +104,9 @@ class LanguageModelTask(Task):
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
-    if c.data.eval_batch_size % (dp * hosts):
+    # The global eval batch is split over hosts, then over all data-parallel devices (a pod's
+    # hosts hold disjoint devices: lcm, not the product).
+    if c.data.eval_batch_size % math.lcm(dp, hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
     if not 0.0 <= c.optim.warmdown_fraction <= 1.0:
