@@ -8,12 +8,13 @@ transformer estimate (Kaplan et al. 2020; PaLM appendix B; nanochat's `estimate_
 
 N: parameters of the matmuls a token goes through (every parameter with >= 2 dimensions except
 tables that are looked up or added, not multiplied: the GPT's token 'embedding', a ViT's
-'pos_embedding' and 'cls', and biases / norm scales); L: attention layers; T: tokens per sequence (the keys a query sees);
-d: query heads x head_dim. 12 L T d = 3 passes x 2 matmuls (Q K^T and P V) x 2 FLOPs per
-multiply-add x L T d. Causal masks are not discounted (as PaLM and nanochat count), and
-norms, softmax, RoPE and the optimiser update are left out (a few % at these sizes). A
-ViT's patch embedding is counted per token, its classifier per token too (a small overcount:
-it sees only the pooled token).
+'pos_embedding' and 'cls', and biases / norm scales); L: attention layers; T: tokens per
+sequence (the keys a query sees); d: query heads x head_dim. 12 L T d = 3 passes x 2 matmuls
+(Q K^T and P V) x 2 FLOPs per multiply-add x L T d. Causal masks are not discounted (as PaLM
+and nanochat count); norms, softmax, RoPE and the optimiser update are left out (a few % at
+these sizes), and so is rematerialisation (model FLOPs, not hardware FLOPs). A ViT's patch
+embedding is counted per token, its classifier per token too (a small overcount: it sees only
+the pooled token).
 """
 
 from __future__ import annotations

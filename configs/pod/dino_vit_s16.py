@@ -9,8 +9,10 @@ compute, splash attention, scanned blocks; the multi-crop runs inside the step.
 
 Data: the streaming ImageNet pipeline (another issue; `data.tfds_name` is its placeholder)
 delivers 224 px images in [0, 1]; `data.image_size` / `data.num_classes` build the model
-without data. Evaluations that need local data (horses, photos, transfer) are off. Fit check:
-the table in README "Pod fit check".
+without data. Evaluations that need local data (horses, photos, transfer) are off.
+
+Fit check (aot.json; 44.0M student parameters, backbone + head; 1.268e14 model FLOPs per step):
+v5e:4x4 peak 3.53 GiB per chip of 16 (22 %), remat 'full'.
 """
 
 import ml_collections

@@ -11,7 +11,11 @@ compute, float32 parameters and AdamW state, splash attention, scanned blocks.
 
 Data: `data.tfds_name` / `data.tfds_data_dir` are placeholders for the streaming ImageNet
 pipeline (another issue); `data.image_size` / `data.num_classes` let the model be built and
-compiled without local data. Fit check (aot.json): see the table in README "Pod fit check".
+compiled without local data.
+
+Fit check (aot.json, k = 0; 86.5M parameters; 1.585e14 model FLOPs per step): v5e:4x4 peak
+2.69 GiB per chip of 16 (17 %) with remat 'full' (the default); with remat 'none' the TPU
+compiler refuses it (28.7 GiB of temporaries).
 """
 
 from configs import common

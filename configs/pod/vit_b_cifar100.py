@@ -7,8 +7,10 @@ compute, splash attention, scanned blocks.
       --workdir=runs/aot_vit_b_c100 --aot=v5e:2x2
 
 Data: CIFAR-100 has no local builder yet (`data.tfds_name` is a placeholder for the streaming
-pipeline); `data.image_size` / `data.num_classes` build the model without data. Fit check: the
-table in README "Pod fit check".
+pipeline); `data.image_size` / `data.num_classes` build the model without data.
+
+Fit check (aot.json; 85.2M parameters; 1.722e13 model FLOPs per step): v5e:2x2 peak 1.82 GiB
+per chip of 16 (11 %), remat 'full'.
 """
 
 from configs import common

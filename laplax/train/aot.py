@@ -6,10 +6,11 @@ No data is loaded and nothing is allocated: the train state is the trainer's abs
 (`trainer.abstract_state`), the batch the task's `abstract_batch` (ShapeDtypeStructs), the
 devices those of `jax.experimental.topologies.get_topology_desc` (libtpu must be installed:
 `requirements-tpu.txt`; set JAX_PLATFORMS=cpu so that JAX itself stays on the CPU). The step is
-jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated), lowered
-(splash attention as its Mosaic kernel: `model.attention_impl='splash'` must be explicit, 'auto'
-decides from the CPU host), compiled by the TPU compiler, and `memory_analysis()` gives the per-chip bytes. workdir/aot.json
-gets the figures; `fits` means peak <= (1 - HEADROOM) x the chip's HBM.
+jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated),
+lowered (splash attention as its Mosaic kernel: `model.attention_impl='splash'` must be
+explicit, 'auto' decides from the CPU host), compiled by the TPU compiler, and
+`memory_analysis()` gives the per-chip bytes. workdir/aot.json gets the figures; `fits` means
+peak <= (1 - HEADROOM) x the chip's HBM.
 """
 
 from __future__ import annotations
