@@ -2,6 +2,11 @@ r"""Trains a model (or runs a study) from an ml_collections config; resumes from
 
   python train.py --config=configs/fashion_mnist_vit.py --workdir=runs/fmnist \
       --config.model.laplacian_heads=4
+
+Fit check (no training, no data): compile the config's train step for a TPU topology and write
+workdir/aot.json (needs libtpu: requirements-tpu.txt; JAX_PLATFORMS=cpu):
+
+  JAX_PLATFORMS=cpu python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot --aot=v5e:4x4
 """
 
 from absl import app, flags
@@ -14,6 +19,9 @@ config_flags.DEFINE_config_file("config", None, "Path to an ml_collections confi
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for config, metrics, checkpoints and results.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (multi-host pods).")
+flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
+                    "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
+                    "fit (laplax.train.aot).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -23,6 +31,10 @@ def main(argv):
   import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
     jax.distributed.initialize()
+  if FLAGS.aot:
+    from laplax.train import aot
+    cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+    return
   from laplax.train import trainer
   cli.run_main(lambda: trainer.run(FLAGS.config, FLAGS.workdir))
 

@@ -15,6 +15,8 @@ from laplax.data import builders
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
                  if p.stem not in ("__init__", "common", "test"))
+CONFIGS += sorted(f"pod.{p.stem}" for p in (REPO / "configs" / "pod").glob("*.py")
+                  if p.stem != "__init__")  # pod configs: validated without local data
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
 CONFIGS += [f"test:{k}" for k in ("vit", "lm", "dino", "dino_rgb", "study_vit", "study_lm",
                                   "study_dino")]
@@ -28,7 +30,8 @@ def _load(name):
 def _parse(name, *args):
   """The config as train.py's flag parser builds it (config file + --config.x overrides)."""
   file, *arg = name.split(":")
-  argv = ["train.py", f"--config={REPO / 'configs' / file}.py" + (f":{arg[0]}" if arg else ""),
+  path = REPO / "configs" / file.replace(".", "/")
+  argv = ["train.py", f"--config={path}.py" + (f":{arg[0]}" if arg else ""),
           *args]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
@@ -57,6 +60,21 @@ def test_per_layer_head_list_from_the_command_line(name):
   task = tasks.for_config(config)
   assert task.describe_heads(task.build_model()) == "k=[" + spec[1:-1] + "]" or depth == 1
   task.validate(dp=1, hosts=1)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("pod.")])
+def test_pod_config_flags(name):
+  """Pod configs validate at their data-parallel scale, name their target topology and take
+  the fit-check overrides from the command line."""
+  config = _load(name)
+  assert "Target: TPU " in importlib.import_module(f"configs.{name}").__doc__
+  tasks.for_config(config).validate(dp=16, hosts=4)
+  seq = ["--config.data.seq_len=8192"] if config.task == "lm" else []
+  config = _parse(name, "--config.data.batch_size=16", "--config.model.attention_impl=xla",
+                  "--config.model.remat_policy=dots_saveable", *seq)
+  assert (config.data.batch_size, config.model.attention_impl, config.model.remat_policy) == (
+      16, "xla", "dots_saveable")
+  tasks.for_config(config).validate(dp=16, hosts=4)
 
 
 @pytest.mark.parametrize("override, message", [

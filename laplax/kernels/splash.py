@@ -9,7 +9,8 @@ outside any shard_map, so a head mask never has to be split per shard). It
   * vmaps the per-example kernel (H, T, D) over the batch;
   * under a mesh (`jax.set_mesh`), runs inside `shard_map`: batch over ('data', 'fsdp'), heads
     over 'model' (Mosaic kernels cannot be partitioned automatically);
-  * off TPU runs the same kernel with `interpret=True` (slow: tests only).
+  * off TPU runs the same kernel with `interpret=True` (slow: tests only), except inside
+    `for_tpu()` (ahead-of-time compiles for TPU from a CPU host: the Mosaic kernel).
 
 The kernel keeps P and the P V accumulator in float32 and rounds only its output to q's dtype.
 `out_dtype=float32` therefore feeds q and k as float32 (v stays as is; the kernel upcasts it):
@@ -18,6 +19,7 @@ P V comes back unrounded, which a Laplacian head's v - P V needs in bf16.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -33,6 +35,20 @@ BATCH_AXES = ("data", "fsdp")  # laplax.sharding's data-parallel mesh axes
 HEAD_AXIS = "model"
 
 
+_TPU_TARGET = [False]  # set by for_tpu()
+
+
+@contextlib.contextmanager
+def for_tpu():
+  """Within: trace the Mosaic kernel (interpret=False) whatever jax.default_backend() is, for
+  a TPU compile from a CPU host (laplax.train.aot)."""
+  old, _TPU_TARGET[0] = _TPU_TARGET[0], True
+  try:
+    yield
+  finally:
+    _TPU_TARGET[0] = old
+
+
 def padded_length(t: int) -> int:
   return -(-t // LANES) * LANES
 
@@ -43,8 +59,9 @@ def block_size(t_pad: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(num_heads: int, t: int, is_causal: bool, interpret: bool):
-  """Splash kernel for (num_heads, t_pad, D) inputs whose keys >= t are padding."""
+def _mask(num_heads: int, t: int, is_causal: bool):
+  """(MultiHeadMask, BlockSizes) for (num_heads, t_pad, D) inputs whose keys >= t are padding.
+  Host objects only: the kernel's processed mask is cached by JAX on this (hashable) mask."""
   t_pad = padded_length(t)
   if is_causal:  # real queries (< t) never see a later, padded key
     mask = sm.CausalMask((t_pad, t_pad))
@@ -57,8 +74,16 @@ def _kernel(num_heads: int, t: int, is_causal: bool, interpret: bool):
   b = block_size(t_pad)
   blocks = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                          block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-  return sk.make_splash_mha(sm.MultiHeadMask([mask] * num_heads), block_sizes=blocks,
-                            head_shards=1, q_seq_shards=1, interpret=interpret)
+  return sm.MultiHeadMask([mask] * num_heads), blocks
+
+
+def _kernel(num_heads: int, t: int, is_causal: bool, interpret: bool):
+  """Splash kernel for (num_heads, t_pad, D) inputs whose keys >= t are padding. Built per
+  trace, never cached: its mask arrays are staged into the trace that builds it (jnp.array of
+  NumPy), and a cached kernel would leak them into the next (nn.scan, nn.remat)."""
+  mask, blocks = _mask(num_heads, t, is_causal)
+  return sk.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                            interpret=interpret)
 
 
 def _local(q, k, v, *, t: int, is_causal: bool, interpret: bool):
@@ -90,7 +115,8 @@ def splash_attention(q_BxTxHxD: Array, k_BxTxKxD: Array, v_BxTxKxD: Array, *,
     raise ValueError(f"splash attention needs T == S (self-attention); got {t} queries and "
                      f"{k.shape[1]} keys: use implementation='xla' for cached decoding")
   out_dtype = jnp.dtype(out_dtype or q.dtype)
-  interpret = jax.default_backend() != "tpu" if interpret is None else interpret
+  if interpret is None:
+    interpret = jax.default_backend() != "tpu" and not _TPU_TARGET[0]
   scale = 1.0 / np.sqrt(d) if scale is None else scale
   in_dtype = jnp.promote_types(q.dtype, out_dtype)  # f32 q/k -> f32 output
   q = (q.astype(jnp.float32) * scale).astype(in_dtype)

@@ -9,6 +9,7 @@ asked, in this order:
   load_data(workdir, log)    data (and task files such as the LM's tokenizer in workdir)
   build_model()              the flax module (may use what load_data / load_assets found)
   sample_input()             a (1, ...) input for initialisation
+  abstract_batch(B)          the step's batch as ShapeDtypeStructs (train.py --aot; no data)
   init_extra(params)         task state next to the parameters (DINO: teacher, centre)
   total_steps()              from config.total_steps or the data size
   optimizer(total_steps)     (optax transformation, learning-rate schedule)
@@ -139,6 +140,15 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def sample_input(self) -> np.ndarray:
     """A (1, ...) model input of the training shape, for initialisation."""
+
+  def abstract_batch(self, global_batch_size: int) -> dict[str, Any]:
+    """The step's global batch as jax.ShapeDtypeStructs (ahead-of-time compiles; no data)."""
+    raise ValueError(f"task {self.name!r} defines no abstract_batch: --aot cannot compile it")
+
+  def flops_per_step(self, model: nn.Module, params: Any) -> int | None:
+    """Analytic model FLOPs of one optimiser step (laplax.flops); None when not defined."""
+    del model, params
+    return None
 
   def init_params(self, model: nn.Module, rng) -> Any:
     """Boxed initial parameters (logical axis annotations kept)."""

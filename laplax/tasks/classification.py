@@ -7,6 +7,7 @@ test accuracy at the end. eval.py: test accuracy, a self-contained export
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from laplax import flops as flops_lib
 from laplax import heads as heads_lib
 from laplax import sharding
 from laplax.data import builders, pipeline
@@ -25,6 +27,34 @@ from laplax.evals import accuracy
 from laplax.evals import export as export_lib
 from laplax.models import vit
 from laplax.tasks.base import EvalOptions, Run, Task
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
+  """The data set's static facts, with `data.image_size` (square side) and `data.num_classes`
+  overriding the image shape and classes when set (> 0). A data set with no local builder (a
+  pod config's 'imagenet2012', read by a streaming pipeline) needs both: its model is then
+  built, validated and compiled ahead of time without local data (RGB, ImageNet mean / std,
+  `data.num_train` training examples)."""
+  size, classes = int(data.get("image_size", 0) or 0), int(data.get("num_classes", 0) or 0)
+  if size < 0 or classes < 0:
+    raise ValueError(f"data.image_size={size} and data.num_classes={classes} must be >= 0 "
+                     "(0: the data set's own)")
+  try:
+    info = builders.dataset_info(data.name)
+  except ValueError as e:
+    if not (size and classes):
+      raise ValueError(f"{e} (or set data.image_size and data.num_classes)") from None
+    return builders.ImageDatasetInfo(
+        name=data.name, num_classes=classes, image_shape=(size, size, 3),
+        class_names=tuple(str(i) for i in range(classes)), mean=IMAGENET_MEAN, std=IMAGENET_STD,
+        split_sizes=(("train", int(data.get("num_train", 0) or 0)),))
+  if size:
+    info = dataclasses.replace(info, image_shape=(size, size, info.image_shape[-1]))
+  return dataclasses.replace(info, num_classes=classes) if classes else info
 
 
 def vit_from_config(model_config: ml_collections.ConfigDict, num_classes: int) -> vit.ViT:
@@ -73,20 +103,37 @@ class ClassificationTask(Task):
     if self.config.data.augment not in pipeline.AUGMENTATIONS:
       raise ValueError(f"data.augment={self.config.data.augment!r}; use one of "
                        f"{pipeline.AUGMENTATIONS}")
-    builders.dataset_info(self.config.data.name)
+    self.info()
     super().validate(dp, hosts)
 
   def info(self) -> builders.ImageDatasetInfo:
-    return builders.dataset_info(self.config.data.name)
+    return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
     self.data = load_image_data(self.config.data)
+    shape, want = self.data["train"][0].shape[1:], self.info().image_shape
+    if tuple(shape) != tuple(want):
+      raise ValueError(f"{self.config.data.name} images are {shape}, but data.image_size asks "
+                       f"for {want}: unset data.image_size (0) to train on this data")
 
   def build_model(self) -> vit.ViT:
     return vit_from_config(self.config.model, self.info().num_classes)
 
   def sample_input(self) -> np.ndarray:
     return np.zeros((1,) + self.info().image_shape, np.float32)
+
+  def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """{'image': float32 (B, H, W, C), 'label': int32 (B,)}, the training shape."""
+    b = global_batch_size
+    return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, jnp.float32),
+            "label": jax.ShapeDtypeStruct((b,), jnp.int32)}
+
+  def flops_per_step(self, model: vit.ViT, params) -> int:
+    h, w, _ = self.info().image_shape
+    tokens = 1 + (h // model.patch_size) * (w // model.patch_size)
+    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=model.depth,
+                                       seq_len=tokens, attn_dim=model.hidden_dim,
+                                       sequences=self.config.data.batch_size)
 
   def total_steps(self) -> int:
     return steps_from_epochs(self.config, len(self.data["train"][0]))[0]

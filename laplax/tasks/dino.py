@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from laplax import flops as flops_lib
 from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
@@ -40,7 +41,7 @@ from laplax.evals import probes
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.base import EvalOptions, Run, Task
-from laplax.tasks.classification import steps_from_epochs, vit_from_config
+from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
 
@@ -252,7 +253,7 @@ class DinoTask(Task):
 
   def validate(self, dp: int, hosts: int) -> None:
     config = self.config
-    builders.dataset_info(config.data.name)
+    self.info()
     super().validate(dp, hosts)
     if config.optim.grad_accum_steps != 1:
       raise ValueError(f"optim.grad_accum_steps={config.optim.grad_accum_steps}: the DINO step "
@@ -280,7 +281,7 @@ class DinoTask(Task):
       if getattr(crops, name) % p:
         raise ValueError(f"multicrop.{name}={getattr(crops, name)} is not divisible by "
                          f"model.patch_size={p}")
-    channels = builders.dataset_info(config.data.name).image_shape[-1]
+    channels = self.info().image_shape[-1]
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
     for name in ("horse_dir", "photos"):
@@ -289,7 +290,7 @@ class DinoTask(Task):
                          f"on it cannot read RGB photos; set --config.eval.{name}=''")
 
   def info(self) -> builders.ImageDatasetInfo:
-    return builders.dataset_info(self.config.data.name)
+    return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
     self.data = load_image_data(self.config.data)
@@ -318,8 +319,32 @@ class DinoTask(Task):
     return (f"DINO ViT {self.describe_heads(model)}, {num_params:,} student parameters; crops "
             f"2x{crops.global_size}px + {crops.num_local}x{crops.local_size}px")
 
+  def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """{'image': float32 (B, H, W, C)} in [0, 1]: the step crops it."""
+    return {"image": jax.ShapeDtypeStruct((global_batch_size,) + self.info().image_shape,
+                                          jnp.float32)}
+
+  def flops_per_step(self, model: dino_lib.DINO, params) -> int:
+    """Student forward + backward on every crop, teacher forward on the global crops; the
+    head's matmuls once per crop (it sees the class token)."""
+    b, crops = model.backbone, multicrop_config(self.config)
+    n_backbone = flops_lib.matmul_params(params["backbone"])
+    n_head = flops_lib.matmul_params(params["head"])
+    views = [(crops.global_size, 2, True), (crops.local_size, crops.num_local, False)]
+    total = 0
+    for size, count, teacher_too in views:
+      kw = dict(layers=b.depth, seq_len=1 + (size // b.patch_size) ** 2, attn_dim=b.hidden_dim,
+                sequences=count)
+      total += flops_lib.transformer_flops(n_backbone, **kw) + 6 * n_head * count
+      if teacher_too:
+        total += flops_lib.transformer_flops(n_backbone, backward=False, **kw) + 2 * n_head * count
+    return total * self.config.data.batch_size
+
   def _steps(self) -> tuple[int, int]:
-    return steps_from_epochs(self.config, len(self.data["train"][0]))
+    # Ahead-of-time compiles load no data: the info's train split (less validation) stands in.
+    n = (len(self.data["train"][0]) if hasattr(self, "data") else
+         dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0))
+    return steps_from_epochs(self.config, n)
 
   def total_steps(self) -> int:
     return self._steps()[0]

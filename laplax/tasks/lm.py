@@ -15,10 +15,12 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
+from laplax import flops as flops_lib
 from laplax.data import text
 from laplax.evals import bpb as bpb_lib
 from laplax.models import gpt
@@ -102,7 +104,9 @@ class LanguageModelTask(Task):
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
-    if c.data.eval_batch_size % (dp * hosts):
+    # The global eval batch is split over hosts, then over all data-parallel devices (a pod's
+    # hosts hold disjoint devices: lcm, not the product).
+    if c.data.eval_batch_size % math.lcm(dp, hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
     for key in ("embed_lr_scale", "unembed_lr_scale"):
@@ -146,6 +150,18 @@ class LanguageModelTask(Task):
 
   def init_params(self, model, rng):
     return model.init(rng, self.sample_input())["params"]
+
+  def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """{'tokens': int32 (B, seq_len + 1)}: inputs and their shifted targets."""
+    return {"tokens": jax.ShapeDtypeStruct((global_batch_size, self.config.data.seq_len + 1),
+                                           jnp.int32)}
+
+  def flops_per_step(self, model: gpt.GPT, params) -> int:
+    c = model.config
+    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=c.depth,
+                                       seq_len=self.config.data.seq_len,
+                                       attn_dim=c.num_heads * c.head_dim,
+                                       sequences=self.config.data.batch_size)
 
   def head_layout(self, model: gpt.GPT):
     return model.config.laplacian_heads, model.config.num_heads, model.config.depth

@@ -60,6 +60,13 @@ def create_state(task: Task, model: nn.Module, tx, mesh, rules, seed: int):
   return state, shardings
 
 
+def jit_step(step_fn, shardings, mesh):
+  """The jitted step(state, batch): state in / out in its shardings, batch split over the
+  data-parallel axes, state donated (laplax.train.aot compiles exactly this)."""
+  return jax.jit(step_fn, in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(shardings, None), donate_argnums=(0,))
+
+
 def _init_state(task: Task, model: nn.Module, tx, rng) -> TrainState:
   params = task.init_params(model, rng)
   return TrainState.create(params, tx, extra=task.init_extra(params))
@@ -168,10 +175,8 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
     task.before_training(model, state, mesh=mesh, rules=rules, workdir=workdir, writer=writer,
                          log=log)
 
-  step_fn = task.make_step(model, tx, total_steps)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step_fn = jax.jit(step_fn, in_shardings=(shardings, sharding.batch_sharding(mesh)),
-                      out_shardings=(shardings, None), donate_argnums=(0,))
+    step_fn = jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
 
   def validate(state, step):
     val = task.evaluate(model, state, mesh=mesh, rules=rules)

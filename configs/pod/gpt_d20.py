@@ -1,0 +1,59 @@
+r"""nanochat depth-20 GPT (width 1280, 10 heads of 128, MLP 5120, vocabulary 65,536: 561M
+parameters), k = 5 of 10 Laplacian heads, 2048-token context, 0.5M tokens per step.
+
+Target: TPU v5e:16x16 (256 chips, FSDP over all), global batch 256 sequences (one per chip),
+bf16 compute, splash attention (spelled out: 'auto' cannot pick it from a CPU host).
+Memory path on by default: scanned blocks, full remat of every block, chunked cross-entropy
+(256-token chunks: no float32 (B, T, 65536) logits), so that the long-context variant
+
+  --config.data.seq_len=8192 --config.data.batch_size=16     (v5e:4x4, one sequence per chip)
+
+also fits; turn it off with --config.model.remat_policy=none --config.model.scan_layers=False
+--config.model.loss_chunk=0.
+
+  JAX_PLATFORMS=cpu python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot_gpt \
+      --aot=v5e:16x16
+  python train.py --config=configs/pod/gpt_d20.py --workdir=gs://.../gpt_d20_k5 --multihost \
+      --config.data.sources='("gs://.../fineweb_edu/*.parquet",)'
+
+Fit check (aot.json; 1.831e15 model FLOPs per step at seq 2048, 7.051e14 at 8192 x 16):
+  v5e:16x16  peak 0.74 GiB per chip of 16 (5 %)
+  v5e:4x4    peak 7.00 GiB (44 %)
+  v5e:4x4, seq 8192, batch 16: 2.10 GiB (13 %); without the memory path 14.18 GiB (89 %:
+  does not fit with 20 % headroom)
+"""
+
+import ml_collections
+
+from configs import common, lm_tiny
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = lm_tiny.get_config()  # the LM sections; pod-scale values below
+  c.name = "gpt_d20"
+  c.total_steps = 21_400  # about 11.2B tokens: nanochat's d20 budget (20 tokens / parameter)
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint.every_steps = 1000
+  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.data.sources = ()  # set to the pretraining corpus (files, globs, gs:// paths)
+  c.data.vocab_size = 65_536
+  c.data.tokenizer_train_chars = 2_000_000_000
+  c.data.seq_len = 2048
+  c.data.batch_size = 256  # global sequences: 256 x 2048 = 524,288 tokens per step
+  c.data.eval_batch_size = 256
+  c.data.eval_windows = 4096
+  c.model.depth = 20
+  c.model.width = 1280
+  c.model.head_dim = 128  # 10 heads
+  c.model.laplacian_heads = common.laplacian_heads(5)
+  c.model.attention_impl = "splash"
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.scan_layers = True
+  c.model.remat_policy = "full"
+  c.model.loss_chunk = 256
+  c.optim.lr = 3e-3
+  c.optim.warmup_steps = 200
+  c.optim.warmdown_fraction = 0.2
+  return c

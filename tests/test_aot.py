@@ -1,0 +1,170 @@
+"""Ahead-of-time fit check (laplax.train.aot, `train.py --aot=TOPOLOGY`) and the analytic FLOP
+count (laplax.flops).
+
+The FLOP tests run anywhere. The TPU compiles need libtpu (requirements-tpu.txt, an optional
+install): without it they are skipped with that reason. They compile the tiny test configs (not
+the pod configs: minutes each) for v5e:2x2 (4 chips) on this CPU host, about 5-25 s each.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from conftest import REPO, make_config
+from laplax import flops, sharding, tasks
+from laplax.train import trainer
+
+
+def _abstract_params(config):
+  task = tasks.for_config(config)
+  model = task.build_model()
+  boxed = jax.eval_shape(lambda r: task.init_params(model, r), jax.random.key(0))
+  return task, model, jax.tree.map(lambda x: getattr(x, "value", x), boxed,
+                                   is_leaf=lambda x: hasattr(x, "value"))
+
+
+def test_gpt_flops_match_a_hand_count():
+  # test:lm: depth 2, width 32, 4 heads of 8, MLP 128, vocabulary 320 (a multiple of 64), no
+  # biases. Per block q, k, v, out 4 x 32 x 32 + MLP 2 x 32 x 128 = 12,288; two blocks plus
+  # lm_head 32 x 320 = 34,816 (the token embedding is a lookup: not counted).
+  task, model, params = _abstract_params(make_config("lm"))
+  assert flops.matmul_params(params) == 2 * (4 * 32 * 32 + 2 * 32 * 128) + 32 * 320 == 34_816
+  b, t = 16, 32  # data.batch_size, data.seq_len
+  per_token = 6 * 34_816 + 12 * 2 * t * 32  # 6 N + 12 L T d, d = 4 heads x 8
+  assert task.flops_per_step(model, params) == b * t * per_token == 119_537_664
+  # Scanned blocks stack the same parameters under a leading layers axis: the same count.
+  _, _, scanned = _abstract_params(make_config("lm", **{"model.scan_layers": True}))
+  assert flops.matmul_params(scanned) == 34_816
+
+
+def test_vit_flops_match_a_hand_count():
+  # test:vit: preset mu (width 32, depth 2, 2 heads, MLP 64), patch 7 on 28 x 28 x 1: 16 patches
+  # + the class token = 17 tokens. Patch projection 7 x 7 x 1 x 32 = 1,568; per block q, k, v,
+  # out 4 x 32 x 32 + MLP 2 x 32 x 64 = 8,192; classifier 32 x 10 = 320 (biases, norms,
+  # LayerScale, position table and class token are not matmuls).
+  task, model, params = _abstract_params(make_config("vit"))
+  n = 1568 + 2 * (4 * 32 * 32 + 2 * 32 * 64) + 320
+  assert flops.matmul_params(params) == n == 18_272
+  assert task.flops_per_step(model, params) == 64 * 17 * (6 * n + 12 * 2 * 17 * 32)
+  _, _, scanned = _abstract_params(make_config("vit", **{"model.scan_layers": True}))
+  assert flops.matmul_params(scanned) == n
+
+
+def test_dino_flops_match_a_hand_count():
+  # test:dino: the mu backbone on 2 global crops of 28 px (17 tokens) and 2 local crops of 14 px
+  # (1 + 4 tokens); backbone N = 18,272 - 320 + 32 (a 1-class classifier), head 32 x 64 + 64 x 64
+  # + 64 x 32 + last layer 32 x 128. Student: forward + backward on all 4 crops; teacher: forward
+  # on the 2 global crops; the head once per crop.
+  task, model, params = _abstract_params(make_config("dino"))
+  n, nh = 17_984, 32 * 64 + 64 * 64 + 64 * 32 + 32 * 128
+  assert (flops.matmul_params(params["backbone"]), flops.matmul_params(params["head"])) == (n, nh)
+  attn = lambda t: 2 * t * 32  # L T d
+  student = 2 * 17 * (6 * n + 12 * attn(17)) + 2 * 5 * (6 * n + 12 * attn(5)) + 6 * nh * 4
+  teacher = 2 * 17 * (2 * n + 4 * attn(17)) + 2 * nh * 2
+  assert task.flops_per_step(model, params) == 64 * (student + teacher)
+
+
+def test_forward_only_flops_are_a_third():
+  kw = dict(layers=2, seq_len=10, attn_dim=8, sequences=3)
+  assert flops.transformer_flops(100, **kw) == 3 * flops.transformer_flops(100, backward=False,
+                                                                           **kw)
+
+
+def test_abstract_batches_have_the_training_shapes():
+  assert {k: (v.shape, str(v.dtype)) for k, v in
+          tasks.for_config(make_config("lm")).abstract_batch(16).items()} == {
+              "tokens": ((16, 33), "int32")}
+  assert {k: (v.shape, str(v.dtype)) for k, v in
+          tasks.for_config(make_config("vit")).abstract_batch(8).items()} == {
+              "image": ((8, 28, 28, 1), "float32"), "label": ((8,), "int32")}
+  assert tasks.for_config(make_config("dino")).abstract_batch(4)["image"].shape == (4, 28, 28, 1)
+
+
+def test_image_size_and_classes_override_the_data_set():
+  config = make_config("vit", **{"data.name": "imagenet2012"})
+  with pytest.raises(ValueError, match="or set data.image_size and data.num_classes"):
+    tasks.for_config(config).validate(dp=1, hosts=1)
+  config.data.image_size = 56
+  config.data.num_classes = 7
+  task = tasks.for_config(config)
+  task.validate(dp=1, hosts=1)
+  assert task.sample_input().shape == (1, 56, 56, 3)
+  assert task.build_model().num_classes == 7
+
+
+# --- TPU compiles (libtpu) ------------------------------------------------------------------
+
+
+def _cli(tmp_path, *args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)  # the TPU topology brings its own devices
+  return subprocess.run([sys.executable, str(REPO / "train.py"), f"--workdir={tmp_path}", *args],
+                        capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def aot():
+  pytest.importorskip("libtpu", reason="TPU compiles need libtpu: pip install -r "
+                      "requirements-tpu.txt")
+  from laplax.train import aot
+  return aot
+
+
+# The LM also through the pod configs' memory path: splash attention as its Mosaic kernel under
+# shard_map, scanned and rematerialised blocks, chunked cross-entropy.
+MEMORY_PATH = {"model.attention_impl": "splash", "model.scan_layers": True,
+               "model.remat_policy": "full", "model.loss_chunk": 8}
+
+
+@pytest.mark.parametrize("kind", ["vit", "lm", "lm_memory_path"])
+def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
+  config = make_config(kind.split("_")[0], data_cache,
+                       **(MEMORY_PATH if kind == "lm_memory_path" else {}))
+  result = aot.fit_check(config, tmp_path, "v5e:2x2", log=lambda s: None)
+  saved = json.loads((tmp_path / "aot.json").read_text())
+  assert saved == json.loads(json.dumps(result))
+  for key in ("topology", "chips", "mesh", "params", "hbm_bytes_per_chip",
+              "peak_bytes_per_chip", "argument_bytes", "output_bytes", "alias_bytes",
+              "temp_bytes", "flops_per_step", "fits", "compile_seconds"):
+    assert key in saved, key
+  assert saved["topology"] == "v5e:2x2" and saved["chips"] == 4 and saved["fits"] is True
+  assert saved["mesh"] == {"data": 4, "fsdp": 1, "model": 1}
+  assert saved["hbm_bytes_per_chip"] == 16 * 2 ** 30
+  task = tasks.for_config(config)
+  model = task.build_model()
+  tx, _ = task.optimizer(10)
+  abstract, _ = trainer.abstract_state(task, model, tx, sharding.make_mesh(
+      {"data": 1}, devices=jax.devices()[:1]), sharding.rules_from_config(()))
+  assert saved["params"] == sum(x.size for x in jax.tree.leaves(abstract.params))
+  assert saved["flops_per_step"] == task.flops_per_step(model, abstract.params)
+  # The TPU compiler reports 0 temp bytes for some small programs (the LM's here) and its own
+  # peak instead: either way the peak holds more than the arguments.
+  assert saved["temp_bytes"] > 0 or kind.startswith("lm")
+  assert saved["peak_bytes_per_chip"] > saved["argument_bytes"] > 0
+  # Replicated float32 params + 2 Adam moments at least, and the donated state aliased.
+  assert saved["argument_bytes"] >= 3 * 4 * saved["params"]
+  assert 0 < saved["alias_bytes"] <= saved["argument_bytes"]
+  assert saved["peak_bytes_per_chip"] < 2 ** 30
+
+
+def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
+  cfg = f"--config={REPO / 'configs' / 'test.py'}:lm"
+  ok = _cli(tmp_path / "ok", cfg, "--aot=v5e:2x2")
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert [l for l in ok.stdout.splitlines() if l.startswith("aot ")][0].count("fits") == 1
+  # 2^20 sequences of 4096 tokens: far beyond 16 GiB per chip.
+  big = _cli(tmp_path / "big", cfg, "--aot=v5e:2x2", "--config.data.batch_size=1048576",
+             "--config.data.seq_len=4096")
+  errors = [l for l in big.stderr.splitlines() if l.startswith("error:")]
+  assert big.returncode == 1 and len(errors) == 1, big.stderr[-2000:]
+  assert "does not fit v5e:2x2" in errors[0]
+  assert json.loads((tmp_path / "big" / "aot.json").read_text())["fits"] is False
+  for bad, message in (("v9z:2x2", "unknown TPU topology 'v9z:2x2'"),
+                       ("v5e:3x7", "unknown TPU topology 'v5e:3x7'")):
+    out = _cli(tmp_path / "bad", cfg, f"--aot={bad}")
+    errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert out.returncode == 1 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
