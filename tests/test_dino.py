@@ -217,6 +217,7 @@ def test_centre_and_loss_on_the_mesh_match_one_device(mesh_step, images):
   np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-4)
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_step_fed_precomputed_crops_equals_the_in_step_crops(initial_state, images):
   # benchmarks/multicrop_bench.py times this variant against the in-step crops: fed the crops
   # the step itself would draw (batch-major, as a host pipeline stacks them), it is the same step.

@@ -28,6 +28,7 @@ def _random_params(model, seed=0, scale=0.3):
                             for p, k in zip(leaves, keys)])
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("extra", [dict(laplacian_heads=0), dict(laplacian_heads=[1, 4]),
                                    dict(laplacian_heads=2, num_kv_heads=2)],
                          ids=["baseline", "laplacian", "laplacian_gqa"])
@@ -128,6 +129,7 @@ def test_config_errors_name_the_bad_value(bad, match):
     gpt.GPT({**TINY, **bad})
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_sharded_fsdp_model_step_equals_one_device():
   model = gpt.GPT({**TINY, "laplacian_heads": 2, "num_kv_heads": 2})
   optim = ml_collections.ConfigDict(dict(
@@ -172,6 +174,7 @@ def _to_scanned(params, depth):
   return out
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("extra", [dict(laplacian_heads=[1, 4]),
                                    dict(laplacian_heads=0, num_kv_heads=2),
                                    dict(laplacian_heads=[(True, False, True, False), 2],
@@ -201,6 +204,7 @@ def test_scan_layers_equals_unrolled(extra):
                                 gpt.generate(model, {"params": params}, prompt, 4))
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("scan", [False, True])
 def test_remat_policies_keep_outputs_and_gradients(scan):
   from jax._src.ad_checkpoint import saved_residuals
@@ -270,6 +274,7 @@ def test_splash_gpt_equals_xla():
   np.testing.assert_allclose(a, b, atol=2e-5)
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_splash_gpt_under_mesh_equals_xla_one_device():
   """A scanned GPT on splash under the (data 2, fsdp 2, model 2) mesh: logits and gradients of
   the single-device XLA model (splash inside shard_map, inside nn.scan)."""
@@ -289,6 +294,7 @@ def test_splash_gpt_under_mesh_equals_xla_one_device():
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5), got, want)
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_lm_task_chunked_loss_equals_the_plain_loss():
   plain = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
   chunked = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16,

@@ -24,6 +24,7 @@ def _random_gpt(vocab=64, laplacian_heads=1):
                                              for k, l in zip(keys, leaves)])
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("laplacian_heads", [0, 1])
 def test_batched_generate_equals_one_prompt_at_a_time_with_one_compilation(laplacian_heads):
   model, params = _random_gpt(laplacian_heads=laplacian_heads)

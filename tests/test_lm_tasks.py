@@ -143,6 +143,7 @@ def _tiny_gpt():
   return model, params, tok
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_model_fns_agree_with_the_model():
   model, params, tok = _tiny_gpt()
   logprob_fn, generate_fn = lm_tasks.make_model_fns(model, {"params": params}, tok, batch_size=2)

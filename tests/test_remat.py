@@ -8,6 +8,7 @@ import pytest
 from laplax.models.vit import ViT
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("scan", [False, True])
 def test_vit_remat_keeps_outputs_and_gradients(scan):
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 import optax
 
 from laplax.models import layers, vit
@@ -17,6 +18,7 @@ def _optim(flatten: bool, clip_norm: float = 1.0) -> ml_collections.ConfigDict:
                                         clip_norm=clip_norm, flatten=flatten))
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 def test_flat_adamw_matches_optax_chain():
   model = vit.ViT(num_classes=10, patch_size=7, hidden_dim=32, depth=2, num_heads=2, mlp_dim=64,
                   laplacian_heads=1)

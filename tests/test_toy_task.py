@@ -115,11 +115,12 @@ def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registe
   config = toy_config(8)
   config.profile = (3, 2)
   config.compilation_cache_dir = str(tmp_path / "xla_cache")
+  previous = jax.config.jax_compilation_cache_dir
   try:
     trainer.train_and_evaluate(config, tmp_path / "run", log=lambda m: None)
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla_cache")
   finally:
-    jax.config.update("jax_compilation_cache_dir", None)  # process-wide: not for later tests
+    jax.config.update("jax_compilation_cache_dir", previous)  # process-wide: restore it
   assert list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
   config.profile = (0, 2)
   with pytest.raises(ValueError, match="profile=\\(0, 2\\)"):

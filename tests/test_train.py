@@ -93,6 +93,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   assert a["test"] == b["test"]
 
 
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("mesh_shape", [{"data": 4, "model": 2}, {"data": 2, "fsdp": 2, "model": 2}])
 def test_sharded_step_equals_single_device(mesh_shape):
   config = tiny_config("/unused")
