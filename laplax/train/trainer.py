@@ -145,6 +145,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   mesh = sharding.make_mesh(config.mesh.to_dict())
   rules = sharding.rules_from_config(config.get("axis_rules"))
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
+  _profile_window(config, workdir)  # a bad window fails before anything is written too
   with workdir_lib.lock_workdir(workdir):  # one trainer per workdir; the kernel frees it
     return _train(task, config, workdir, mesh, rules, log)
 
