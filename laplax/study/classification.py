@@ -153,7 +153,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       [r["scores"]["test_accuracy"] for r in summary["rows"]],
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
-           "## Last layer geometry (mean over seeds)", "", "## Last layer geometry (mean over seeds)", "",
+           "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -15,6 +15,8 @@ peak <= (1 - HEADROOM) x the chip's HBM.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import pathlib
@@ -65,6 +67,17 @@ def topology_devices(topology: str) -> list:
     raise ValueError(f"unknown TPU topology {topology!r} ({first[:200]})") from None
 
 
+@contextlib.contextmanager
+def _no_cache():
+  """JAX's persistent compilation cache off for one compile (restored afterwards)."""
+  previous = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", previous)
+
+
 def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=print
               ) -> dict[str, Any]:
   """Compiles config's train step for `topology`; writes and returns workdir/aot.json's dict.
@@ -100,7 +113,9 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
   t0 = time.time()
   try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), splash.for_tpu():
+    # A fresh compile: an executable loaded from the persistent compilation cache can report
+    # 0 temporary bytes in memory_analysis(), which would understate the peak.
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), splash.for_tpu(), _no_cache():
       step_fn = trainer.jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
       compiled = step_fn.lower(abstract, batch).compile()
   except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over its HBM
