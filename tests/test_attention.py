@@ -255,20 +255,3 @@ def test_resolve_implementation():
     resolve_implementation("flash")
   with pytest.raises(ValueError, match="choose one of"):
     MultiHeadAttention(num_heads=4, head_dim=8, implementation="flash")
-
-
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
-@pytest.mark.parametrize("causal", [False, True])
-def test_cudnn_matches_float64_reference(causal):
-  """cuDNN flash takes half precision; its P V is rounded, so bf16 tolerances."""
-  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(jax.random.key(13), 2, 16, 16, 4, 2, 64))
-  lap = (False, True, True, False)
-  out = laplacian_attention(q, k, v, lap, is_causal=causal, implementation="cudnn")
-  want, _ = reference(q, k, v, lap, causal=causal)
-  np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=3e-2, rtol=3e-2)
-  w = jax.random.normal(jax.random.key(2), q.shape)
-  got = jax.grad(lambda q, k, v: jnp.sum(w * laplacian_attention(
-      q, k, v, lap, is_causal=causal, implementation="cudnn").astype(jnp.float32)),
-      argnums=(0, 1, 2))(q, k, v)
-  for g, e in zip(got, reference_grads(q, k, v, w, lap, causal)):
-    np.testing.assert_allclose(np.asarray(g, np.float64), e, atol=1e-1, rtol=5e-2)
