@@ -74,6 +74,17 @@ def _config_file_error(e: BaseException) -> str:
   return f"{where}{type(e).__name__}: {one_line(e)}"
 
 
+def _missing_field(e: BaseException, argv: list[str]) -> str | None:
+  """'--config.model.depth: the config has no field 'depth'' when `e` is config_flags' bare
+  AttributeError("'depth'") / KeyError('depth') for an override of a field that is not there."""
+  if not isinstance(e, (AttributeError, KeyError)) or not e.args:
+    return None
+  key = one_line(e)
+  named = [a.split("=")[0] for a in argv[1:]
+           if a.startswith("--config.") and a.split("=")[0].rsplit(".", 1)[-1] == key]
+  return f"{named[0]}: the config has no field {key!r}" if named else None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
   file) and exit 2."""
@@ -81,7 +92,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr)
+    print(f"error: {_missing_field(e, argv) or one_line(e)}", file=sys.stderr)
     sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except  # raised by executing a config file
     if _debug():

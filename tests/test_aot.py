@@ -6,6 +6,7 @@ install): without it they are skipped with that reason. They compile the tiny te
 the pod configs: minutes each) for v5e:2x2 (4 chips) on this CPU host, about 5-25 s each.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -169,3 +170,28 @@ def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
     out = _cli(tmp_path / "bad", cfg, f"--aot={bad}")
     errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert out.returncode == 1 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
+
+
+POD_CONFIGS = ("gpt_d20", "vit_b16_imagenet", "vit_b_cifar100", "dino_vit_s16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", POD_CONFIGS)
+def test_pod_configs_compile_for_a_small_topology(aot, name, tmp_path):
+  # Each pod config as shipped (its attention implementation, remat policy, scan, dtypes,
+  # sharding rules, vocabulary / head sizes) but 2 blocks deep and 8 examples per step, so that
+  # it compiles for v5e:2x2 in about a minute (DINO with 2 of its 10 local crops); the
+  # full-size figures are the README's table.
+  config = importlib.import_module(f"configs.pod.{name}").get_config()
+  with config.unlocked():
+    config.model.depth = 2
+    config.data.batch_size = 8
+    if "multicrop" in config:
+      config.multicrop.num_local = 2
+    if "laplacian_heads" in config.model and not isinstance(config.model.laplacian_heads, int):
+      config.model.laplacian_heads = tuple(config.model.laplacian_heads)[-2:]
+  result = aot.fit_check(config, tmp_path, "v5e:2x2", log=lambda s: None)
+  assert result["fits"] is True and result["chips"] == 4
+  assert 0 < result["peak_bytes_per_chip"] < 0.8 * result["hbm_bytes_per_chip"]
+  # FSDP over the 4 chips: each holds about a quarter of the float32 params + 2 Adam moments.
+  assert result["argument_bytes"] < 0.5 * 12 * result["params"]

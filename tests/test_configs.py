@@ -103,6 +103,15 @@ def test_config_file_errors_fold_to_their_last_line():
   assert cli.one_line(ValueError("plain\nmessage")) == "plain message"
 
 
+def test_an_override_of_a_missing_field_names_the_flag():
+  # config_flags raises a bare AttributeError("'depth'"): the line must say which flag.
+  argv = ["train.py", "--config=configs/pod/vit_b_cifar100.py", "--config.model.depth=2"]
+  assert cli._missing_field(AttributeError("'depth'"), argv) == (
+      "--config.model.depth: the config has no field 'depth'")
+  assert cli._missing_field(AttributeError("'width'"), argv) is None
+  assert cli._missing_field(ValueError("depth"), argv) is None
+
+
 def test_shared_data_dir_is_the_env_or_next_to_the_repository(tmp_path, monkeypatch):
   from laplax.data import shared
   monkeypatch.setenv("LAPLAX_SHARED_DATA", str(tmp_path / "mine"))
