@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   # DINO: lr 5e-4 * batch / 256, scaled up for the short run
   c.optim = common.adamw(1e-3, warmup_steps=30, weight_decay=0.04, clip_norm=3.0)
+  c.optim.weight_decay_end = 0.4  # DINO's cosine 0.04 -> 0.4
+  c.optim.clip_mode = "per_tensor"  # DINO clips each parameter's gradient norm to 3.0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.at_init = True  # probes of the untrained teacher too (the floor to beat)

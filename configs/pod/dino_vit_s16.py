@@ -51,6 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.dino.freeze_last_layer_epochs = 1.0
   c.optim = common.adamw(5e-4 * 1024 / 256, warmup_steps=10 * 1251, weight_decay=0.04,
                          clip_norm=3.0)
+  c.optim.weight_decay_end = 0.4
+  c.optim.clip_mode = "per_tensor"
   c.eval.at_init = False
   c.eval.horse_dir = ""
   c.eval.photos = ""
