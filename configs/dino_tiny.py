@@ -69,7 +69,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.at_init = True  # probes of the untrained teacher too (the floor to beat)
-  c.eval.probe_train_size = 10000  # k-NN bank / linear-probe training examples (0 = all)
+  c.eval.probe_train_size = 10000  # linear-probe training examples (0 = all); the k-NN bank
+  # is always the whole training split
   c.eval.knn_ks = (10, 20, 100)  # DINO reports 10, 20, 100, 200
   c.eval.knn_temperature = 0.07
   c.eval.probe_epochs = 30

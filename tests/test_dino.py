@@ -353,6 +353,23 @@ def test_centre_is_the_global_batch_mean_under_sharding():
   np.testing.assert_allclose(out, 0.9 * centre + 0.1 * logits.mean(axis=(0, 1)), rtol=1e-6)
 
 
+def test_features_on_eight_devices_pad_an_indivisible_batch(initial_state):
+  # 37 images in batches of 13 (the shipped eval_batch_size=500 on 8 devices alike): batches
+  # padded to 16 rows, the padding dropped; the features equal one device's, in order.
+  model, params = _tiny_model(), initial_state.params
+  images = np.random.default_rng(1).integers(0, 256, (37, SIZE, SIZE, 3), dtype=np.uint8)
+  kw = dict(batch_size=13, mean=(0.5,) * 3, std=(0.25,) * 3, rules=sharding.DEFAULT_RULES)
+  out = {}
+  for name, mesh in (("eight", sharding.make_mesh({"data": 4, "fsdp": 2})),
+                     ("one", sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]))):
+    feature_fn = features.make_feature_fn(model, (2, 2), mesh, sharding.DEFAULT_RULES, 1)
+    out[name] = features.extract_features(feature_fn, params, images, mesh=mesh, **kw)
+    assert features.host_block(mesh, 16) == (0, 16)  # one host: the whole batch
+  assert out["eight"]["cls"].shape == (37, 16)
+  for k in ("cls", "last"):
+    np.testing.assert_allclose(out["eight"][k], out["one"][k], rtol=1e-5, atol=1e-5)
+
+
 # --- Multi-crop -----------------------------------------------------------------------------
 
 

@@ -27,27 +27,30 @@ def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collection
                  *, mesh, rules) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model.
 
-  The memory bank / probe training set is the training split (capped at
-  eval.probe_train_size); scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
+  devices, laplax.evals.knn); the linear probes train on its first eval.probe_train_size
+  examples (0: all). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
   info, e = data["info"], config.eval
   train_x, train_y = data["train"]
-  if e.probe_train_size and e.probe_train_size < len(train_x):
-    train_x, train_y = train_x[:e.probe_train_size], train_y[:e.probe_train_size]
+  cap = min(e.probe_train_size or len(train_x), len(train_x))
   kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
             rules=rules)
-  train = extract_features(feature_fn, params, train_x, **kw)
+  train = extract_features(feature_fn, params, train_x[:cap], **kw)
+  bank = train["cls"]
+  if cap < len(train_x):  # the rest of the bank: class tokens only
+    bank = np.concatenate([bank, extract_features(feature_fn, params, train_x[cap:],
+                                                  keys=("cls",), **kw)["cls"]])
   probe_kw = dict(num_classes=info.num_classes, epochs=e.probe_epochs, lr=e.probe_lr,
                   weight_decay=e.probe_weight_decay, seed=config.seed)
-  probes = {k: linear_probe.train_linear_probe(train[k], train_y, **probe_kw)
+  probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
             for k in ("cls", "last")}
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
     feats = extract_features(feature_fn, params, x, **kw)
-    s = knn_lib.knn_accuracy(train["cls"], train_y, feats["cls"], y,
-                             num_classes=info.num_classes, ks=tuple(e.knn_ks),
-                             temperature=e.knn_temperature)
+    s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
+                             ks=tuple(e.knn_ks), temperature=e.knn_temperature, mesh=mesh)
     s["linear_cls"] = float(np.mean(
         np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
     s["linear_last"] = float(np.mean(

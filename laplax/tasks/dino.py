@@ -310,11 +310,12 @@ class DinoTask(Task):
     for name in ("momentum_teacher", "centre_momentum"):
       if not 0 <= d[name] <= 1:  # NaN fails this too
         raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
-    bank = config.eval.probe_train_size
     ks = tuple(config.eval.knn_ks)
-    if not ks or min(ks) < 1 or (bank and max(ks) > bank):
-      raise ValueError(f"eval.knn_ks={ks} must lie in [1, "
-                       f"eval.probe_train_size={bank}] (the k-NN memory bank)")
+    if not ks or min(ks) < 1:  # and <= the training split: load_data
+      raise ValueError(f"eval.knn_ks={ks} must be >= 1")
+    if config.eval.get("probe_train_size", 0) < 0:
+      raise ValueError(f"eval.probe_train_size={config.eval.probe_train_size} must be >= 0 "
+                       "(0: all)")
     p = self.build_model().backbone.patch_size
     for name, used in (("horse_size", config.eval.get("horse_dir")),
                        ("photo_size", config.eval.get("photos"))):
@@ -339,6 +340,10 @@ class DinoTask(Task):
 
   def load_data(self, workdir, log) -> None:
     self.data = load_image_data(self.config.data)
+    bank, ks = len(self.data["train"][0]), tuple(self.config.eval.knn_ks)
+    if max(ks) > bank:
+      raise ValueError(f"eval.knn_ks={ks} must lie in [1, {bank}] (the k-NN memory bank: the "
+                       "training split)")
     # Loaded before training, so that missing data stops the run before the work.
     self.transfer_sets = probes.load_transfer(self.config)
     self.photos = (photos_lib.load_photos(self.config.eval.photo_size, self.config.eval.photos)
