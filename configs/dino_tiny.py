@@ -80,6 +80,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.horse_dir = str(common.SHARED / "weizmann_horse")  # '' = skip the horse evaluations
   c.eval.horse_size = 64  # photos resized to 64x64: a 16x16 patch grid
   c.eval.seg_epochs = 20
+  # ADE20K linear segmentation probe (laplax.evals.probes.ade20k_scores): the official
+  # ADEChallengeData2016 folder, '' = skip; photos resized to ade20k_size (a multiple of the
+  # patch size); first N training / validation images (0 = all).
+  c.eval.ade20k_dir = ""
+  c.eval.ade20k_size = 64
+  c.eval.ade20k_train_images = 0
+  c.eval.ade20k_val_images = 0
   c.eval.pca_images = 6
   # PCA picture of the photos shipped in scikit-image / scikit-learn / matplotlib
   # (laplax.data.photos): 'builtin', a folder of .jpg / .png, or '' to skip.

@@ -3,7 +3,7 @@
 data (TFDS + grain, labels unused) -> multi-crop inside the jitted step -> student / EMA
 teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
 -> DINO loss with centring and sharpening -> collapse diagnostics in the metrics -> k-NN and
-linear probes of the frozen teacher, transfer probes, horse segmentation, PCA pictures
+linear probes of the frozen teacher, transfer probes, horse and ADE20K segmentation, PCA pictures
 (laplax.evals.probes). eval.py: the same probes, patch-token spectra (laplax.geometry.dino).
 
 As in the DINO code (Caron et al. 2021, main_dino.py): `dino_optimizer` clips per tensor
@@ -38,7 +38,7 @@ from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import photos as photos_lib
 from laplax.data import pipeline
-from laplax.data.images import load_image_data
+from laplax.data.images import cache_dir, load_image_data
 from laplax.evals import features as features_lib
 from laplax.evals import probes
 from laplax.geometry import metrics as geometry_metrics
@@ -318,7 +318,8 @@ class DinoTask(Task):
                        "(0: all)")
     p = self.build_model().backbone.patch_size
     for name, used in (("horse_size", config.eval.get("horse_dir")),
-                       ("photo_size", config.eval.get("photos"))):
+                       ("photo_size", config.eval.get("photos")),
+                       ("ade20k_size", config.eval.get("ade20k_dir"))):
       if used and config.eval[name] % p:
         raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
                          f"model.patch_size={p}")
@@ -330,7 +331,10 @@ class DinoTask(Task):
     channels = self.info().image_shape[-1]
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
-    for name in ("horse_dir", "photos"):
+    for name in ("ade20k_train_images", "ade20k_val_images"):
+      if config.eval.get(name, 0) < 0:
+        raise ValueError(f"eval.{name}={config.eval[name]} must be >= 0 (0: all)")
+    for name in ("horse_dir", "photos", "ade20k_dir"):
       if config.eval.get(name) and channels != 3:
         raise ValueError(f"eval.{name} is set but {config.data.name} is grey: a model trained "
                          f"on it cannot read RGB photos; set --config.eval.{name}=''")
@@ -346,6 +350,8 @@ class DinoTask(Task):
                        "training split)")
     # Loaded before training, so that missing data stops the run before the work.
     self.transfer_sets = probes.load_transfer(self.config)
+    if self.config.eval.get("ade20k_dir"):  # prepared (and checked) now, not after training
+      builders.ade20k_source(self.config.eval.ade20k_dir, cache_dir(self.config.data), "train")
     self.photos = (photos_lib.load_photos(self.config.eval.photo_size, self.config.eval.photos)
                    if self.config.eval.get("photos") else None)
 
@@ -459,6 +465,10 @@ class DinoTask(Task):
                                              figure_path=workdir / "pca_horses.png", **kw)
       log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
           f"{results['horse']['pca_mask']['fg_iou']:.4f}")
+    if self.config.eval.get("ade20k_dir"):
+      results["ade20k"] = probes.ade20k_scores(feature_fn, teacher, self.config, info, **kw)
+      log(f"ADE20K: probe mIoU {results['ade20k']['miou']:.4f}, pixel accuracy "
+          f"{results['ade20k']['pixel_acc']:.4f}")
     if self.photos is not None:
       results["photos"] = probes.photo_pca(feature_fn, teacher, self.photos, self.config, info,
                                            figure_path=workdir / "pca_photos.png", **kw)
