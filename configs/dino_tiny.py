@@ -77,6 +77,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.probe_lr = 1e-3
   c.eval.probe_weight_decay = 1e-4
   c.eval.last_layers = 4
+  # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
+  # DINO's protocol on augmented crops (linear_dino: SGD + momentum, lr scaled by batch / 256).
+  c.eval.linear_probe = "fast"
+  c.eval.dino_probe_epochs = 100
+  c.eval.dino_probe_batch_size = 256
+  c.eval.dino_probe_lr = 1e-3
   c.eval.horse_dir = str(common.SHARED / "weizmann_horse")  # '' = skip the horse evaluations
   c.eval.horse_size = 64  # photos resized to 64x64: a 16x16 patch grid
   c.eval.seg_epochs = 20

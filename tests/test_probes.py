@@ -134,6 +134,31 @@ def test_linear_probe_rejects_labels_out_of_range():
     linear_probe.train_linear_probe(np.zeros((4, 2)), np.array([0, 1, 2, 3]), num_classes=3)
 
 
+def test_dino_linear_probe_learns_a_planted_colour_problem():
+  import jax
+  import jax.numpy as jnp
+  from laplax import sharding
+  from laplax.evals import probes
+  # Class c: images whose channel c is bright; a crop or flip keeps the colour, so the
+  # "features" (mean colour of the normalised crop) separate the classes linearly.
+  rng = np.random.default_rng(0)
+  def planted(n):
+    y = rng.integers(0, 3, n)
+    x = rng.integers(0, 100, (n, 12, 12, 3))
+    x[np.arange(n), :, :, y] += 150
+    return x.astype(np.uint8), y.astype(np.int32)
+  feature_fn = jax.jit(lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params})
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  kw = dict(num_classes=3, size=8, mean=(0.5,) * 3, std=(0.25,) * 3, epochs=5, batch_size=32,
+            base_lr=0.5, mesh=mesh, rules=sharding.DEFAULT_RULES)
+  train, test = planted(256), planted(128)
+  scores = probes.dino_linear_probe(feature_fn, 1.0, train, {"test": test}, **kw)
+  assert scores["test"] > 0.95
+  # A test set whose labels are rotated: the learnt colour -> class map gets none right.
+  rotated = (test[0], (test[1] + 1) % 3)
+  assert probes.dino_linear_probe(feature_fn, 1.0, train, {"test": rotated}, **kw)["test"] < 0.05
+
+
 def test_segmentation_scores_on_hand_made_masks():
   target = np.zeros((1, 4, 4), np.int32)
   target[0, :, :2] = 1  # foreground: the left half (8 pixels)

@@ -331,6 +331,8 @@ class DinoTask(Task):
     channels = self.info().image_shape[-1]
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
+    if config.eval.get("linear_probe", "fast") not in ("fast", "dino"):
+      raise ValueError(f"eval.linear_probe={config.eval.linear_probe!r}: use 'fast' or 'dino'")
     for name in ("ade20k_train_images", "ade20k_val_images"):
       if config.eval.get(name, 0) < 0:
         raise ValueError(f"eval.{name}={config.eval[name]} must be >= 0 (0: all)")
