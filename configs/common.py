@@ -90,7 +90,9 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.weight_decay = weight_decay
   o.b1 = 0.9
   o.b2 = b2
+  o.weight_decay_end = ml_collections.FieldReference(None, field_type=float)  # None: constant
   o.clip_norm = clip_norm  # <= 0: no clipping
+  o.clip_mode = "global"  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
   o.grad_accum_steps = 1
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
   return o

@@ -64,19 +64,35 @@ def get_config() -> ml_collections.ConfigDict:
 
   # DINO: lr 5e-4 * batch / 256, scaled up for the short run
   c.optim = common.adamw(1e-3, warmup_steps=30, weight_decay=0.04, clip_norm=3.0)
+  c.optim.weight_decay_end = 0.4  # DINO's cosine 0.04 -> 0.4
+  c.optim.clip_mode = "per_tensor"  # DINO clips each parameter's gradient norm to 3.0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.at_init = True  # probes of the untrained teacher too (the floor to beat)
-  c.eval.probe_train_size = 10000  # k-NN bank / linear-probe training examples (0 = all)
+  c.eval.probe_train_size = 10000  # linear-probe training examples (0 = all); the k-NN bank
+  # is always the whole training split
   c.eval.knn_ks = (10, 20, 100)  # DINO reports 10, 20, 100, 200
   c.eval.knn_temperature = 0.07
   c.eval.probe_epochs = 30
   c.eval.probe_lr = 1e-3
   c.eval.probe_weight_decay = 1e-4
   c.eval.last_layers = 4
+  # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
+  # DINO's protocol on augmented crops (linear_dino: SGD + momentum, lr scaled by batch / 256).
+  c.eval.linear_probe = "fast"
+  c.eval.dino_probe_epochs = 100
+  c.eval.dino_probe_batch_size = 256
+  c.eval.dino_probe_lr = 1e-3
   c.eval.horse_dir = str(common.SHARED / "weizmann_horse")  # '' = skip the horse evaluations
   c.eval.horse_size = 64  # photos resized to 64x64: a 16x16 patch grid
   c.eval.seg_epochs = 20
+  # ADE20K linear segmentation probe (laplax.evals.probes.ade20k_scores): the official
+  # ADEChallengeData2016 folder, '' = skip; photos resized to ade20k_size (a multiple of the
+  # patch size); first N training / validation images (0 = all).
+  c.eval.ade20k_dir = ""
+  c.eval.ade20k_size = 64
+  c.eval.ade20k_train_images = 0
+  c.eval.ade20k_val_images = 0
   c.eval.pca_images = 6
   # PCA picture of the photos shipped in scikit-image / scikit-learn / matplotlib
   # (laplax.data.photos): 'builtin', a folder of .jpg / .png, or '' to skip.

@@ -78,8 +78,9 @@ def test_pod_config_flags(name):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"eval.knn_ks": (10, 600)},
-     "eval.knn_ks=\\(10, 600\\) must lie in \\[1, eval.probe_train_size=512\\]"),
+    ({"eval.knn_ks": (0, 20)}, "eval.knn_ks=\\(0, 20\\) must be >= 1"),
+    ({"optim.clip_mode": "layer"}, "optim.clip_mode='layer': use one of"),
+    ({"optim.weight_decay_end": -0.4}, "optim.weight_decay_end=-0.4 must be a finite"),
     ({"eval.photos": "builtin", "eval.photo_size": 30},
      "eval.photo_size=30 is not divisible by model.patch_size=7"),
     ({"total_steps": -5}, "total_steps=-5 must be >= 0"),

@@ -7,17 +7,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from conftest import make_config
 from laplax import sharding
 from laplax.data import multicrop as mc
-from laplax.evals import features
+from laplax.evals import features, probes
 from laplax.models import dino as dino_lib
 from laplax.models import vit
 from laplax.tasks import dino as dino_task
 from laplax.train import trainer
-from laplax.train.state import TrainState, make_optimizer
+from laplax.train import state as state_lib
+from laplax.train.state import TrainState
 
 
 # --- Loss, head, schedules ------------------------------------------------------------------
@@ -86,6 +88,98 @@ def test_schedules():
   assert float(dino_task.teacher_temperature(0, 0, 0.04, 0.07)) == pytest.approx(0.07)
 
 
+# --- The optimiser: last-layer freeze, weight-decay schedule, clipping ----------------------
+
+
+def _optim(**overrides):
+  o = dict(lr=0.1, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, clip_norm=0.0,
+           final_lr_fraction=0.0)
+  return ml_collections.ConfigDict({**o, **overrides})
+
+
+def _toy_params():
+  return {"backbone": {"dense": {"kernel": np.full((3, 2), 0.5, np.float32),
+                                 "bias": np.zeros(2, np.float32)}},
+          "head": {"fc1": {"kernel": np.full((2, 4), -0.5, np.float32)},
+                   "last_layer": np.full((4, 6), 2.0, np.float32)}}
+
+
+def _run_updates(tx, params, grads, n):
+  """n jitted updates with a constant gradient (the count is traced) -> updates, states."""
+  update = jax.jit(tx.update)
+  state, updates, states = tx.init(params), [], []
+  for _ in range(n):
+    u, state = update(grads, state, params)
+    updates.append(jax.tree.map(np.asarray, u))
+    states.append(state)
+  return updates, states
+
+
+def test_last_layer_adamw_starts_fresh_on_unfreezing():
+  freeze, total = 5, 20
+  optim = _optim()
+  lr = state_lib.learning_rate_schedule(optim, total)
+  params = _toy_params()
+  grads = jax.tree.map(lambda p: np.full_like(p, 0.3), params)
+  updates, states = _run_updates(dino_task.dino_optimizer(optim, total, freeze), params, grads,
+                                 freeze + 2)
+  for t, u in enumerate(updates):
+    # The rest: Adam with a constant gradient moves every weight by exactly lr(t).
+    np.testing.assert_allclose(-u["head"]["fc1"]["kernel"] / lr(t), 1.0, rtol=1e-4)
+    if t < freeze:
+      assert not np.any(u["head"]["last_layer"])
+  # First update after unfreezing: bias-corrected from its own step 1, so |update| / lr = 1
+  # (a shared step count t = 6 gives (1 - b1) / (1 - b1^t) / sqrt((1 - b2) / (1 - b2^t)) = 0.52;
+  # 2.7 after one ImageNet epoch).
+  np.testing.assert_allclose(-updates[freeze]["head"]["last_layer"] / lr(freeze), 1.0,
+                             rtol=1e-4)
+  np.testing.assert_allclose(-updates[freeze + 1]["head"]["last_layer"] / lr(freeze + 1), 1.0,
+                             rtol=1e-4)
+  last = states[freeze - 1][0].inner_states["last"].inner_state
+  assert int(last.inner_state[0].count) == 0 and not np.any(last.inner_state[0].nu["head"]
+                                                              ["last_layer"])
+
+
+def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer():
+  schedule = state_lib.weight_decay_schedule(_optim(weight_decay=0.04, weight_decay_end=0.4),
+                                             100)
+  np.testing.assert_allclose([float(schedule(s)) for s in (0, 50, 100, 200)],
+                             [0.04, 0.22, 0.4, 0.4], rtol=1e-6)
+  assert state_lib.weight_decay_schedule(_optim(weight_decay=0.05), 100) == 0.05
+  # Zero gradients: the update is the decay alone, -lr(t) wd(t) p, on matrices only.
+  freeze, total = 3, 10
+  optim = _optim(weight_decay=0.04, weight_decay_end=0.4)
+  lr = state_lib.learning_rate_schedule(optim, total)
+  params = _toy_params()
+  zeros = jax.tree.map(np.zeros_like, params)
+  updates, _ = _run_updates(dino_task.dino_optimizer(optim, total, freeze), params, zeros,
+                            freeze + 1)
+  for t, u in enumerate(updates):
+    want = -lr(t) * schedule(t * 10) * params["head"]["fc1"]["kernel"]
+    np.testing.assert_allclose(u["head"]["fc1"]["kernel"], want, rtol=1e-5)
+    assert not np.any(u["backbone"]["dense"]["bias"])
+  assert not np.any(updates[freeze - 1]["head"]["last_layer"])  # frozen: no decay either
+  np.testing.assert_allclose(updates[freeze]["head"]["last_layer"],
+                             -lr(freeze) * schedule(freeze * 10) * params["head"]["last_layer"],
+                             rtol=1e-5)
+
+
+def test_per_tensor_and_global_clipping():
+  grads = {"a": np.full((4,), 3.0, np.float32), "b": np.full((4,), 0.5, np.float32)}  # 6, 1
+  clip = lambda mode: optax.chain(*state_lib.gradient_clip(_optim(clip_norm=3.0,
+                                                                  clip_mode=mode)))
+  per_tensor, _ = clip("per_tensor").update(grads, clip("per_tensor").init(grads))
+  np.testing.assert_allclose(np.linalg.norm(per_tensor["a"]), 3.0, rtol=1e-6)
+  np.testing.assert_array_equal(per_tensor["b"], grads["b"])
+  global_, _ = clip("global").update(grads, clip("global").init(grads))
+  scale = 3.0 / np.sqrt(37.0)
+  np.testing.assert_allclose(global_["a"], grads["a"] * scale, rtol=1e-6)
+  np.testing.assert_allclose(global_["b"], grads["b"] * scale, rtol=1e-6)
+  assert state_lib.gradient_clip(_optim(clip_norm=0.0, clip_mode="per_tensor")) == []
+  with pytest.raises(ValueError, match="clip_mode"):
+    state_lib.gradient_clip(_optim(clip_norm=3.0, clip_mode="layer"))
+
+
 def test_position_table_resize_keeps_grid_and_trains_through_local_crops():
   pos = jax.random.normal(jax.random.key(0), (1, 16, 4))
   assert dino_lib.resize_pos_embedding(pos, (4, 4), (4, 4)) is pos
@@ -130,7 +224,7 @@ def _tiny_setup():
       freeze_last_layer_epochs=0.5))
   optim = ml_collections.ConfigDict(dict(lr=1e-2, warmup_steps=0, weight_decay=0.04, b1=0.9,
                                          b2=0.999, clip_norm=3.0, final_lr_fraction=0.0))
-  return crops, dino_cfg, make_optimizer(optim, 10)
+  return crops, dino_cfg, dino_task.dino_optimizer(optim, 10, dino_task.freeze_steps(dino_cfg, 4))
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +288,13 @@ def test_teacher_is_ema_of_the_updated_student_and_gets_no_gradient(mesh_step):
   assert moved["backbone"]["pos_embedding"] and moved["head"]["fc1"]["kernel"]
   np.testing.assert_array_equal(new.params["head"]["last_layer"],
                                 old.params["head"]["last_layer"])
-  adam = new.opt_state[1][0]
-  assert jax.tree.structure(adam.mu) == jax.tree.structure(new.params)
+  inner = new.opt_state[1].inner_states
+  rest, last = inner["rest"].inner_state, inner["last"].inner_state
+  assert int(rest[0].count) == 1 and int(last.step) == 1
+  # The frozen last layer's own AdamW has not started: moments zero, count zero.
+  assert int(last.inner_state[0].count) == 0
+  assert not np.any(last.inner_state[0].mu["head"]["last_layer"])
+  assert np.any(rest[0].mu["head"]["fc1"]["kernel"])
   assert int(new.step) == 1
 
 
@@ -252,6 +351,41 @@ def test_centre_is_the_global_batch_mean_under_sharding():
   one_device = update(jnp.asarray(centre), jax.device_put(logits, jax.devices()[0]), 0.9)
   np.testing.assert_allclose(out, one_device, rtol=1e-6)
   np.testing.assert_allclose(out, 0.9 * centre + 0.1 * logits.mean(axis=(0, 1)), rtol=1e-6)
+
+
+def test_features_on_eight_devices_pad_an_indivisible_batch(initial_state):
+  # 37 images in batches of 13 (the shipped eval_batch_size=500 on 8 devices alike): batches
+  # padded to 16 rows, the padding dropped; the features equal one device's, in order.
+  model, params = _tiny_model(), initial_state.params
+  images = np.random.default_rng(1).integers(0, 256, (37, SIZE, SIZE, 3), dtype=np.uint8)
+  kw = dict(batch_size=13, mean=(0.5,) * 3, std=(0.25,) * 3, rules=sharding.DEFAULT_RULES)
+  out = {}
+  for name, mesh in (("eight", sharding.make_mesh({"data": 4, "fsdp": 2})),
+                     ("one", sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]))):
+    feature_fn = features.make_feature_fn(model, (2, 2), mesh, sharding.DEFAULT_RULES, 1)
+    out[name] = features.extract_features(feature_fn, params, images, mesh=mesh, **kw)
+    assert features.host_block(mesh, 16) == (0, 16)  # one host: the whole batch
+  assert out["eight"]["cls"].shape == (37, 16)
+  for k in ("cls", "last"):
+    np.testing.assert_allclose(out["eight"][k], out["one"][k], rtol=1e-5, atol=1e-5)
+
+
+def test_ade20k_probe_runs_on_the_teacher(initial_state, tmp_path):
+  from test_probes import _write_ade20k
+  root = tmp_path / "ADEChallengeData2016"
+  _write_ade20k(root, [(16, 16)] * 3)
+  _write_ade20k(root, [(12, 20)] * 2, split="validation", start=10)
+  config = _task().config
+  config.data.cache_dir = str(tmp_path / "cache")
+  config.eval.update(ade20k_dir=str(root), ade20k_size=SIZE, ade20k_train_images=0,
+                     ade20k_val_images=0, seg_epochs=2)
+  mesh = sharding.make_mesh({"data": 8})
+  feature_fn = features.make_feature_fn(_tiny_model(), (2, 2), mesh, sharding.DEFAULT_RULES, 1)
+  info = dino_task.DinoTask(config).info()
+  out = probes.ade20k_scores(feature_fn, initial_state.params, config, info, mesh=mesh,
+                             rules=sharding.DEFAULT_RULES, predict_batch=1)
+  assert (out["train_images"], out["val_images"]) == (3, 2)
+  assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
 
 
 # --- Multi-crop -----------------------------------------------------------------------------

@@ -67,6 +67,39 @@ def test_knn_predict_matches_brute_force():
     np.testing.assert_array_equal(np.asarray(predicted), expected)
 
 
+def _knn_votes_reference(train_x, train_y, test_x, num_classes, k, temperature):
+  """Votes (M, C) of the DINO weighted vote, brute force in float64."""
+  train = train_x / np.linalg.norm(train_x, axis=1, keepdims=True)
+  test = test_x / np.linalg.norm(test_x, axis=1, keepdims=True)
+  similarity = test @ train.T  # (M, N)
+  nearest = np.argsort(-similarity, axis=1)[:, :k]
+  votes = np.zeros((len(test), num_classes))
+  for i, row in enumerate(nearest):
+    np.add.at(votes[i], train_y[row], np.exp(similarity[i, row] / temperature))
+  return votes
+
+
+@pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"data": 2, "fsdp": 2, "model": 2}])
+def test_sharded_streaming_knn_equals_brute_force(mesh_shape):
+  from laplax import sharding
+  mesh = sharding.make_mesh(mesh_shape)
+  rng = np.random.default_rng(5)
+  # 203 bank rows: not a multiple of the devices or of the 7-row chunks (padding is masked);
+  # k = 30 exceeds a device's chunk, so the running top-k merges across chunks and devices.
+  train_x, test_x = rng.normal(size=(203, 16)), rng.normal(size=(41, 16))
+  train_y = rng.integers(0, 6, size=203)
+  ks = (1, 5, 30)
+  votes = knn._votes(train_x, train_y, test_x, 0.1, num_classes=6, ks=ks, batch_size=16,
+                     chunk_size=7, mesh=mesh)
+  for i, k in enumerate(ks):
+    want = _knn_votes_reference(train_x, train_y, test_x, 6, k, 0.1)
+    np.testing.assert_allclose(votes[i], want, rtol=2e-4)
+  predicted = knn.knn_predict(train_x, train_y, test_x, num_classes=6, k=5, temperature=0.1,
+                              batch_size=16, chunk_size=7, mesh=mesh)
+  np.testing.assert_array_equal(predicted, np.argmax(_knn_votes_reference(
+      train_x, train_y, test_x, 6, 5, 0.1), axis=1))
+
+
 def test_knn_rejects_k_larger_than_the_training_set():
   x = np.zeros((5, 3), np.float32)
   with pytest.raises(ValueError, match=r"ks=\(20,\).*N=5"):
@@ -99,6 +132,31 @@ def test_linear_probe_is_deterministic_and_standardises_with_train_statistics(bl
 def test_linear_probe_rejects_labels_out_of_range():
   with pytest.raises(ValueError, match="num_classes=3"):
     linear_probe.train_linear_probe(np.zeros((4, 2)), np.array([0, 1, 2, 3]), num_classes=3)
+
+
+def test_dino_linear_probe_learns_a_planted_colour_problem():
+  import jax
+  import jax.numpy as jnp
+  from laplax import sharding
+  from laplax.evals import probes
+  # Class c: images whose channel c is bright; a crop or flip keeps the colour, so the
+  # "features" (mean colour of the normalised crop) separate the classes linearly.
+  rng = np.random.default_rng(0)
+  def planted(n):
+    y = rng.integers(0, 3, n)
+    x = rng.integers(0, 100, (n, 12, 12, 3))
+    x[np.arange(n), :, :, y] += 150
+    return x.astype(np.uint8), y.astype(np.int32)
+  feature_fn = jax.jit(lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params})
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  kw = dict(num_classes=3, size=8, mean=(0.5,) * 3, std=(0.25,) * 3, epochs=5, batch_size=32,
+            base_lr=0.5, mesh=mesh, rules=sharding.DEFAULT_RULES)
+  train, test = planted(256), planted(128)
+  scores = probes.dino_linear_probe(feature_fn, 1.0, train, {"test": test}, **kw)
+  assert scores["test"] > 0.95
+  # A test set whose labels are rotated: the learnt colour -> class map gets none right.
+  rotated = (test[0], (test[1] + 1) % 3)
+  assert probes.dino_linear_probe(feature_fn, 1.0, train, {"test": rotated}, **kw)["test"] < 0.05
 
 
 def test_segmentation_scores_on_hand_made_masks():
@@ -171,3 +229,93 @@ def test_weizmann_horse_loader(shared_data, tmp_path):
   assert set(train) | set(data.names) == set(names)
   with pytest.raises(ValueError, match="shenshutao"):
     segmentation.load_weizmann_horse(tmp_path, image_size=32, split="test")
+
+
+# --- ADE20K: the official folder layout, ignore index 0 ---------------------------------------
+
+
+def _write_ade20k(root, sizes, *, split="training", start=1, bad_label=False):
+  """Photos and annotations in ADEChallengeData2016's layout; each annotation: label 0 in the
+  top rows, then a left block of one class and a right block of another (up to 150)."""
+  from PIL import Image
+  rng = np.random.default_rng(start)
+  (root / "images" / split).mkdir(parents=True, exist_ok=True)
+  (root / "annotations" / split).mkdir(parents=True, exist_ok=True)
+  prefix = "ADE_train_" if split == "training" else "ADE_val_"
+  written = {}
+  for i, (h, w) in enumerate(sizes):
+    name = f"{prefix}{start + i:08d}"
+    # Smooth (a colour plus a gradient): JPEG keeps it to a few levels.
+    photo = np.clip(rng.integers(40, 200, 3) + np.linspace(0, 50, w)[None, :, None],
+                    0, 255).astype(np.uint8).repeat(h, axis=0)
+    labels = np.zeros((h, w), np.uint8)
+    labels[h // 4:, : w // 2] = 1 + (7 * (start + i)) % 150
+    labels[h // 4:, w // 2:] = 151 if bad_label else 150
+    Image.fromarray(photo).save(root / "images" / split / f"{name}.jpg", quality=95)
+    Image.fromarray(labels).save(root / "annotations" / split / f"{name}.png")
+    written[name] = (photo, labels)
+  return written
+
+
+def test_ade20k_builder_reads_the_official_layout(tmp_path):
+  from laplax.data import builders
+  root = tmp_path / "ADEChallengeData2016"
+  train = _write_ade20k(root, [(24, 32), (24, 32), (24, 32)])
+  val = _write_ade20k(root, [(24, 32), (24, 32)], split="validation", start=10)
+  cache = tmp_path / "cache"
+  data = segmentation.load_ade20k(tmp_path, cache, "train", (24, 32))  # the parent works too
+  assert data.names == tuple(f"{n}.jpg" for n in sorted(train))
+  assert data.images.shape == (3, 24, 32, 3) and data.masks.shape == (3, 24, 32)
+  for i, name in enumerate(sorted(train)):
+    photo, labels = train[name]
+    np.testing.assert_array_equal(data.masks[i], labels)  # PNG: lossless, same size
+    assert np.mean(np.abs(data.images[i].astype(int) - photo)) < 3  # JPEG: lossy
+  small = segmentation.load_ade20k(root, cache, "validation", 16, limit=1)
+  assert small.images.shape == (1, 16, 16, 3) and small.names == (f"{min(val)}.jpg",)
+  assert set(np.unique(small.masks)) <= {0, int(val[min(val)][1].max()),
+                                         int(val[min(val)][1][-1, 0])}
+  with pytest.raises(builders.DataError, match="ADE20K not found"):
+    segmentation.load_ade20k(tmp_path / "nowhere", cache, "train", 16)
+
+
+def test_ade20k_builder_errors(tmp_path):
+  from laplax.data import builders
+  root = tmp_path / "ADEChallengeData2016"
+  _write_ade20k(root, [(8, 8), (8, 8)])
+  _write_ade20k(root, [(8, 8)], split="validation")
+  (root / "annotations" / "training" / "ADE_train_00000002.png").unlink()
+  with pytest.raises(builders.DataError, match="image without an annotation"):
+    segmentation.load_ade20k(root, tmp_path / "c1", "train", 8)
+  bad = tmp_path / "bad" / "ADEChallengeData2016"
+  _write_ade20k(bad, [(8, 8)], bad_label=True)
+  _write_ade20k(bad, [(8, 8)], split="validation")
+  with pytest.raises(builders.DataError, match="label 151 > 150"):
+    segmentation.load_ade20k(bad, tmp_path / "c2", "train", 8)
+
+
+def test_segmentation_scores_ignore_unlabelled_pixels():
+  target = np.array([[[0, 0, 3, 3], [0, 5, 5, 3]]])
+  pred = np.array([[[2, 9, 3, 3], [1, 5, 3, 3]]])  # wrong only where ignored, and one 5 -> 3
+  scores = segmentation.segmentation_scores(pred, target, num_classes=151, ignore_index=0)
+  # 5 labelled pixels, 4 right; class 3: IoU 3/4, class 5: IoU 1/2; class 0 left out.
+  assert scores["pixel_acc"] == pytest.approx(4 / 5)
+  assert scores["miou"] == pytest.approx((3 / 4 + 1 / 2) / 2)
+
+
+def test_patch_probe_with_ignored_patches_recovers_150_classes():
+  # Planted: patch class c in 1..150 is a one-hot in dimension c; class-0 (unlabelled) patches
+  # carry pure noise and are left out of training and scoring.
+  rng = np.random.default_rng(8)
+  masks = rng.integers(0, 151, size=(40, 8, 8)).astype(np.int32)
+  features = rng.normal(scale=0.01, size=(40, 8, 8, 151)).astype(np.float32)
+  features += np.eye(151, dtype=np.float32)[masks]
+  features[masks == 0] = rng.normal(size=(int((masks == 0).sum()), 151))
+  probe = segmentation.train_patch_probe(features[:30], masks[:30], 151, epochs=30, lr=3e-2,
+                                         batch_size=256, ignore_index=0)
+  pred = np.asarray(segmentation.predict_masks(probe, features[30:]))
+  scores = segmentation.segmentation_scores(pred, masks[30:], 151, ignore_index=0)
+  assert scores["miou"] > 0.95 and scores["pixel_acc"] > 0.97
+  assert not np.any(pred[masks[30:] != 0] == 0)  # never a target
+  with pytest.raises(ValueError, match="ignored label 0"):
+    segmentation.train_patch_probe(features[:2], np.zeros((2, 8, 8), np.int32), 151,
+                                   ignore_index=0)

@@ -9,7 +9,9 @@ compute, splash attention, scanned blocks; the multi-crop runs inside the step.
 
 Data: the streaming ImageNet pipeline (another issue; `data.tfds_name` is its placeholder)
 delivers 224 px images in [0, 1]; `data.image_size` / `data.num_classes` build the model
-without data. Evaluations that need local data (horses, photos, transfer) are off.
+without data. Evaluations: k-NN (bank: the whole training split), linear probes and the ADE20K
+segmentation probe (eval.ade20k_dir: the ADEChallengeData2016 folder); horses, photos and
+transfer are off.
 
 Fit check (aot.json; 44.0M student parameters, backbone + head; 1.268e14 model FLOPs per step):
 v5e:4x4 peak 3.53 GiB per chip of 16 (22 %), remat 'full'.
@@ -51,8 +53,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.dino.freeze_last_layer_epochs = 1.0
   c.optim = common.adamw(5e-4 * 1024 / 256, warmup_steps=10 * 1251, weight_decay=0.04,
                          clip_norm=3.0)
+  c.optim.weight_decay_end = 0.4
+  c.optim.clip_mode = "per_tensor"
   c.eval.at_init = False
   c.eval.horse_dir = ""
+  # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210
+  # training and 2,000 validation images; the folder must exist on every host.
+  c.eval.ade20k_dir = str(common.SHARED / "ade20k")
+  c.eval.ade20k_size = 224
   c.eval.photos = ""
   c.eval.transfer = ml_collections.ConfigDict()
   return c

@@ -8,6 +8,7 @@ table is resized); `extract_features` streams uint8 images through it; `FrozenTe
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 import pathlib
 from typing import Any, NamedTuple
 
@@ -49,24 +50,37 @@ def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rule
     return jax.jit(features, out_shardings=sharding.replicated(mesh))
 
 
+def host_block(mesh, global_batch: int) -> tuple[int, int]:
+  """(block index, rows) of this host's contiguous share of a (global_batch, ...) batch sharded
+  over the data-parallel axes: the rows its devices hold (what host_batch_to_global expects)."""
+  starts = {idx[0].start or 0 for idx in sharding.batch_sharding(mesh)
+            .addressable_devices_indices_map((global_batch,)).values()}
+  rows = global_batch // jax.process_count()
+  return min(starts) // rows, rows
+
+
 def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int, mean, std,
                      mesh, rules, keys: tuple[str, ...] = ("cls", "last")
                      ) -> dict[str, np.ndarray]:
   """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} through the frozen model, in order.
 
-  Batches are padded to a multiple of the data-parallel devices (the padding is dropped)."""
+  Every host passes all N images. The global batch is batch_size rounded up to a multiple of
+  the data-parallel devices and the hosts; each host feeds its block of it, the last batch is
+  padded, and padded rows are dropped from the (replicated) features."""
   labels = np.zeros(len(images), np.int32)
-  dp = sharding.data_parallel_size(mesh)
-  batch_size = -(-batch_size // dp) * dp
+  multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
+  global_batch = -(-batch_size // multiple) * multiple
+  block, rows = host_block(mesh, global_batch)
   out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean,
-                                       std=std):
-      mask = batch.pop("mask")
+    batches = pipeline.eval_batches(images, labels, batch_size=rows, mean=mean, std=std,
+                                    process_index=block, process_count=jax.process_count())
+    for j, batch in enumerate(batches):
       feats = feature_fn(params, sharding.host_batch_to_global({"image": batch["image"]},
                                                                 mesh)["image"])
+      keep = np.arange(j * global_batch, (j + 1) * global_batch) < len(images)
       for k in keys:
-        out[k].append(np.asarray(feats[k])[mask])
+        out[k].append(np.asarray(feats[k])[keep])
   return {k: np.concatenate(v) for k, v in out.items()}
 
 

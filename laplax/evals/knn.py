@@ -2,8 +2,13 @@
 
 Features are L2-normalised, neighbours are found by cosine similarity, and each of the k
 nearest training points votes for its label with weight exp(similarity / temperature)
-(Caron et al. 2021, `eval_knn.py`: k=20, T=0.07). Test queries go through in batches of
-`batch_size`, so memory is O(batch_size * N) rather than O(M * N).
+(Caron et al. 2021, `eval_knn.py`: k=20, T=0.07).
+
+The memory bank (all N training features) lives on the devices, its rows sharded over the
+mesh's data-parallel axes. Test queries go through in batches of `batch_size`; each device
+streams its rows in chunks of `chunk_size`, merging a running top-k, then the per-device top-k
+lists are gathered and merged. Memory: O(N d / devices) for the bank and
+O(batch_size * chunk_size) per device for similarities, never O(M N).
 """
 from __future__ import annotations
 
@@ -13,38 +18,87 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from laplax import sharding
+
+DP_AXES = ("data", "fsdp")
 
 
 def _l2_normalise(x: jax.Array) -> jax.Array:
   return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "ks", "batch_size"))
-def _knn_votes(train_features: jax.Array, train_labels: jax.Array, test_features: jax.Array,
-               temperature: jax.Array, *, num_classes: int, ks: tuple[int, ...],
-               batch_size: int) -> jax.Array:
-  """Summed votes (len(ks), M, num_classes) for every k in `ks`, from one top-max(ks) search."""
-  train = _l2_normalise(train_features.astype(jnp.float32))
-  test = _l2_normalise(test_features.astype(jnp.float32))
-  m = test.shape[0]
-  batch_size = min(batch_size, m)
-  num_batches = -(-m // batch_size)
-  test = jnp.pad(test, ((0, num_batches * batch_size - m), (0, 0)))
+@functools.partial(jax.jit, static_argnames=("mesh", "num_classes", "ks", "chunk_size"))
+def _knn_votes(bank_NxD: jax.Array, labels_N: jax.Array, valid_N: jax.Array,
+               queries_BxD: jax.Array, temperature: jax.Array, *, mesh, num_classes: int,
+               ks: tuple[int, ...], chunk_size: int) -> jax.Array:
+  """Summed votes (len(ks), B, num_classes) for every k in `ks`, from one top-max(ks) search.
+
+  bank_NxD (normalised), labels_N, valid_N (False on padding rows): rows sharded over DP_AXES,
+  N a multiple of devices * chunk_size; queries_BxD (normalised) replicated.
+  """
   k_max = max(ks)
 
-  def votes_for_batch(queries_BxD):
-    similarity_BxN = queries_BxD @ train.T
-    top_sim_BxK, top_idx_BxK = jax.lax.top_k(similarity_BxN, k_max)  # sorted, largest first
-    weighted_BxKxC = (jax.nn.one_hot(train_labels[top_idx_BxK], num_classes) *
-                      jnp.exp(top_sim_BxK / temperature)[..., None])
+  def local_top_k(bank, labels, valid, queries):
+    # This device's rows, chunk by chunk: a running top-k of (similarity, label).
+    b = queries.shape[0]
+    chunks = lambda x: x.reshape((-1, chunk_size) + x.shape[1:])
+
+    def merge(carry, chunk):
+      top_sim, top_label = carry
+      rows, row_labels, row_valid = chunk
+      sim = jnp.where(row_valid[None], queries @ rows.T, -jnp.inf)  # (B, chunk)
+      sim = jnp.concatenate([top_sim, sim], axis=1)
+      label = jnp.concatenate([top_label, jnp.broadcast_to(row_labels, (b, chunk_size))], 1)
+      top_sim, idx = jax.lax.top_k(sim, k_max)
+      return (top_sim, jnp.take_along_axis(label, idx, axis=1)), None
+
+    init = (jnp.full((b, k_max), -jnp.inf, queries.dtype), jnp.zeros((b, k_max), jnp.int32))
+    (top_sim, top_label), _ = jax.lax.scan(merge, init,
+                                           (chunks(bank), chunks(labels), chunks(valid)))
+    # Every device's candidates, then the global top-k (sorted, largest first).
+    gather = lambda x: jax.lax.all_gather(x, DP_AXES, axis=1, tiled=True)
+    top_sim, idx = jax.lax.top_k(gather(top_sim), k_max)
+    top_label = jnp.take_along_axis(gather(top_label), idx, axis=1)
+    weighted_BxKxC = (jax.nn.one_hot(top_label, num_classes) *
+                      jnp.exp(top_sim / temperature)[..., None])
     # Prefix sums over the sorted neighbours give the votes of every smaller k for free.
     cumulative_BxKxC = jnp.cumsum(weighted_BxKxC, axis=1)
     return jnp.stack([cumulative_BxKxC[:, k - 1] for k in ks])
 
-  batched = test.reshape(num_batches, batch_size, test.shape[1])
-  votes = jax.lax.map(votes_for_batch, batched)  # (num_batches, len(ks), B, C)
-  votes = jnp.moveaxis(votes, 1, 0).reshape(len(ks), num_batches * batch_size, num_classes)
-  return votes[:, :m]
+  rows = P(DP_AXES)
+  return jax.shard_map(local_top_k, mesh=mesh, in_specs=(rows, rows, rows, P()),
+                       out_specs=P(), check_vma=False)(bank_NxD, labels_N, valid_N,
+                                                       queries_BxD)
+
+
+def _votes(train_features, train_labels, test_features, temperature: float, *,
+           num_classes: int, ks: tuple[int, ...], batch_size: int, chunk_size: int,
+           mesh) -> np.ndarray:
+  """The bank on the devices, the queries batch by batch -> votes (len(ks), M, C) float32."""
+  if mesh is None:
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  devices = sharding.data_parallel_size(mesh)
+  n = train_features.shape[0]
+  chunk_size = max(1, min(chunk_size, -(-n // devices)))
+  padded = -(-n // (devices * chunk_size)) * devices * chunk_size
+  pad = lambda x: np.pad(np.asarray(x), [(0, padded - n)] + [(0, 0)] * (np.ndim(x) - 1))
+  rows = NamedSharding(mesh, P(DP_AXES))
+  bank = _l2_normalise(jax.device_put(pad(np.asarray(train_features, np.float32)), rows))
+  labels = jax.device_put(pad(np.asarray(train_labels, np.int32)), rows)
+  valid = jax.device_put(np.arange(padded) < n, rows)
+  test = np.asarray(test_features, np.float32)
+  out = []
+  for start in range(0, len(test), batch_size):
+    queries = test[start:start + batch_size]
+    b = len(queries)
+    queries = np.pad(queries, ((0, batch_size - b), (0, 0)))  # one compiled shape
+    queries = _l2_normalise(jax.device_put(queries, sharding.replicated(mesh)))
+    votes = _knn_votes(bank, labels, valid, queries, jnp.float32(temperature), mesh=mesh,
+                       num_classes=num_classes, ks=ks, chunk_size=chunk_size)
+    out.append(np.asarray(votes)[:, :b])
+  return np.concatenate(out, axis=1)
 
 
 def _check(train_features, train_labels, test_features, num_classes: int,
@@ -66,37 +120,38 @@ def _check(train_features, train_labels, test_features, num_classes: int,
                      f"{num_classes}, {temperature}, {batch_size}")
 
 
-def knn_predict(train_features: jax.Array, train_labels: jax.Array, test_features: jax.Array,
-                *, num_classes: int, k: int = 20, temperature: float = 0.07,
-                batch_size: int = 1024) -> jax.Array:
+def knn_predict(train_features, train_labels, test_features, *, num_classes: int,
+                k: int = 20, temperature: float = 0.07, batch_size: int = 1024,
+                chunk_size: int = 16384, mesh=None) -> np.ndarray:
   """Predicted labels (M,) int32 for test_features (M, d) from train (N, d) with labels (N,).
 
+  mesh: the bank's rows are sharded over its data-parallel axes (None: one device).
   Ties in the summed votes go to the lower class index (argmax).
   """
-  train_features, train_labels, test_features = map(
-      jnp.asarray, (train_features, train_labels, test_features))
+  train_features, test_features = np.asarray(train_features), np.asarray(test_features)
+  train_labels = np.asarray(train_labels)
   _check(train_features, train_labels, test_features, num_classes, (k,), temperature,
          batch_size)
-  votes = _knn_votes(train_features, train_labels.astype(jnp.int32), test_features,
-                     jnp.float32(temperature),
-                     num_classes=num_classes, ks=(k,), batch_size=batch_size)
-  return jnp.argmax(votes[0], axis=-1).astype(jnp.int32)
+  votes = _votes(train_features, train_labels, test_features, temperature,
+                 num_classes=num_classes, ks=(k,), batch_size=batch_size,
+                 chunk_size=chunk_size, mesh=mesh)
+  return np.argmax(votes[0], axis=-1).astype(np.int32)
 
 
-def knn_accuracy(train_features: jax.Array, train_labels: jax.Array, test_features: jax.Array,
-                 test_labels: jax.Array, *, num_classes: int, ks: Sequence[int] = (10, 20, 100),
-                 temperature: float = 0.07, batch_size: int = 1024) -> dict[str, float]:
+def knn_accuracy(train_features, train_labels, test_features, test_labels, *,
+                 num_classes: int, ks: Sequence[int] = (10, 20, 100),
+                 temperature: float = 0.07, batch_size: int = 1024, chunk_size: int = 16384,
+                 mesh=None) -> dict[str, float]:
   """Top-1 accuracy of the weighted k-NN vote for each k: {'knn_top1_k10': 0.83, ...}."""
   ks = tuple(int(k) for k in ks)
-  train_features, train_labels, test_features = map(
-      jnp.asarray, (train_features, train_labels, test_features))
+  train_features, test_features = np.asarray(train_features), np.asarray(test_features)
+  train_labels = np.asarray(train_labels)
   _check(train_features, train_labels, test_features, num_classes, ks, temperature, batch_size)
   if np.shape(test_labels) != (test_features.shape[0],):
     raise ValueError(f"test_labels shape {np.shape(test_labels)} should be "
                      f"({test_features.shape[0]},), one label per test feature")
-  votes = _knn_votes(train_features, train_labels.astype(jnp.int32), test_features,
-                     jnp.float32(temperature),
-                     num_classes=num_classes, ks=ks, batch_size=batch_size)
-  correct = jnp.argmax(votes, axis=-1) == jnp.asarray(test_labels)[None]
-  accuracy = np.asarray(jnp.mean(correct, axis=-1))
-  return {f"knn_top1_k{k}": float(a) for k, a in zip(ks, accuracy)}
+  votes = _votes(train_features, train_labels, test_features, temperature,
+                 num_classes=num_classes, ks=ks, batch_size=batch_size, chunk_size=chunk_size,
+                 mesh=mesh)
+  correct = np.argmax(votes, axis=-1) == np.asarray(test_labels)[None]
+  return {f"knn_top1_k{k}": float(a) for k, a in zip(ks, correct.mean(axis=-1))}

@@ -1,5 +1,5 @@
 """Probes of a frozen model's features: k-NN and linear probes, transfer to other data sets,
-the Weizmann-horse segmentation probe and PCA pictures (DINO's evaluations).
+the Weizmann-horse and ADE20K segmentation probes and PCA pictures (DINO's evaluations).
 
 Every function takes a jitted feature_fn (laplax.evals.features.make_feature_fn) and params,
 so it works on a training state's teacher and on a restored run alike.
@@ -11,10 +11,14 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
-from laplax.data import builders, pipeline
+from laplax.data import builders, multicrop, pipeline
+from laplax.data import images as images_lib
 from laplax.data.images import load_image_data
 from laplax.evals import knn as knn_lib
 from laplax.evals import linear_probe
@@ -25,36 +29,113 @@ from laplax.evals.features import extract_features
 
 def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collections.ConfigDict,
                  *, mesh, rules) -> dict[str, dict[str, float]]:
-  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model.
+  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
+  eval.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`).
 
-  The memory bank / probe training set is the training split (capped at
-  eval.probe_train_size); scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
+  devices, laplax.evals.knn); the linear probes train on its first eval.probe_train_size
+  examples (0: all). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
   info, e = data["info"], config.eval
   train_x, train_y = data["train"]
-  if e.probe_train_size and e.probe_train_size < len(train_x):
-    train_x, train_y = train_x[:e.probe_train_size], train_y[:e.probe_train_size]
+  cap = min(e.probe_train_size or len(train_x), len(train_x))
   kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
             rules=rules)
-  train = extract_features(feature_fn, params, train_x, **kw)
+  train = extract_features(feature_fn, params, train_x[:cap], **kw)
+  bank = train["cls"]
+  if cap < len(train_x):  # the rest of the bank: class tokens only
+    bank = np.concatenate([bank, extract_features(feature_fn, params, train_x[cap:],
+                                                  keys=("cls",), **kw)["cls"]])
   probe_kw = dict(num_classes=info.num_classes, epochs=e.probe_epochs, lr=e.probe_lr,
                   weight_decay=e.probe_weight_decay, seed=config.seed)
-  probes = {k: linear_probe.train_linear_probe(train[k], train_y, **probe_kw)
+  probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
             for k in ("cls", "last")}
+  dino = None
+  if e.get("linear_probe", "fast") == "dino":
+    dino = dino_linear_probe(
+        feature_fn, params, (train_x[:cap], train_y[:cap]),
+        {split: data[split] for split in ("val", "test")}, num_classes=info.num_classes,
+        size=config.multicrop.global_size, mean=info.mean, std=info.std,
+        epochs=e.dino_probe_epochs, batch_size=e.dino_probe_batch_size,
+        base_lr=e.dino_probe_lr, seed=config.seed, mesh=mesh, rules=rules)
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
     feats = extract_features(feature_fn, params, x, **kw)
-    s = knn_lib.knn_accuracy(train["cls"], train_y, feats["cls"], y,
-                             num_classes=info.num_classes, ks=tuple(e.knn_ks),
-                             temperature=e.knn_temperature)
+    s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
+                             ks=tuple(e.knn_ks), temperature=e.knn_temperature, mesh=mesh)
     s["linear_cls"] = float(np.mean(
         np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
     s["linear_last"] = float(np.mean(
         np.asarray(linear_probe.linear_probe_predict(probes["last"], feats["last"])) == y))
+    if dino is not None:
+      s["linear_dino"] = dino[split]
     s["count"] = int(len(y))
     scores[split] = s
   return scores
+
+
+def dino_linear_probe(feature_fn, params, train: tuple[np.ndarray, np.ndarray],
+                      evaluate: dict[str, tuple[np.ndarray, np.ndarray]], *, num_classes: int,
+                      size: int, mean, std, epochs: int = 100, batch_size: int = 256,
+                      base_lr: float = 1e-3, seed: int = 0, key: str = "last", mesh, rules
+                      ) -> dict[str, float]:
+  """DINO's linear-probe protocol (eval_linear.py): a linear layer (weights N(0, 0.01), bias 0)
+  on the frozen model's feature `key` ('last': the last n blocks' class tokens concatenated),
+  trained by SGD with momentum 0.9 and no weight decay, lr = base_lr * batch_size / 256 on a
+  cosine to 0, for `epochs` epochs over random-resized crops (scale 0.08-1) + flips of the uint8
+  training images (N, H, W, C), recomputing the features of every augmented batch. Scored on
+  the un-augmented images resized to `size`. -> {split: top-1 accuracy} for `evaluate`.
+
+  One host: batches go to the devices as one array (the feature_fn replicates its output)."""
+  x, y = train
+  n = len(x)
+  batch_size = min(batch_size, n)
+  steps_per_epoch = -(-n // batch_size)
+  tx = optax.sgd(optax.cosine_decay_schedule(base_lr * batch_size / 256,
+                                             epochs * steps_per_epoch), momentum=0.9)
+
+  @jax.jit
+  def augment(rng, images):
+    k_box, k_flip = jax.random.split(rng)
+    b, h, w, _ = images.shape
+    boxes = multicrop.crop_boxes(jax.random.uniform(k_box, (b, 4)), h, w, (0.08, 1.0),
+                                 (3 / 4, 4 / 3))
+    crops = multicrop.resized_crops(images.astype(jnp.float32) / 255.0, boxes, size)
+    crops = multicrop.flip(crops, jax.random.bernoulli(k_flip, 0.5, (b,)))
+    return multicrop.normalize(crops, mean, std)
+
+  @jax.jit
+  def sgd_step(layer, opt_state, feats, labels):
+    loss = lambda l: optax.softmax_cross_entropy_with_integer_labels(
+        feats @ l["kernel"] + l["bias"], labels).mean()
+    updates, opt_state = tx.update(jax.grad(loss)(layer), opt_state, layer)
+    return optax.apply_updates(layer, updates), opt_state
+
+  rng = jax.random.key(seed)
+  order_rng = np.random.default_rng(seed)
+  dim = feature_fn(params, augment(rng, jnp.asarray(x[:1])))[key].shape[-1]
+  k_init, rng = jax.random.split(rng)
+  layer = {"kernel": 0.01 * jax.random.normal(k_init, (dim, num_classes)),
+           "bias": jnp.zeros((num_classes,))}
+  opt_state = tx.init(layer)
+  for epoch in range(epochs):
+    # The last batch wraps around to the start of the permutation: every batch is full.
+    order = order_rng.permutation(n)[np.arange(steps_per_epoch * batch_size) % n]
+    for i, idx in enumerate(order.reshape(steps_per_epoch, batch_size)):
+      k_step = jax.random.fold_in(rng, epoch * steps_per_epoch + i)
+      images = augment(k_step, jnp.asarray(x[idx]))
+      layer, opt_state = sgd_step(layer, opt_state, feature_fn(params, images)[key],
+                                  jnp.asarray(y[idx], jnp.int32))
+  out = {}
+  for split, (ex, ey) in evaluate.items():
+    if ex.shape[1:3] != (size, size):
+      ex = pipeline.convert_images(ex, size=size, channels=ex.shape[-1])
+    feats = extract_features(feature_fn, params, ex, batch_size=batch_size, mean=mean, std=std,
+                             mesh=mesh, rules=rules, keys=(key,))[key]
+    logits = feats @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
+    out[split] = float(np.mean(np.argmax(logits, axis=-1) == ey))
+  return out
 
 
 def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
@@ -132,6 +213,39 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *,
     pca_lib.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
                        row_labels=splits["test"].names[:n])
   return out
+
+
+def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *, mesh, rules,
+                  predict_batch: int = 32) -> dict[str, Any]:
+  """ADE20K linear segmentation probe of the frozen model's last-block patch tokens.
+
+  The per-patch probe (laplax.evals.segmentation, unlabelled patches left out) trains on the
+  first eval.ade20k_train_images (0: all) of the training split and is scored on the first
+  eval.ade20k_val_images of the validation split at full mask resolution: mIoU over the 150
+  classes and pixel accuracy, unlabelled pixels ignored. Photos resized to eval.ade20k_size and
+  normalised with the training data set's mean / std."""
+  e = config.eval
+  num_classes = builders.ADE20K_NUM_CLASSES + 1  # class 0 (unlabelled) is never a target
+  cache = images_lib.cache_dir(config.data)
+  splits = {split: segmentation.load_ade20k(e.ade20k_dir, cache, split, e.ade20k_size, limit)
+            for split, limit in (("train", e.ade20k_train_images),
+                                 ("validation", e.ade20k_val_images))}
+  kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
+            rules=rules, keys=("patches",))
+  feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]
+           for split, d in splits.items()}
+  grid = feats["train"].shape[1:3]
+  probe = segmentation.train_patch_probe(
+      feats["train"], segmentation.patch_labels(splits["train"].masks, grid, num_classes),
+      num_classes, epochs=e.seg_epochs, seed=config.seed, ignore_index=0)
+  masks = splits["validation"].masks
+  pred = np.concatenate([  # in batches: full-size logits are (b, H, W, 151) floats
+      np.asarray(segmentation.predict_masks(probe, feats["validation"][i:i + predict_batch],
+                                            mask_size=masks.shape[1:])).astype(np.uint8)
+      for i in range(0, len(masks), predict_batch)])
+  scores = segmentation.segmentation_scores(pred, masks, num_classes, ignore_index=0)
+  return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
+          "train_images": len(splits["train"].images), "val_images": len(masks)}
 
 
 def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],

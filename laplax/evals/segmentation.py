@@ -1,4 +1,5 @@
-"""Segmentation from frozen patch features: a linear per-patch probe, scores, Weizmann Horses.
+"""Segmentation from frozen patch features: a linear per-patch probe, scores, Weizmann Horses
+and ADE20K (150 classes, 0 = unlabelled: ignore_index=0 in training and scoring).
 
 The probe is `laplax.evals.linear_probe` applied to every patch token: features (N, h, w, d)
 and labels at patch resolution (N, h, w) (`patch_labels` pools full-size masks to the grid by
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import functools
+import io
 import pathlib
 from typing import Literal, NamedTuple
 
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
+from laplax.data import builders
 from laplax.evals import linear_probe
 
 HORSE_TRAIN_FRACTION = 0.7
@@ -41,14 +44,23 @@ def patch_labels(masks: np.ndarray, grid: tuple[int, int], num_classes: int) -> 
 def train_patch_probe(features: jax.Array, masks: jax.Array, num_classes: int = 2, *,
                       epochs: int = 20, lr: float = 1e-3, weight_decay: float = 1e-4,
                       batch_size: int = 1024, seed: int = 0,
-                      optimizer: linear_probe.Optimizer = "adamw") -> linear_probe.Params:
-  """Trains a linear classifier on every patch: features (N, h, w, d), masks (N, h, w) int."""
+                      optimizer: linear_probe.Optimizer = "adamw",
+                      ignore_index: int | None = None) -> linear_probe.Params:
+  """Trains a linear classifier on every patch: features (N, h, w, d), masks (N, h, w) int.
+
+  ignore_index: patches of that label are left out of training (ADE20K: 0 = unlabelled)."""
   if np.ndim(features) != 4 or np.shape(masks) != np.shape(features)[:3]:
     raise ValueError(f"features {np.shape(features)} must be (N, h, w, d) and masks "
                      f"{np.shape(masks)} (N, h, w) on the same patch grid (see patch_labels)")
   d = np.shape(features)[-1]
+  x, y = np.reshape(features, (-1, d)), np.reshape(masks, (-1,))
+  if ignore_index is not None:
+    keep = y != ignore_index
+    if not keep.any():
+      raise ValueError(f"every patch has the ignored label {ignore_index}: nothing to train on")
+    x, y = x[keep], y[keep]
   return linear_probe.train_linear_probe(
-      jnp.reshape(features, (-1, d)), np.reshape(masks, (-1,)), num_classes=num_classes,
+      x, y, num_classes=num_classes,
       epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size, seed=seed,
       optimizer=optimizer)
 
@@ -70,9 +82,12 @@ def predict_masks(params: linear_probe.Params, features: jax.Array,
   return _upsampled_argmax(logits, tuple(mask_size or logits.shape[1:3]))
 
 
-def segmentation_scores(pred: np.ndarray, target: np.ndarray,
-                        num_classes: int) -> dict[str, float]:
+def segmentation_scores(pred: np.ndarray, target: np.ndarray, num_classes: int,
+                        ignore_index: int | None = None) -> dict[str, float]:
   """Scores class maps pred (N, H, W) against target (N, H, W), pooled over all pixels.
+
+  ignore_index: pixels whose TARGET is that label are left out, and so is that class from the
+  mean IoU (ADE20K: 0 = unlabelled, mIoU over the 150 classes).
 
   Returns:
     fg_iou: IoU of the foreground (every class != 0) against the background (class 0).
@@ -89,11 +104,16 @@ def segmentation_scores(pred: np.ndarray, target: np.ndarray,
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
       raise ValueError(f"{name} holds labels in [{labels.min()}, {labels.max()}] but "
                        f"num_classes={num_classes}")
+  if ignore_index is not None:
+    valid = target != ignore_index
+    pred, target = pred[valid], target[valid]
   confusion = np.bincount((target * num_classes + pred).ravel(),
                           minlength=num_classes**2).reshape(num_classes, num_classes)
   true_positive = np.diag(confusion)
   union = confusion.sum(0) + confusion.sum(1) - true_positive
   present = union > 0
+  if ignore_index is not None:
+    present[ignore_index] = False
   fg_pred, fg_target = pred != 0, target != 0
   fg_union = np.logical_or(fg_pred, fg_target).sum()
   return {
@@ -159,3 +179,43 @@ def load_weizmann_horse(root: str | pathlib.Path, image_size: int | tuple[int, i
       images[i] = np.asarray(photo.resize((width, height), Image.Resampling.BILINEAR))
       masks[i] = np.asarray(binary.resize((width, height), Image.Resampling.NEAREST))
   return HorseData(images, masks, tuple(chosen))
+
+
+class Ade20kData(NamedTuple):
+  """images (N, H, W, 3) uint8; masks (N, H, W) uint8 in 0..150 (0 = unlabelled); names."""
+  images: np.ndarray
+  masks: np.ndarray
+  names: tuple[str, ...]
+
+
+def load_ade20k(source_dir: str | pathlib.Path, cache_dir: str | pathlib.Path, split: str,
+                image_size: int | tuple[int, int], limit: int = 0) -> Ade20kData:
+  """ADE20K photos and annotations of `split` ('train' | 'validation'), in file-name order.
+
+  Prepared once (laplax.data.builders.Ade20kLocal into cache_dir/tfds); the first `limit`
+  records (0: all) are decoded and resized to `image_size` (int: square; or (H, W)), photos
+  bilinear and annotations nearest, ignoring the aspect ratio (as for the horses).
+  """
+  height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+  source = builders.ade20k_source(source_dir, cache_dir, split)
+  n = min(limit, len(source)) if limit else len(source)
+  images = np.empty((n, height, width, 3), np.uint8)
+  masks = np.empty((n, height, width), np.uint8)
+  names = []
+  for start in range(0, n, 256):
+    indices = list(range(start, min(start + 256, n)))
+    for i, record in zip(indices, source.__getitems__(indices)):
+      name = record["file_name"]
+      name = name.decode() if isinstance(name, bytes) else str(name)
+      with Image.open(io.BytesIO(record["image"])) as photo, \
+           Image.open(io.BytesIO(record["annotation"])) as annotation:
+        images[i] = np.asarray(photo.convert("RGB").resize((width, height),
+                                                           Image.Resampling.BILINEAR))
+        labels = annotation.resize((width, height), Image.Resampling.NEAREST)
+        masks[i] = np.asarray(labels.convert("L") if labels.mode != "L" else labels)
+      if masks[i].max() > builders.ADE20K_NUM_CLASSES:
+        raise builders.DataError(f"ADE20K annotation of {name} holds label {masks[i].max()} > "
+                                 f"{builders.ADE20K_NUM_CLASSES}: not an ADEChallengeData2016 "
+                                 "annotation")
+      names.append(name)
+  return Ade20kData(images, masks, tuple(names))

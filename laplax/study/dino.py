@@ -88,8 +88,8 @@ def setup(config) -> str:
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; DINO head "
           f"out_dim {b.head.out_dim}, crops 2 x {b.multicrop.global_size} px + "
           f"{b.multicrop.num_local} x {b.multicrop.local_size} px; {schedule_line(config)} "
-          f"Probes on the frozen teacher (k-NN bank / linear-probe training set: "
-          f"{b.eval.probe_train_size or 'all'} training images); spectra over "
+          f"Probes on the frozen teacher (k-NN bank: all training images; linear-probe "
+          f"training set: {b.eval.probe_train_size or 'all'}); spectra over "
           f"{config.study.analysis_examples} test images.")
 
 

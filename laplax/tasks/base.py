@@ -99,7 +99,11 @@ class Task(abc.ABC):
       raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
     if c.data.get("eval_batch_size", 1) <= 0:
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must be positive")
-    for key in ("lr", "weight_decay", "warmup_steps", "final_lr_fraction", "clip_norm"):
+    if c.optim.get("clip_mode", "global") not in state_lib.CLIP_MODES:
+      raise ValueError(f"optim.clip_mode={c.optim.clip_mode!r}: use one of "
+                       f"{state_lib.CLIP_MODES}")
+    for key in ("lr", "weight_decay", "weight_decay_end", "warmup_steps", "final_lr_fraction",
+                "clip_norm"):
       value = c.optim.get(key)
       if value is None:
         continue

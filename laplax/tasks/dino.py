@@ -3,15 +3,17 @@
 data (TFDS + grain, labels unused) -> multi-crop inside the jitted step -> student / EMA
 teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
 -> DINO loss with centring and sharpening -> collapse diagnostics in the metrics -> k-NN and
-linear probes of the frozen teacher, transfer probes, horse segmentation, PCA pictures
+linear probes of the frozen teacher, transfer probes, horse and ADE20K segmentation, PCA pictures
 (laplax.evals.probes). eval.py: the same probes, patch-token spectra (laplax.geometry.dino).
 
-Choices that differ from the DINO code (Caron et al. 2021, main_dino.py), on purpose:
-  * one global-norm gradient clip (optim.clip_norm) instead of a per-tensor clip at 3.0;
-  * a constant AdamW weight decay (laplax.train.state.make_optimizer) instead of DINO's cosine
-    0.04 -> 0.4;
-  * the last head layer is frozen for `dino.freeze_last_layer_epochs` by zeroing its gradient and
-    keeping its old value (torch leaves its grad None, which also skips its weight decay);
+As in the DINO code (Caron et al. 2021, main_dino.py): `dino_optimizer` clips per tensor
+(optim.clip_mode='per_tensor') or globally, decays weights on a cosine (optim.weight_decay ->
+optim.weight_decay_end), and the last head layer is frozen for `dino.freeze_last_layer_epochs`:
+its gradient is zeroed (torch leaves it None, also out of the clip) and its own AdamW neither
+moves it nor advances its moments and step count, so they start fresh on unfreezing (torch's
+per-parameter Adam state); learning rate and weight decay follow the global step for all.
+
+Choices that differ from the DINO code, on purpose:
   * collapse diagnostics are computed every step (cheap: one (E, E) eigendecomposition) and
     averaged over the `log_every` window.
 """
@@ -23,6 +25,7 @@ import math
 import pathlib
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -35,7 +38,7 @@ from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import photos as photos_lib
 from laplax.data import pipeline
-from laplax.data.images import load_image_data
+from laplax.data.images import cache_dir, load_image_data
 from laplax.evals import features as features_lib
 from laplax.evals import probes
 from laplax.geometry import metrics as geometry_metrics
@@ -43,6 +46,7 @@ from laplax.models import dino as dino_lib
 from laplax.tasks.base import EvalOptions, Run, Task
 from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
 from laplax.train import steps as steps_lib
+from laplax.train import state as state_lib
 from laplax.train.state import TrainState
 
 Array = jax.Array
@@ -154,6 +158,48 @@ def feature_diagnostics(features_BxE: Array) -> dict[str, Array]:
           "effective_rank": geometry_metrics.effective_rank(jnp.linalg.eigvalsh(cov))}
 
 
+# --- The optimiser -------------------------------------------------------------------------
+
+
+def is_last_layer(path) -> bool:
+  """Whether a parameter's tree path lies in the head's last (prototype) layer."""
+  names = [getattr(p, "key", getattr(p, "name", "")) for p in path]
+  return any(a == "head" and b == "last_layer" for a, b in zip(names, names[1:]))
+
+
+def dino_optimizer(optim, total_steps: int, freeze_steps: int) -> optax.GradientTransformation:
+  """Clipping (laplax.train.state.gradient_clip), then AdamW (warm-up + cosine learning rate,
+  weight decay constant or cosine) with the head's last layer under its own AdamW, which makes
+  no update and keeps its state (moments and step count) untouched for the first freeze_steps
+  updates: on unfreezing, its bias correction starts at step 1 as in torch. Its learning rate
+  and weight decay schedules are shifted by freeze_steps, so they follow the global step."""
+  if optim.get("flatten", False):
+    raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
+                     "apart and cannot flatten; set optim.flatten=False")
+  lr = state_lib.learning_rate_schedule(optim, total_steps)
+  wd = state_lib.weight_decay_schedule(optim, total_steps)
+
+  def adamw(offset: int) -> optax.GradientTransformation:
+    shift = lambda f: (lambda count: f(count + offset)) if callable(f) else f
+    return optax.adamw(shift(lr), b1=optim.b1, b2=optim.b2, weight_decay=shift(wd),
+                       mask=state_lib.decay_mask)
+
+  last = optax.transforms.conditionally_mask(adamw(freeze_steps),
+                                             lambda count: count >= freeze_steps)
+  # A boxed (nn.Partitioned) parameter is one label, so that a masked-out one becomes a bare
+  # MaskedNode, not a box around one (the state's shardings come from the boxes).
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: "last" if is_last_layer(path) else "rest", params,
+      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return optax.chain(*state_lib.gradient_clip(optim),
+                     optax.multi_transform({"rest": adamw(0), "last": last}, labels))
+
+
+def freeze_steps(dino_config, steps_per_epoch: int) -> int:
+  """Steps during which the head's last layer stays frozen."""
+  return int(round(dino_config.freeze_last_layer_epochs * steps_per_epoch))
+
+
 # --- The step -----------------------------------------------------------------------------
 
 
@@ -192,7 +238,7 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
   d = dino_config
   base_grid = dino_lib.patch_grid(model, (crops.global_size, crops.global_size))
   warmup_temp_steps = int(round(d.warmup_teacher_temp_epochs * steps_per_epoch))
-  freeze_steps = int(round(d.freeze_last_layer_epochs * steps_per_epoch))
+  frozen_steps = freeze_steps(d, steps_per_epoch)
   forward = lambda params, views, train, rng: _views_forward(
       model, params, views, base_grid=base_grid, train=train, rng=rng)
 
@@ -219,13 +265,12 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                                 teacher_temp=teacher_temp)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    frozen = state.step < freeze_steps
-    last = lambda tree: tree["head"]["last_layer"]
-    with_last = lambda tree, value: {**tree, "head": {**tree["head"], "last_layer": value}}
-    grads = with_last(grads, jnp.where(frozen, 0.0, last(grads)))
+    # Out of the clip while frozen (torch: grad None); dino_optimizer keeps it in place.
+    frozen = state.step < frozen_steps
+    grads = jax.tree_util.tree_map_with_path(
+        lambda path, g: jnp.where(frozen, 0.0, g) if is_last_layer(path) else g, grads)
     new_state = state.apply_gradients(grads, tx)
-    params = with_last(new_state.params,
-                       jnp.where(frozen, last(state.params), last(new_state.params)))
+    params = new_state.params
     momentum = teacher_momentum(state.step, total_steps, d.momentum_teacher, 1.0)
     extra = {"teacher": ema_update(teacher_params, params, momentum),
              "centre": update_centre(centre, teacher_logits, d.centre_momentum)}
@@ -265,14 +310,16 @@ class DinoTask(Task):
     for name in ("momentum_teacher", "centre_momentum"):
       if not 0 <= d[name] <= 1:  # NaN fails this too
         raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
-    bank = config.eval.probe_train_size
     ks = tuple(config.eval.knn_ks)
-    if not ks or min(ks) < 1 or (bank and max(ks) > bank):
-      raise ValueError(f"eval.knn_ks={ks} must lie in [1, "
-                       f"eval.probe_train_size={bank}] (the k-NN memory bank)")
+    if not ks or min(ks) < 1:  # and <= the training split: load_data
+      raise ValueError(f"eval.knn_ks={ks} must be >= 1")
+    if config.eval.get("probe_train_size", 0) < 0:
+      raise ValueError(f"eval.probe_train_size={config.eval.probe_train_size} must be >= 0 "
+                       "(0: all)")
     p = self.build_model().backbone.patch_size
     for name, used in (("horse_size", config.eval.get("horse_dir")),
-                       ("photo_size", config.eval.get("photos"))):
+                       ("photo_size", config.eval.get("photos")),
+                       ("ade20k_size", config.eval.get("ade20k_dir"))):
       if used and config.eval[name] % p:
         raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
                          f"model.patch_size={p}")
@@ -284,7 +331,12 @@ class DinoTask(Task):
     channels = self.info().image_shape[-1]
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
-    for name in ("horse_dir", "photos"):
+    if config.eval.get("linear_probe", "fast") not in ("fast", "dino"):
+      raise ValueError(f"eval.linear_probe={config.eval.linear_probe!r}: use 'fast' or 'dino'")
+    for name in ("ade20k_train_images", "ade20k_val_images"):
+      if config.eval.get(name, 0) < 0:
+        raise ValueError(f"eval.{name}={config.eval[name]} must be >= 0 (0: all)")
+    for name in ("horse_dir", "photos", "ade20k_dir"):
       if config.eval.get(name) and channels != 3:
         raise ValueError(f"eval.{name} is set but {config.data.name} is grey: a model trained "
                          f"on it cannot read RGB photos; set --config.eval.{name}=''")
@@ -294,8 +346,14 @@ class DinoTask(Task):
 
   def load_data(self, workdir, log) -> None:
     self.data = load_image_data(self.config.data)
+    bank, ks = len(self.data["train"][0]), tuple(self.config.eval.knn_ks)
+    if max(ks) > bank:
+      raise ValueError(f"eval.knn_ks={ks} must lie in [1, {bank}] (the k-NN memory bank: the "
+                       "training split)")
     # Loaded before training, so that missing data stops the run before the work.
     self.transfer_sets = probes.load_transfer(self.config)
+    if self.config.eval.get("ade20k_dir"):  # prepared (and checked) now, not after training
+      builders.ade20k_source(self.config.eval.ade20k_dir, cache_dir(self.config.data), "train")
     self.photos = (photos_lib.load_photos(self.config.eval.photo_size, self.config.eval.photos)
                    if self.config.eval.get("photos") else None)
 
@@ -348,6 +406,11 @@ class DinoTask(Task):
 
   def total_steps(self) -> int:
     return self._steps()[0]
+
+  def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    optim = self.config.optim
+    return (dino_optimizer(optim, total_steps, freeze_steps(self.config.dino, self._steps()[1])),
+            state_lib.learning_rate_schedule(optim, total_steps))
 
   def make_step(self, model, tx, total_steps: int):
     info = self.info()
@@ -404,6 +467,10 @@ class DinoTask(Task):
                                              figure_path=workdir / "pca_horses.png", **kw)
       log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
           f"{results['horse']['pca_mask']['fg_iou']:.4f}")
+    if self.config.eval.get("ade20k_dir"):
+      results["ade20k"] = probes.ade20k_scores(feature_fn, teacher, self.config, info, **kw)
+      log(f"ADE20K: probe mIoU {results['ade20k']['miou']:.4f}, pixel accuracy "
+          f"{results['ade20k']['pixel_acc']:.4f}")
     if self.photos is not None:
       results["photos"] = probes.photo_pca(feature_fn, teacher, self.photos, self.config, info,
                                            figure_path=workdir / "pca_photos.png", **kw)

@@ -25,7 +25,7 @@ from laplax.data import text
 from laplax.evals import bpb as bpb_lib
 from laplax.models import gpt
 from laplax.tasks.base import EvalOptions, Run, Task
-from laplax.train.state import decay_mask
+from laplax.train.state import decay_mask, gradient_clip, weight_decay_schedule
 
 
 def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPT:
@@ -75,15 +75,15 @@ def scale_by_group(scales: dict[str, float]) -> optax.GradientTransformation:
 
 
 def lm_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
-  """Global-norm clipping + AdamW, with the embedding's and the unembedding's learning rates
-  scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by an RMSNorm, so
-  its scale is free and it needs a larger step; nanochat does the same) and weight decay on the
-  other matrices only."""
+  """Clipping (optim.clip_mode) + AdamW, with the embedding's and the unembedding's learning
+  rates scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by an
+  RMSNorm, so its scale is free and it needs a larger step; nanochat does the same) and weight
+  decay (constant or cosine) on the other matrices only."""
   mask = lambda params: jax.tree_util.tree_map_with_path(
       lambda p, keep: keep and param_group(p) != "embedding", decay_mask(params))
-  parts = [optax.clip_by_global_norm(optim.clip_norm)] if optim.clip_norm > 0 else []
+  parts = gradient_clip(optim)
   parts += [optax.scale_by_adam(b1=optim.b1, b2=optim.b2),
-            optax.add_decayed_weights(optim.weight_decay, mask=mask),
+            optax.add_decayed_weights(weight_decay_schedule(optim, total_steps), mask=mask),
             optax.scale_by_learning_rate(lr_schedule(optim, total_steps)),
             scale_by_group({"embedding": optim.embed_lr_scale,
                             "lm_head": optim.unembed_lr_scale, "matrix": 1.0})]

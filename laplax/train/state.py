@@ -95,19 +95,59 @@ def flat_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
   return optax.GradientTransformation(init, update)
 
 
+CLIP_MODES = ("global", "per_tensor")
+
+
+def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:
+  """optim.weight_decay, constant; or, when optim.weight_decay_end is set (not None), a cosine
+  from weight_decay at step 0 to weight_decay_end at total_steps (DINO: 0.04 -> 0.4)."""
+  start, end = optim.weight_decay, optim.get("weight_decay_end")
+  if end is None:
+    return start
+  def schedule(count):
+    t = jnp.clip(jnp.asarray(count, jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+    return end + 0.5 * (start - end) * (1.0 + jnp.cos(jnp.pi * t))
+  return schedule
+
+
+def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales each gradient tensor whose L2 norm exceeds max_norm down to max_norm (DINO's
+  per-parameter `clip_gradients`, there with the norm + 1e-6 in the divisor)."""
+  def clip(g, _):
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    return (g * jnp.minimum(1.0, max_norm / (norm + 1e-6))).astype(g.dtype)
+  return optax.stateless_with_tree_map(clip)
+
+
+def gradient_clip(optim) -> list[optax.GradientTransformation]:
+  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (default; one norm over all
+  gradients) or 'per_tensor' (each parameter tensor's gradient clipped to clip_norm)."""
+  mode = optim.get("clip_mode", "global")
+  if mode not in CLIP_MODES:
+    raise ValueError(f"optim.clip_mode={mode!r}: use one of {CLIP_MODES}")
+  if not (optim.clip_norm and optim.clip_norm > 0):
+    return []
+  if mode == "per_tensor":
+    return [clip_by_tensor_norm(optim.clip_norm)]
+  return [optax.clip_by_global_norm(optim.clip_norm)]
+
+
 def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
-  """AdamW with warm-up + cosine and global-norm clipping (clip_norm <= 0 disables it).
+  """AdamW with warm-up + cosine, clipping (`gradient_clip`; clip_norm <= 0 disables it) and
+  weight decay constant or on a cosine (`weight_decay_schedule`).
 
   optim.flatten (default False): the same update over one raveled parameter vector
-  (`flat_adamw`), faster on one CPU device; its optimizer state is not sharded.
+  (`flat_adamw`), faster on one CPU device; its optimizer state is not sharded. It clips
+  globally and keeps the weight decay constant.
   """
   schedule = learning_rate_schedule(optim, total_steps)
   if optim.get("flatten", False):
+    if (optim.get("clip_mode", "global") != "global"
+        or optim.get("weight_decay_end") is not None):
+      raise ValueError("optim.flatten=True supports only clip_mode='global' and a constant "
+                       "weight decay (weight_decay_end=None); set optim.flatten=False")
     return flat_adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                       clip_norm=optim.clip_norm)
-  parts = []
-  if optim.clip_norm and optim.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(optim.clip_norm))
-  parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
-                           mask=decay_mask))
-  return optax.chain(*parts)
+  return optax.chain(*gradient_clip(optim), optax.adamw(
+      schedule, b1=optim.b1, b2=optim.b2,
+      weight_decay=weight_decay_schedule(optim, total_steps), mask=decay_mask))
