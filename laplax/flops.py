@@ -49,3 +49,38 @@ def transformer_flops(n_matmul: int, *, layers: int, seq_len: int, attn_dim: int
   per_token = (6 if backward else 2) * n_matmul + (12 if backward else 4) * layers * seq_len \
       * attn_dim
   return int(per_token) * seq_len * sequences
+
+
+# Peak dense bfloat16 FLOP/s per chip from the vendors' data sheets, by jax's device_kind
+# (TPU kinds exactly; GPU kinds by prefix, e.g. 'NVIDIA H100 80GB HBM3'). MFU is reported
+# only for these.
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5": 459e12,  # v5p
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "NVIDIA H100": 989e12,  # SXM; PCIe parts are slower, so their MFU reads low
+    "NVIDIA H200": 989e12,
+    "NVIDIA GH200": 989e12,
+    "NVIDIA A100": 312e12,
+}
+
+
+def peak_flops(device_kind: str) -> float | None:
+  """Peak bf16 FLOP/s of one chip of this kind, or None when unknown (CPUs, other GPUs)."""
+  if device_kind in PEAK_FLOPS:
+    return PEAK_FLOPS[device_kind]
+  gpus = [k for k in PEAK_FLOPS if k.startswith("NVIDIA") and device_kind.startswith(k)]
+  return PEAK_FLOPS[max(gpus, key=len)] if gpus else None
+
+
+def utilisation(flops: float, seconds: float, chips: int, device_kind: str) -> dict[str, float]:
+  """{'tflops_per_chip': model TFLOP/s per chip, 'mfu': its fraction of the chip's peak (only
+  for chips in PEAK_FLOPS)} for `flops` model FLOPs done by `chips` chips in `seconds`."""
+  per_chip = flops / max(seconds, 1e-9) / chips
+  out = {"tflops_per_chip": per_chip / 1e12}
+  peak = peak_flops(device_kind)
+  if peak is not None:
+    out["mfu"] = per_chip / peak
+  return out

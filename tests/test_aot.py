@@ -75,6 +75,17 @@ def test_forward_only_flops_are_a_third():
                                                                            **kw)
 
 
+def test_mfu_uses_the_chips_peak():
+  # 16 v5e chips doing 197e12 x 16 x 0.5 FLOPs in 1 s: half their bf16 peak.
+  out = flops.utilisation(0.5 * 197e12 * 16, 1.0, 16, "TPU v5 lite")
+  assert out == pytest.approx({"tflops_per_chip": 98.5, "mfu": 0.5})
+  assert flops.peak_flops("TPU v5") == 459e12 and flops.peak_flops("TPU v4") == 275e12
+  assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert flops.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+  assert flops.peak_flops("cpu") is None
+  assert flops.utilisation(2e12, 2.0, 1, "cpu") == {"tflops_per_chip": 1.0}
+
+
 def test_abstract_batches_have_the_training_shapes():
   assert {k: (v.shape, str(v.dtype)) for k, v in
           tasks.for_config(make_config("lm")).abstract_batch(16).items()} == {

@@ -46,6 +46,9 @@ def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
   for name in ("config.json", "metrics.jsonl", "results.json"):
     assert (tmp_path / name).exists()
   assert json.loads((tmp_path / "config.json").read_text())["model"]["laplacian_heads"] == 2
+  # Throughput in model FLOPs from laplax.flops; MFU only on chips with a known peak.
+  row = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"][-1]
+  assert row["tflops_per_chip"] > 0 and "mfu" not in row
 
 
 def _run_train(workdir, cache, *extra, wait=True):

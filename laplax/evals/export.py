@@ -13,33 +13,27 @@ An export never overwrites another run's export or a training workdir: one-line 
 from __future__ import annotations
 
 import json
-import pathlib
 from typing import Any
 
+from etils import epath
 import flax.traverse_util
 import jax
 import ml_collections
 import numpy as np
 
 from laplax import heads as heads_lib
+from laplax.train import workdir as workdir_lib
 
 EXPORT_NAME = "export.npz"
 META_NAME = "export.json"
 FORMAT = "laplax-export-1"
 
 
-def _atomic_write(path: pathlib.Path, text: str) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
-
-
-def export_params(params, config: ml_collections.ConfigDict, out: pathlib.Path, *,
-                  source: pathlib.Path, step: int | None, info, model) -> pathlib.Path:
+def export_params(params, config: ml_collections.ConfigDict, out: epath.PathLike, *,
+                  source: epath.PathLike, step: int | None, info, model) -> epath.Path:
   """Writes out/export.npz, export.json and config.json; returns the npz path."""
-  out = pathlib.Path(out)
-  source = pathlib.Path(source).resolve()
-  if out.resolve() != source and (out / "checkpoints").exists():
+  out, source = _resolved(out), _resolved(source)
+  if out != source and (out / "checkpoints").exists():
     raise ValueError(f"--out={out} holds another training run (checkpoints/): choose an empty "
                      "or new directory")
   meta_path = out / META_NAME
@@ -51,14 +45,15 @@ def export_params(params, config: ml_collections.ConfigDict, out: pathlib.Path, 
     if old != str(source):
       raise ValueError(f"--out={out} holds the export of another run ({old}): choose another "
                        f"--out or delete {out}")
-  elif out.resolve() != source and (out / EXPORT_NAME).exists():
+  elif out != source and (out / EXPORT_NAME).exists():
     raise ValueError(f"--out={out} holds an export of unknown origin: choose another --out or "
                      f"delete {out / EXPORT_NAME}")
   out.mkdir(parents=True, exist_ok=True)
   flat = flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
   path = out / EXPORT_NAME
   tmp = out / (EXPORT_NAME + ".tmp.npz")
-  np.savez(tmp, **{k: np.asarray(v) for k, v in flat.items()})
+  with tmp.open("wb") as f:  # a file object: np.savez on a path would not reach gs://
+    np.savez(f, **{k: np.asarray(v) for k, v in flat.items()})
   tmp.replace(path)
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
   meta = {"format": FORMAT, "source": str(source), "step": step,
@@ -68,20 +63,26 @@ def export_params(params, config: ml_collections.ConfigDict, out: pathlib.Path, 
                     "std": list(info.std), "scale": 1 / 255},
           "class_names": list(info.class_names),
           "num_params": int(sum(np.asarray(v).size for v in flat.values()))}
-  _atomic_write(meta_path, json.dumps(meta, indent=2))
-  if out.resolve() != source:
-    _atomic_write(out / "config.json", config.to_json_best_effort(indent=2))
+  workdir_lib.write_json_atomic(meta_path, meta, indent=2)
+  if out != source:
+    workdir_lib.write_json_atomic(out / "config.json",
+                                  json.loads(config.to_json_best_effort()), indent=2)
   return path
 
 
-def is_export(directory: pathlib.Path) -> bool:
+def _resolved(path) -> epath.Path:
+  path = workdir_lib.as_path(path)
+  return path.resolve() if workdir_lib.is_local(path) else path
+
+
+def is_export(directory: epath.Path) -> bool:
   return (directory / EXPORT_NAME).exists() and not (directory / "checkpoints").exists()
 
 
-def load_export(directory: pathlib.Path) -> tuple[dict[str, Any], Any]:
+def load_export(directory: epath.Path) -> tuple[dict[str, Any], Any]:
   """(export.json's dict, params) of an export directory."""
   meta = json.loads((directory / META_NAME).read_text()) if (directory / META_NAME).exists() \
       else {"step": None}
-  with np.load(directory / EXPORT_NAME, allow_pickle=False) as f:
+  with (directory / EXPORT_NAME).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
     params = flax.traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
   return meta, params

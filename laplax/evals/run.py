@@ -7,19 +7,19 @@ spectra and PCA pictures for DINO. The result also goes to out/eval.json.
 
 from __future__ import annotations
 
-import json
-import pathlib
+from etils import epath
 from typing import Any
 
 from laplax import tasks as tasks_lib
 from laplax.evals import export as export_lib
 from laplax.tasks.base import EvalOptions, Run
+from laplax.train import workdir as workdir_lib
 
 
-def load(workdir: str | pathlib.Path, *, log=print) -> Run:
+def load(workdir: epath.PathLike, *, log=print) -> Run:
   """A train.py workdir's latest good checkpoint, or an export directory, as a Run."""
   from laplax.train import trainer
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.as_path(workdir)
   if not workdir.is_dir():
     raise ValueError(f"--workdir={workdir} does not exist")
   if export_lib.is_export(workdir):
@@ -33,11 +33,9 @@ def load(workdir: str | pathlib.Path, *, log=print) -> Run:
 
 def run(workdir, out, options: EvalOptions = EvalOptions(), *, log=print) -> dict[str, Any]:
   """Evaluates the run in workdir as its task does; writes and returns out/eval.json."""
-  out = pathlib.Path(out)
+  out = workdir_lib.as_path(out)
   loaded = load(workdir, log=log)
   result = loaded.task.evaluate_run(loaded, out, options, log)
   out.mkdir(parents=True, exist_ok=True)
-  tmp = out / "eval.json.tmp"
-  tmp.write_text(json.dumps(result, indent=2))
-  tmp.replace(out / "eval.json")
+  workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
   return result

@@ -16,10 +16,7 @@ peak <= (1 - HEADROOM) x the chip's HBM.
 from __future__ import annotations
 
 import contextlib
-
-import json
 import os
-import pathlib
 import time
 from typing import Any
 
@@ -127,8 +124,8 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
     result["compile_seconds"] = round(time.time() - t0, 1)
     result.update(memory(compiled))
     result["fits"] = result["peak_bytes_per_chip"] <= (1 - HEADROOM) * capacity
-  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
-  workdir_lib.write_json_atomic(pathlib.Path(workdir) / "aot.json", result, indent=2)
+  workdir_lib.as_path(workdir).mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_json_atomic(workdir_lib.as_path(workdir) / "aot.json", result, indent=2)
   return result
 
 
@@ -172,5 +169,5 @@ def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print) ->
   log(summary(result))
   if not result["fits"]:
     raise ValueError(f"{result['config']} does not fit {topology} with "
-                     f"{100 * HEADROOM:.0f} % HBM headroom (see {pathlib.Path(workdir)}/aot.json)")
+                     f"{100 * HEADROOM:.0f} % HBM headroom (see {workdir_lib.as_path(workdir)}/aot.json)")
   return result

@@ -50,7 +50,12 @@ create, delete, move or write anything: orbax's start-up clean-up of
 running trainer and kill it. A corrupt step is then only skipped (a trainer
 quarantines it on its next save).
 
-Single host, local file systems (the manifest is written with pathlib).
+Pods: paths are `etils.epath` paths (a gs:// directory stays gs://; orbax reads and writes it
+natively). Process 0 alone writes manifests and markers and moves corrupt steps (the other
+hosts wait for it). Hashing is shared: host p hashes files p, p + P, p + 2P, ... of a step's
+manifest (`files_to_verify`) and the hosts agree on the verdict with one all-gather, so each
+host reads about 1/P of the bytes instead of the whole checkpoint, and all hosts fall back to
+the same step.
 """
 from __future__ import annotations
 
@@ -59,15 +64,16 @@ from collections.abc import Callable, Mapping
 import hashlib
 import json
 import os
-import pathlib
 import time
 from typing import Any
 
+from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from laplax.train.workdir import write_json_atomic
+from laplax.train.workdir import as_path, is_local, write_json_atomic
 
 PyTree = Any
 
@@ -128,7 +134,9 @@ class Checkpointer:
           f"max_to_keep={max_to_keep!r}; use an integer >= 1, or None to keep every step")
     if not _is_positive_int(save_interval_steps):
       raise ValueError(f"save_interval_steps={save_interval_steps!r}; use an integer >= 1")
-    self.directory = pathlib.Path(directory).expanduser().absolute()
+    self.directory = as_path(directory)
+    if is_local(self.directory):
+      self.directory = self.directory.absolute()
     self._log = log
     self._async = async_save
     self.read_only = read_only
@@ -342,7 +350,7 @@ class Checkpointer:
 
   # --- internals ------------------------------------------------------------
 
-  def _step_dir(self, step: int) -> pathlib.Path:
+  def _step_dir(self, step: int) -> epath.Path:
     # Default orbax step naming (no prefix, no padding), as configured above.
     return self.directory / str(step)
 
@@ -361,10 +369,10 @@ class Checkpointer:
       )
     self._write_manifest(step)
 
-  def _outside_manifest(self, step: int) -> pathlib.Path:
+  def _outside_manifest(self, step: int) -> epath.Path:
     return self._manifests_dir / f"{step}.json"
 
-  def _pending_marker(self, step: int) -> pathlib.Path:
+  def _pending_marker(self, step: int) -> epath.Path:
     return self._manifests_dir / f"{step}.pending"
 
   def _mark_pending(self, step: int) -> None:
@@ -391,7 +399,7 @@ class Checkpointer:
           pass  # unreadable: the in-step copy alone will fail the check
       (tmp / f"{step}.pending").touch()  # never had a manifest: stays 'unverified'
     # Renamed into place whole, so a kill here leaves the directory 'legacy'.
-    os.replace(tmp, self._manifests_dir)
+    tmp.rename(self._manifests_dir)
 
   def _write_manifest(self, step: int) -> None:
     if jax.process_index() != 0:
@@ -449,24 +457,15 @@ class Checkpointer:
       return problem, True
     if expected is None:
       return None, False
-    # Sizes first: cheap, and a truncation is named as such.
-    for rel, (size, _) in sorted(expected.items()):
-      path = step_dir / rel
-      if not path.is_file():
-        return f"missing file {rel}", True
-      actual = path.stat().st_size
-      if actual != size:
-        return f"size of {rel} changed from {size} to {actual} bytes", True
-    for rel, (_, digest) in sorted(expected.items()):
-      try:
-        actual_digest = _sha256(step_dir / rel)
-      except OSError as e:
-        return f"cannot read {rel}: {e.strerror}", True
-      if actual_digest != digest:
-        return f"checksum mismatch in {rel}", True
+    problem = _check_files(step_dir, files_to_verify(expected, jax.process_index(),
+                                                     jax.process_count()))
+    if jax.process_count() > 1:  # every host must fall back to the same step
+      bad = multihost_utils.process_allgather(np.int32(problem is not None))
+      if problem is None and np.any(bad):
+        problem = f"a file failed its check on process {int(np.argmax(bad))}"
     # Files not in the manifest are ignored: orbax reads only files that its
     # own (checksummed) metadata and OCDBT manifests reference.
-    return None, True
+    return problem, True
 
   def _restore_verified(self, step: int, target: PyTree) -> tuple[str | None, Any]:
     """Checks the saved tree against `target`, then restores with orbax.
@@ -498,8 +497,17 @@ class Checkpointer:
     return None, (restored[_STATE], extra)
 
   def _quarantine_bad_steps(self) -> None:
-    """Moves corrupt steps aside so that their step numbers can be saved again."""
+    """Moves corrupt steps aside (process 0; the others wait) so that their step numbers can
+    be saved again."""
     self._finish_pending(wait=True)
+    if jax.process_index() == 0:
+      self._move_bad_steps()
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("laplax_checkpoint_quarantine")
+    self._bad_steps.clear()
+    self._manager.reload()
+
+  def _move_bad_steps(self) -> None:
     corrupt_root = self.directory / CORRUPT_DIR_NAME
     for step in sorted(self._bad_steps):
       source = self._step_dir(step)
@@ -509,12 +517,10 @@ class Checkpointer:
       dest, n = corrupt_root / str(step), 1
       while dest.exists():
         dest, n = corrupt_root / f"{step}.{n}", n + 1
-      os.replace(source, dest)
+      source.rename(dest)
       self._outside_manifest(step).unlink(missing_ok=True)  # the moved step keeps its own copy
       self._pending_marker(step).unlink(missing_ok=True)
       self._log(f"moved corrupt checkpoint step {step} to {dest}")
-    self._bad_steps.clear()
-    self._manager.reload()
 
 
 # --- helpers ----------------------------------------------------------------
@@ -540,19 +546,56 @@ def _is_positive_int(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _sha256(path: pathlib.Path) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+def _sha256(path: epath.Path, chunk: int = 1 << 22) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:  # chunked: object-store files have no fileno for file_digest
+    while block := f.read(chunk):
+      digest.update(block)
+  return digest.hexdigest()
 
 
-def _digest_files(step_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
+def _size(path: epath.Path) -> int:
+  return os.path.getsize(path) if is_local(path) else path.stat().length
+
+
+def files_to_verify(expected: Mapping[str, tuple[int, str]], process_index: int,
+                    process_count: int) -> dict[str, tuple[int, str]]:
+  """The share of a manifest {relative path: (size, sha256)} that host `process_index` hashes:
+  every `process_count`-th file in sorted order, so the hosts' shares partition the step."""
+  return {rel: expected[rel] for i, rel in enumerate(sorted(expected))
+          if i % process_count == process_index}
+
+
+def _check_files(step_dir: epath.Path, expected: Mapping[str, tuple[int, str]]) -> str | None:
+  """The first problem with `expected`'s files in `step_dir`, or None."""
+  # Sizes first: cheap, and a truncation is named as such.
+  for rel, (size, _) in sorted(expected.items()):
+    path = step_dir / rel
+    if not path.is_file():
+      return f"missing file {rel}"
+    actual = _size(path)
+    if actual != size:
+      return f"size of {rel} changed from {size} to {actual} bytes"
+  for rel, (_, digest) in sorted(expected.items()):
+    try:
+      actual_digest = _sha256(step_dir / rel)
+    except OSError as e:
+      return f"cannot read {rel}: {e.strerror}"
+    if actual_digest != digest:
+      return f"checksum mismatch in {rel}"
+  return None
+
+
+def _digest_files(step_dir: epath.Path) -> dict[str, dict[str, Any]]:
   """{relative path: {size, sha256}} for every file of a step (sorted)."""
   out = {}
-  for path in sorted(step_dir.rglob("*")):
+  # walk, not rglob: epath refuses '**' (thousands of listing calls on an object store).
+  files = sorted(epath.Path(root) / name for root, _, names in step_dir.walk() for name in names)
+  for path in files:
     # Also skips a temporary manifest left by a kill (write_json_atomic's '.<name>.*.tmp').
-    if path.is_file() and not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):
+    if not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):
       rel = path.relative_to(step_dir).as_posix()
-      out[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+      out[rel] = {"size": _size(path), "sha256": _sha256(path)}
   return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from laplax import flops as flops_lib
 from laplax import sharding
 from laplax.train.checkpoint import Checkpointer
 from laplax.train.metrics import MetricsWriter, Progress, interval_summary
@@ -77,7 +78,8 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               batch_keys: Sequence[str] | None = None,
               max_consecutive_skips: int = 10,
               stop_requested: Callable[[int], bool] | None = None,
-              profile: tuple[int, int, str] | None = None) -> tuple[Any, dict[str, float]]:
+              profile: tuple[int, int, str] | None = None,
+              flops_per_step: int | None = None) -> tuple[Any, dict[str, float]]:
   """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
 
   Every log_every steps (and at the end): the interval's mean metrics and throughput
@@ -91,7 +93,8 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   skipped; no state after the bad step is saved. When stop_requested(step) turns true (a
   SIGTERM, a pod's preemption notice), the state of that step is saved, the save is waited
   for, and Preempted is raised. profile = (first step, steps, directory): a jax.profiler trace
-  of those steps (TensorBoard / XProf).
+  of those steps (TensorBoard / XProf). flops_per_step (the model's analytic FLOPs,
+  laplax.flops) adds 'tflops_per_chip' and, on chips with a known peak, 'mfu' to the summary.
   Returns (state, the last interval's summary).
   """
   progress = Progress(total_steps, name=name, start=start_step)
@@ -122,8 +125,13 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
           now = time.time()
           last = interval_summary(pending, items_per_step=items_per_step, unit=unit,
                                   seconds=now - t_last, lr=schedule(step))
+          if flops_per_step:
+            last.update(flops_lib.utilisation(flops_per_step * len(pending), now - t_last,
+                                              mesh.devices.size, mesh.devices.flat[0].device_kind))
           writer.write(step, "train", last)
-          progress.update(step, describe(last))
+          progress.update(step, describe(last) + (
+              f"  {last['tflops_per_chip']:.1f} TFLOP/s/chip  MFU {last['mfu']:.1%}"
+              if "mfu" in last else ""))
           pending, t_last = [], now
         if evaluate is not None and eval_every and step % eval_every == 0 and step < total_steps:
           evaluate(state, step)

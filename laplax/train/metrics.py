@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from laplax.train.workdir import json_safe
+from laplax.train.workdir import as_path, is_local, json_safe
 
 
 def _plain(v: Any) -> Any:
@@ -34,18 +34,28 @@ class MetricsWriter:
   rows of a run killed before its first checkpoint). Rows with a larger step, written by
   the interrupted run after its last checkpoint, are dropped first (atomically), so the
   resumed run does not log those steps twice. None: keep every row.
+
+  An object store (gs://) cannot append: there the rows are kept and the object rewritten
+  whole at each write (a few hundred kB for a long run, written every `log_every` steps).
   """
 
   def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl", *,
                resume_step: int | None = None, active: bool = True):
-    self.path = pathlib.Path(workdir) / filename
+    self.path = as_path(workdir) / filename
     self.active = active  # False on all hosts but process 0: one writer per run
+    self._rows: list[str] | None = None  # object stores: every row, rewritten at each write
     if not active:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_local(self.path):
+      if resume_step is not None:
+        self.truncate_after(resume_step)
+      text = self.path.read_text() if self.path.exists() else ""
+      self._rows = [line for line in text.splitlines() if line.strip()]
+      return
     if resume_step is not None:
       self.truncate_after(resume_step)
-    elif self.path.exists() and self.path.stat().st_size:
+    elif self.path.exists() and os.path.getsize(self.path):
       with self.path.open("rb") as f:
         f.seek(-1, os.SEEK_END)
         torn = f.read(1) != b"\n"
@@ -72,7 +82,9 @@ class MetricsWriter:
         kept.append(line)
       else:
         dropped += 1
-    if dropped:
+    if dropped and not is_local(self.path):
+      self.path.write_text("".join(line + "\n" for line in kept))
+    elif dropped:
       fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
       try:
         with os.fdopen(fd, "w") as f:
@@ -91,6 +103,10 @@ class MetricsWriter:
     record = {"step": int(step), "split": split, "time": time.time(),
               **{k: _plain(v) for k, v in metrics.items()}}
     line = _dumps(record) + "\n"
+    if self._rows is not None:
+      self._rows.append(line.rstrip("\n"))
+      self.path.write_text("".join(row + "\n" for row in self._rows))
+      return
     with self.path.open("a") as f:
       f.write(line)
 
@@ -102,7 +118,7 @@ def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
   NaN/Infinity tokens of files written by older versions: numbers stay floats.
   """
   records = []
-  path = pathlib.Path(path)
+  path = as_path(path)
   if not path.exists():
     return records
   for line in path.read_text().splitlines():

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import pathlib
 import signal
 import threading
 import time
 from typing import Any
 
+from etils import epath
 import flax.linen as nn
 import jax
 import ml_collections
@@ -72,7 +72,7 @@ def _init_state(task: Task, model: nn.Module, tx, rng) -> TrainState:
   return TrainState.create(params, tx, extra=task.init_extra(params))
 
 
-def _profile_window(config, workdir: pathlib.Path) -> tuple[int, int, str] | None:
+def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
   """config.profile = (first step, number of steps) -> a trace in workdir/profile for
   TensorBoard / XProf; () or absent: no trace."""
   window = tuple(config.get("profile", ()) or ())
@@ -106,7 +106,7 @@ def _stop_on_sigterm():
       signal.signal(signal.SIGTERM, previous)
 
 
-def check_workdir_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+def check_workdir_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
   """Refuses to resume a workdir made with another task, model, data set or seed."""
   path = workdir / "config.json"
   if not path.exists():
@@ -126,20 +126,20 @@ def _get_path(d: dict, dotted: str):
   return d
 
 
-def write_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+def write_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
   """workdir/config.json, atomically (a full disk never leaves a half-written file)."""
   workdir_lib.write_json_atomic(workdir / "config.json",
                                 json.loads(config.to_json_best_effort()), indent=2)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLike,
                        *, log=print) -> dict[str, Any]:
   """Trains (resuming from workdir's latest good checkpoint), then evaluates; -> results.
 
   Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json and the task's files.
   """
   task = tasks_lib.for_config(config)
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.as_path(workdir)  # gs://bucket/run stays a bucket path
   if config.get("compilation_cache_dir"):  # compiled steps persist across runs and restarts
     jax.config.update("jax_compilation_cache_dir", str(config.compilation_cache_dir))
   mesh = sharding.make_mesh(config.mesh.to_dict())
@@ -150,7 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return _train(task, config, workdir, mesh, rules, log)
 
 
-def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[str, Any]:
+def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[str, Any]:
   check_workdir_config(workdir, config)
   task.load_data(workdir, log)  # missing or bad data stops a fresh start before config.json
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
@@ -194,7 +194,8 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
         items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
         describe=task.describe, evaluate=validate, eval_every=config.get("eval_every", 0),
         batch_keys=task.batch_keys, stop_requested=stop_requested,
-        profile=_profile_window(config, workdir))
+        profile=_profile_window(config, workdir),
+        flops_per_step=task.flops_per_step(model, abstract.params))
   step, train_time = int(state.step), time.time() - t0
   if config.get("eval_every", 0):  # the val curve ends at the last step
     validate(state, step)
@@ -211,7 +212,7 @@ def _train(task: Task, config, workdir: pathlib.Path, mesh, rules, log) -> dict[
   return results
 
 
-def read_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
+def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   """A run's config.json (one-line errors for a missing or corrupt file)."""
   path = workdir / "config.json"
   if not path.exists():
@@ -219,13 +220,13 @@ def read_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(workdir_lib.read_json(path, "run config"))
 
 
-def load_run(workdir: str | pathlib.Path, *, step: int | None = None, log=print) -> Run:
+def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> Run:
   """A run's config, task, model and latest good (or `step`'s) parameters on one device.
 
   The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
   state (DINO: the teacher and centre). Reading never writes into the workdir.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.as_path(workdir)
   config = read_config(workdir)
   task = tasks_lib.for_config(config)
   task.load_assets(workdir)

@@ -14,6 +14,11 @@ but that is not tested here).
 and renames it over the target: a kill or a full disk leaves either the old
 file or the new one, never an empty or torn one. `read_json` turns a damaged
 file into a one-line ValueError that names the file and what to do.
+
+Paths go through `etils.epath` (`as_path`), so a workdir may be `gs://bucket/run` on a pod.
+Object stores have neither flock nor rename: there a workdir is not locked (one job per
+bucket path is the scheduler's business) and a JSON file is written as one object, which
+object stores make visible whole or not at all.
 """
 
 from __future__ import annotations
@@ -31,7 +36,20 @@ import sys
 import tempfile
 from typing import Any
 
+from etils import epath
+
 LOCK_NAME = ".lock"
+
+
+def as_path(path: str | os.PathLike[str]) -> epath.Path:
+  """An epath.Path: gs://bucket/run stays gs://bucket/run (pathlib would make it gs:/bucket)."""
+  path = epath.Path(path)
+  return path.expanduser() if is_local(path) else path
+
+
+def is_local(path: str | os.PathLike[str]) -> bool:
+  """Whether `path` is on a local (POSIX) file system rather than an object store."""
+  return "://" not in os.fspath(path)
 
 
 class WorkdirLocked(ValueError):
@@ -52,13 +70,17 @@ def _holder(lock_path: pathlib.Path) -> str:
 
 
 @contextlib.contextmanager
-def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
+def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path | None]:
   """Holds an exclusive lock on `workdir/.lock` (creating workdir) while the block runs.
 
-  Yields the lock file's path. Raises WorkdirLocked naming the holder's pid if another
-  process holds the lock. The lock is released on exit from the block, or by the kernel
-  when this process dies.
+  Yields the lock file's path (None for an object-store workdir, which cannot be locked).
+  Raises WorkdirLocked naming the holder's pid if another process holds the lock. The lock
+  is released on exit from the block, or by the kernel when this process dies.
   """
+  if not is_local(workdir):
+    as_path(workdir).mkdir(parents=True, exist_ok=True)
+    yield None
+    return
   workdir = pathlib.Path(workdir).expanduser()
   workdir.mkdir(parents=True, exist_ok=True)
   lock_path = workdir / LOCK_NAME
@@ -108,8 +130,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
   A failure at any point (unserialisable object, full disk, kill) leaves the old file
   intact; the temporary file is removed when Python is still running to do so.
   """
-  path = pathlib.Path(path)
   text = json.dumps(json_safe(obj), indent=indent, sort_keys=True, allow_nan=False)  # before I/O
+  if not is_local(path):
+    as_path(path).write_text(text)  # one object: visible whole or not at all
+    return
+  path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "w") as f:
@@ -140,7 +165,7 @@ def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
   `what` names the file's role in the message, e.g. 'run config' or 'results'.
   A missing file raises FileNotFoundError as usual.
   """
-  path = pathlib.Path(path)
+  path = as_path(path)
   text = path.read_text()
   if not text.strip():
     raise ValueError(f"{what} {path} is empty (a run was killed while writing it);"
