@@ -18,7 +18,7 @@ flip; a 0.08-1 random-resized crop is harsh on 32 px images), 3-Augment, colour 
 Mixup 0.8 / CutMix 1.0 (switch 0.5), BCE on binarised targets, trunc_normal(0.02), LayerScale
 1e-6, drop-path 0.1.
 
-Fit check (aot.json; 85.2M parameters; 1.722e13 model FLOPs per step): v5e:2x2 peak 1.82 GiB
+Fit check (aot.json; 85.2M parameters; 1.722e13 model FLOPs per step): v5e:2x2 peak 1.81 GiB
 per chip of 16 (11 %), remat 'full'.
 """
 
