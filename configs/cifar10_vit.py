@@ -22,6 +22,7 @@ def get_config():
   c.data.batch_size = 512
   c.data.eval_batch_size = 1000
   c.model.preset = "S"  # width 384, depth 12, 6 heads, MLP 1536
+  c.model.layerscale_init = 1e-6  # DeiT-III's, for S (common.vit's rule for the S/B/L presets)
   c.model.drop_path_rate = 0.1
   c.model.dtype = "bfloat16"
   c.optim.lr = 1e-3

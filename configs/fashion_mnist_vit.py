@@ -16,6 +16,7 @@ def get_config():
   c.model = common.vit("tiny", patch_size=4)  # width 64, depth 4, 4 heads, MLP 128
   c.optim = common.adamw(2e-3, warmup_steps=200)
   c.optim.label_smoothing = 0.1
+  common.classification_loss(c)  # softmax cross-entropy, no mixup (common.deit3: DeiT-III's)
   # One AdamW update over a raveled parameter vector (laplax.train.state.flat_adamw): the same
   # update in fewer ops on the CPU; its moments are replicated on a sharded mesh.
   c.optim.flatten = True

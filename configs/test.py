@@ -5,9 +5,9 @@ r"""The tiny configs every test uses (seconds on CPU; not meaningful models), in
   python train.py --config=configs/test.py:dino --workdir=/tmp/t_dino
   python train.py --config=configs/test.py:study_vit --workdir=/tmp/t_study
 
-Kinds: vit, lm, dino (Fashion-MNIST, grey), dino_rgb (CIFAR-10 with horses, photos and
-transfer probes), study_vit, study_lm, study_dino. Tests set data.cache_dir to the suite's
-shared cache.
+Kinds: vit, vit_deit3 (the DeiT-III recipe on CIFAR-10), lm, dino (Fashion-MNIST, grey),
+dino_rgb (CIFAR-10 with horses, photos and transfer probes), study_vit, study_lm, study_dino.
+Tests set data.cache_dir to the suite's shared cache.
 """
 
 import ml_collections
@@ -28,6 +28,28 @@ def vit() -> ml_collections.ConfigDict:
   c.log_every = 5
   c.optim.warmup_steps = 5
   c.checkpoint.every_steps = 10
+  return c
+
+
+def vit_deit3() -> ml_collections.ConfigDict:
+  """The whole DeiT-III recipe (common.deit3: random-resized crop, 3-Augment, colour jitter,
+  Mixup / CutMix, BCE, trunc_normal init) at mu size on CIFAR-10 (RGB: greyscale and
+  saturation act)."""
+  c = vit()
+  c.name = "test_vit_deit3"
+  c.data.name = "cifar10"
+  c.data.source_dir = str(common.SHARED / "cifar10")
+  c.data.train_subset = 512
+  c.data.eval_subset = 128
+  c.data.eval_batch_size = 128
+  c.data.batch_size = 32
+  c.model.patch_size = 8
+  c.model.drop_path_rate = 0.1
+  common.deit3(c, crop="rrc")
+  c.total_steps = 8
+  c.log_every = 2
+  c.optim.warmup_steps = 2
+  c.checkpoint.every_steps = 8
   return c
 
 
@@ -163,7 +185,8 @@ def study_dino() -> ml_collections.ConfigDict:
   return c
 
 
-_KINDS = {f.__name__: f for f in (vit, lm, dino, dino_rgb, study_vit, study_lm, study_dino)}
+_KINDS = {f.__name__: f for f in (vit, vit_deit3, lm, dino, dino_rgb, study_vit, study_lm,
+                                   study_dino)}
 
 
 def get_config(kind: str = "vit") -> ml_collections.ConfigDict:

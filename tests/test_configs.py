@@ -18,8 +18,8 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
 CONFIGS += sorted(f"pod.{p.stem}" for p in (REPO / "configs" / "pod").glob("*.py")
                   if p.stem != "__init__")  # pod configs: validated without local data
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
-CONFIGS += [f"test:{k}" for k in ("vit", "lm", "dino", "dino_rgb", "study_vit", "study_lm",
-                                  "study_dino")]
+CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", "study_vit",
+                                  "study_lm", "study_dino")]
 
 
 def _load(name):

@@ -10,6 +10,9 @@ read with `tfds.data_source`):
   'jpeg': the JPEG zip (`train/<class>/NNNN.jpg`), raw JPEG bytes kept;
   'binary': the official `cifar-10-binary.tar.gz` (or its extracted folder), stored as PNG.
   The pickled "python version" of CIFAR is deliberately unsupported: we never unpickle.
+- `Cifar100Local` ('cifar100_local'): the official `cifar-100-binary.tar.gz` (or its extracted
+  folder), stored as PNG with both the fine ('label') and the coarse ('coarse_label') label;
+  data set names 'cifar100' and 'cifar100_coarse' read the one prepared copy.
 
 - `Ade20kLocal` ('ade20k_local'): ADE20K scene parsing from the official
   `ADEChallengeData2016` folder (images + annotation PNGs, 150 classes), for the segmentation
@@ -54,6 +57,30 @@ FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship',
                    'truck')
 
+CIFAR100_TAR_NAME = 'cifar-100-binary.tar.gz'
+CIFAR100_BIN_DIR = 'cifar-100-binary'
+# The label numbers' meaning: the archive's fine_label_names.txt / coarse_label_names.txt
+# (alphabetical).
+CIFAR100_CLASSES = (
+    'apple', 'aquarium_fish', 'baby', 'bear', 'beaver', 'bed', 'bee', 'beetle', 'bicycle',
+    'bottle', 'bowl', 'boy', 'bridge', 'bus', 'butterfly', 'camel', 'can', 'castle',
+    'caterpillar', 'cattle', 'chair', 'chimpanzee', 'clock', 'cloud', 'cockroach', 'couch',
+    'crab', 'crocodile', 'cup', 'dinosaur', 'dolphin', 'elephant', 'flatfish', 'forest', 'fox',
+    'girl', 'hamster', 'house', 'kangaroo', 'keyboard', 'lamp', 'lawn_mower', 'leopard', 'lion',
+    'lizard', 'lobster', 'man', 'maple_tree', 'motorcycle', 'mountain', 'mouse', 'mushroom',
+    'oak_tree', 'orange', 'orchid', 'otter', 'palm_tree', 'pear', 'pickup_truck', 'pine_tree',
+    'plain', 'plate', 'poppy', 'porcupine', 'possum', 'rabbit', 'raccoon', 'ray', 'road',
+    'rocket', 'rose', 'sea', 'seal', 'shark', 'shrew', 'skunk', 'skyscraper', 'snail', 'snake',
+    'spider', 'squirrel', 'streetcar', 'sunflower', 'sweet_pepper', 'table', 'tank',
+    'telephone', 'television', 'tiger', 'tractor', 'train', 'trout', 'tulip', 'turtle',
+    'wardrobe', 'whale', 'willow_tree', 'wolf', 'woman', 'worm')
+CIFAR100_COARSE_CLASSES = (
+    'aquatic_mammals', 'fish', 'flowers', 'food_containers', 'fruit_and_vegetables',
+    'household_electrical_devices', 'household_furniture', 'insects', 'large_carnivores',
+    'large_man-made_outdoor_things', 'large_natural_outdoor_scenes',
+    'large_omnivores_and_herbivores', 'medium_mammals', 'non-insect_invertebrates', 'people',
+    'reptiles', 'small_mammals', 'trees', 'vehicles_1', 'vehicles_2')
+
 _FASHION_MNIST_FILES = {  # split -> (images file, labels file, number of examples)
     'train': ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz', 60_000),
     'test': ('t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz', 10_000),
@@ -63,6 +90,9 @@ _CIFAR10_BIN_FILES = {
     'test': ('test_batch.bin',),
 }
 _CIFAR10_RECORD_BYTES = 1 + 32 * 32 * 3  # label byte, then R, G, B planes (row-major 32x32)
+_CIFAR100_BIN_FILES = {'train': 'train.bin', 'test': 'test.bin'}
+_CIFAR100_NAME_FILES = ('fine_label_names.txt', 'coarse_label_names.txt')
+_CIFAR100_RECORD_BYTES = 2 + 32 * 32 * 3  # coarse label byte, fine label byte, R, G, B planes
 _IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 _IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
 _DECODE_CHUNK = 10_000  # records read from the data source at a time (bounds peak memory)
@@ -271,9 +301,9 @@ def _cifar10_zip_members(zip_path: pathlib.Path, split: str) -> list[tuple[str, 
   return sorted(labelled, key=lambda m: (m[0].rsplit('/', 1)[1], m[1]))
 
 
-def _read_cifar10_binary(source: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """Parses the binary batches of one split: images uint8 (N, 32, 32, 3), labels uint8 (N,)."""
-  wanted = _CIFAR10_BIN_FILES[split]
+def _read_members(source: pathlib.Path, wanted: Sequence[str], corrupt) -> dict[str, bytes]:
+  """The files named `wanted` (base names) from a folder or a tar archive; absent ones are
+  left out. corrupt(path, why) makes the DataError for an unreadable archive."""
   blobs: dict[str, bytes] = {}
   try:
     if source.is_dir():
@@ -287,24 +317,40 @@ def _read_cifar10_binary(source: pathlib.Path, split: str) -> tuple[np.ndarray, 
           if member.isfile() and name in wanted:
             blobs[name] = tf.extractfile(member).read()
   except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-    raise _cifar10_corrupt(source, f'cannot read archive: {e}') from e
+    raise corrupt(source, f'cannot read archive: {e}') from e
+  return blobs
+
+
+def _binary_records(source: pathlib.Path, blobs: dict[str, bytes], wanted: Sequence[str],
+                    record_bytes: int, corrupt) -> np.ndarray:
+  """uint8 (N, record_bytes): the fixed-size records of the `wanted` files, in order."""
   missing = [name for name in wanted if name not in blobs]
   if missing:
-    raise _cifar10_corrupt(source, 'missing ' + ', '.join(missing))
+    raise corrupt(source, 'missing ' + ', '.join(missing))
   records = []
   for name in wanted:
     size = len(blobs[name])
-    if size == 0 or size % _CIFAR10_RECORD_BYTES:
-      raise _cifar10_corrupt(source, f'{name} has {size} bytes, not a positive multiple of '
-                                     f'{_CIFAR10_RECORD_BYTES}')
-    records.append(np.frombuffer(blobs[name], np.uint8).reshape(-1, _CIFAR10_RECORD_BYTES))
-  records = np.concatenate(records)
+    if size == 0 or size % record_bytes:
+      raise corrupt(source, f'{name} has {size} bytes, not a positive multiple of '
+                            f'{record_bytes}')
+    records.append(np.frombuffer(blobs[name], np.uint8).reshape(-1, record_bytes))
+  return np.concatenate(records)
+
+
+def _planes_to_images(pixels: np.ndarray) -> np.ndarray:
+  """(N, 3072) records' pixels, the R, G and B planes one after another -> (N, 32, 32, 3)."""
+  return pixels.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+
+
+def _read_cifar10_binary(source: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """Parses the binary batches of one split: images uint8 (N, 32, 32, 3), labels uint8 (N,)."""
+  wanted = _CIFAR10_BIN_FILES[split]
+  records = _binary_records(source, _read_members(source, wanted, _cifar10_corrupt), wanted,
+                            _CIFAR10_RECORD_BYTES, _cifar10_corrupt)
   labels = records[:, 0]
   if labels.max() >= 10:
     raise _cifar10_corrupt(source, f'label {labels.max()} is not in 0..9')
-  # Each record stores the R, G and B planes one after another: (3, 32, 32) -> (32, 32, 3).
-  images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-  return images, labels
+  return _planes_to_images(records[:, 1:]), labels
 
 
 class Cifar10Local(tfds.core.GeneratorBasedBuilder):
@@ -462,6 +508,105 @@ def ade20k_source(source_dir: PathLike, cache_dir: PathLike, split: str):
 
 
 # ----------------------------------------------------------------------------------------------
+# CIFAR-100
+
+
+def _cifar100_missing(path: PathLike, what: str) -> DataError:
+  return DataError(
+      f'CIFAR-100 not found at {path} ({what}): pass --config.data.source_dir=PATH with PATH the '
+      f'official binary archive {CIFAR100_TAR_NAME} from {CIFAR10_URL}, its extracted '
+      f'{CIFAR100_BIN_DIR}/ folder, or a directory holding either')
+
+
+def _cifar100_corrupt(path: PathLike, why: str) -> DataError:
+  return DataError(f'CIFAR-100 source {path} is corrupt ({why}): download the binary version '
+                   f'again from {CIFAR10_URL}')
+
+
+def find_cifar100_source(path: PathLike | None) -> pathlib.Path:
+  """The binary CIFAR-100 source: a `.tar.gz` / `.tgz` archive, the extracted
+  `cifar-100-binary` folder, or a directory holding one of these (by its official name).
+  The pickled "python version" is not accepted (we never unpickle), as for CIFAR-10."""
+  if path is None:
+    raise _cifar100_missing('None', 'no source path given')
+  path = pathlib.Path(path)
+  if path.is_file():
+    if path.name.endswith(('.tar.gz', '.tgz')):
+      return path
+    raise _cifar100_missing(path, 'not a .tar.gz file')
+  if not path.is_dir():
+    raise _cifar100_missing(path, 'no such file or directory')
+  if (path / CIFAR100_TAR_NAME).is_file():
+    return path / CIFAR100_TAR_NAME
+  for folder in (path, path / CIFAR100_BIN_DIR):
+    if (folder / _CIFAR100_BIN_FILES['test']).is_file():
+      return folder
+  raise _cifar100_missing(path, f'no {CIFAR100_TAR_NAME} or {CIFAR100_BIN_DIR}/')
+
+
+def _read_cifar100_binary(source: pathlib.Path
+                          ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  """Both splits of the binary archive: split -> (images uint8 (N, 32, 32, 3), fine labels
+  uint8 (N,), coarse labels uint8 (N,)). The label-name files, when present, must list the
+  standard classes (they fix what each label number means)."""
+  names = tuple(_CIFAR100_BIN_FILES.values()) + _CIFAR100_NAME_FILES
+  blobs = _read_members(source, names, _cifar100_corrupt)
+  for file, expected in zip(_CIFAR100_NAME_FILES, (CIFAR100_CLASSES, CIFAR100_COARSE_CLASSES)):
+    if file in blobs:
+      listed = tuple(blobs[file].decode('utf-8', 'replace').split())
+      if listed != expected:
+        raise _cifar100_corrupt(source, f'{file} lists {len(listed)} names that are not the '
+                                        f'{len(expected)} standard classes in order')
+  out = {}
+  for split, file in _CIFAR100_BIN_FILES.items():
+    records = _binary_records(source, blobs, (file,), _CIFAR100_RECORD_BYTES, _cifar100_corrupt)
+    coarse, fine = records[:, 0], records[:, 1]
+    if coarse.max() >= 20 or fine.max() >= 100:
+      raise _cifar100_corrupt(source, f'{file}: coarse label {coarse.max()} (0..19) or fine '
+                                      f'label {fine.max()} (0..99) out of range')
+    out[split] = (_planes_to_images(records[:, 2:]), fine, coarse)
+  return out
+
+
+class Cifar100Local(tfds.core.GeneratorBasedBuilder):
+  """CIFAR-100 from the official binary archive: fine ('label') and coarse ('coarse_label')
+  labels of every image, stored as PNG."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Official binary archive, source order kept.'}
+
+  def __init__(self, *, source_dir: PathLike | None = None, **kwargs):
+    """`source_dir`: anything `find_cifar100_source` accepts; only needed to prepare."""
+    self._source_dir = source_dir
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='CIFAR-100 (Krizhevsky 2009): 32x32 colour images of 100 classes in 20 '
+                    'superclasses.',
+        features=tfds.features.FeaturesDict({
+            'image': tfds.features.Image(shape=(32, 32, 3), encoding_format='png'),
+            'label': tfds.features.ClassLabel(names=CIFAR100_CLASSES),
+            'coarse_label': tfds.features.ClassLabel(names=CIFAR100_COARSE_CLASSES),
+        }),
+        supervised_keys=('image', 'label'),
+        homepage=CIFAR10_URL,
+        disable_shuffling=True,
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Everything is local.
+    arrays = _read_cifar100_binary(find_cifar100_source(self._source_dir))
+    return {split: self._generate_examples(*a) for split, a in arrays.items()}
+
+  def _generate_examples(self, images: np.ndarray, fine: np.ndarray, coarse: np.ndarray):
+    for i in range(len(images)):
+      yield i, {'image': _png_bytes(images[i]), 'label': int(fine[i]),
+                'coarse_label': int(coarse[i])}
+
+
+# ----------------------------------------------------------------------------------------------
 # Metadata and loading
 
 
@@ -487,7 +632,18 @@ _INFOS = {
         name='cifar10', num_classes=10, image_shape=(32, 32, 3), class_names=CIFAR10_CLASSES,
         mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
         split_sizes=(('train', 50_000), ('test', 10_000))),
+    # Fine labels (100 classes) and the coarse ones (20 superclasses) of the same images.
+    'cifar100': ImageDatasetInfo(
+        name='cifar100', num_classes=100, image_shape=(32, 32, 3), class_names=CIFAR100_CLASSES,
+        mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+        split_sizes=(('train', 50_000), ('test', 10_000))),
+    'cifar100_coarse': ImageDatasetInfo(
+        name='cifar100_coarse', num_classes=20, image_shape=(32, 32, 3),
+        class_names=CIFAR100_COARSE_CLASSES, mean=(0.5071, 0.4865, 0.4409),
+        std=(0.2673, 0.2564, 0.2762), split_sizes=(('train', 50_000), ('test', 10_000))),
 }
+# The TFDS record field each data set name's labels come from.
+_LABEL_KEYS = {'cifar100_coarse': 'coarse_label'}
 
 
 def dataset_info(name: str) -> ImageDatasetInfo:
@@ -502,6 +658,9 @@ def _builder_for(name: str, source_dir: PathLike | None, tfds_dir: pathlib.Path)
   if name == 'fashion_mnist':
     return FashionMnistLocal(source_dir=check_fashion_mnist_dir(source_dir), data_dir=tfds_dir,
                              file_format='array_record')
+  if name.startswith('cifar100'):
+    return Cifar100Local(source_dir=find_cifar100_source(source_dir), data_dir=tfds_dir,
+                         file_format='array_record')
   source = find_cifar10_source(source_dir)
   return Cifar10Local(source_dir=source.path, config=source.kind, data_dir=tfds_dir,
                       file_format='array_record')
@@ -514,8 +673,10 @@ def _decode(encoded: bytes, shape: tuple[int, int, int]) -> np.ndarray:
   return array.reshape(shape)  # Raises if the size is wrong.
 
 
-def _read_all(data_source, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-  """Reads and decodes every record: images uint8 (N, *shape), labels int32 (N,)."""
+def _read_all(data_source, shape: tuple[int, int, int], label_key: str = 'label'
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """Reads and decodes every record: images uint8 (N, *shape), labels int32 (N,) from the
+  record's `label_key` field."""
   n = len(data_source)
   images = np.empty((n, *shape), np.uint8)
   labels = np.empty((n,), np.int32)
@@ -527,7 +688,7 @@ def _read_all(data_source, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.
       except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for bad image bytes
         raise DataError(f'record {i} does not decode to a {shape} image ({e}): the source file '
                         'is corrupt; fix the source and delete the cache directory') from e
-      labels[i] = record['label']
+      labels[i] = record[label_key]
   return images, labels
 
 
@@ -564,11 +725,13 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
   """Loads one split as NumPy, preparing the TFDS data the first time.
 
   Args:
-    name: 'fashion_mnist' or 'cifar10'.
+    name: 'fashion_mnist', 'cifar10', 'cifar100' (fine labels) or 'cifar100_coarse' (the 20
+      superclasses; same prepared data).
     split: 'train' or 'test' (hold out validation data with `split_train_val`).
     source_dir: Fashion-MNIST: directory of the IDX `.gz` files (default: the Debian package's
       `/usr/share/datasets/fashion-mnist`). CIFAR-10: the JPEG zip, the binary `.tar.gz`, or a
-      directory holding either (see `find_cifar10_source`). Never written to.
+      directory holding either (see `find_cifar10_source`). CIFAR-100: the binary `.tar.gz`,
+      its extracted folder or a directory holding either. Never written to.
     cache_dir: prepared TFDS data goes to `<cache_dir>/tfds`, decoded splits to
       `<cache_dir>/arrays`. Delete it to prepare again (e.g. after changing the source).
 
@@ -586,8 +749,10 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
   cache_dir = pathlib.Path(cache_dir)
   builder = _builder_for(name, source_dir, cache_dir / 'tfds')
   config = builder.builder_config.name if builder.builder_config else 'default'
-  arrays_path = (cache_dir / 'arrays' /
-                 f'{builder.name}-{config}-{builder.version}-v{_ARRAYS_FORMAT}-{split}.npz')
+  label_key = _LABEL_KEYS.get(name, 'label')
+  suffix = '' if label_key == 'label' else f'-{label_key}'
+  arrays_path = (cache_dir / 'arrays' / f'{builder.name}-{config}-{builder.version}'
+                 f'-v{_ARRAYS_FORMAT}-{split}{suffix}.npz')
   # A binary source may be a subset (e.g. a synthetic one), so only Fashion-MNIST's size is fixed.
   expected_n = sizes[split] if name == 'fashion_mnist' else None
   cached = _load_npz(arrays_path, expected_n, info.image_shape)
@@ -598,7 +763,7 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
   # than TFDS's NumPy path (which goes through PIL per record anyway).
   try:
     source = builder.as_data_source(split=split, decoders={'image': tfds.decode.SkipDecoding()})
-    images, labels = _read_all(source, info.image_shape)
+    images, labels = _read_all(source, info.image_shape, label_key)
   except DataError:
     raise
   except Exception as e:  # array_record / TFDS errors for damaged prepared files

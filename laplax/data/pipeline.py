@@ -10,8 +10,10 @@ Training stream (`train_dataset`): epoch e is a fresh permutation of all N examp
 `batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
 skipped except the final remainder of a finite run. Host p takes positions p, p + P, p + 2P, ...
 of each global batch: the hosts' batches are disjoint and together form the global batch.
-Augmentation is drawn per global batch from (seed, step), so it does not depend on the number
-of hosts and a restored iterator reproduces it exactly.
+Augmentation is drawn per global batch from (seed, step) (per-image augmentations: from
+(seed, step, position in the global batch)), so it does not depend on the number of hosts and
+a restored iterator reproduces it exactly. The per-image DeiT-III augmentations
+(laplax.data.augment) loop over the batch in Python: fine for CPU-sized data.
 """
 from __future__ import annotations
 
@@ -20,7 +22,13 @@ from typing import Sequence
 import grain
 import numpy as np
 
-AUGMENTATIONS = ('none', 'crop', 'crop_flip')
+from laplax.data import augment as augment_lib
+
+# 'crop' / 'crop_flip': random crop of the `pad`-padded image (DeiT-III's "simple random crop"
+# with pad_mode='reflect'); 'rrc' / 'rrc_flip': random-resized crop (augment.random_resized_crop,
+# area fraction in `crop_scale`) back to the input size; '_flip': horizontal flips, p = 1/2.
+AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'rrc', 'rrc_flip')
+PAD_MODES = ('constant', 'reflect')
 
 # Streams of randomness derived from the user's seed (so the shuffle and the augmentation
 # never share a seed, and seed s's epoch e+1 is not seed s+1's epoch e).
@@ -84,7 +92,7 @@ def normalize(images: np.ndarray, *, mean: Sequence[float] | float,
 
 
 def crop_and_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
-                  pad: int) -> np.ndarray:
+                  pad: int, pad_mode: str = 'constant') -> np.ndarray:
   """Batched random crop with zero padding, then horizontal flip (one gather for both).
 
   Args:
@@ -92,15 +100,16 @@ def crop_and_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
     offsets: int (B, 2), the crop's top-left corner (row, column) in the padded image, each in
       [0, 2 * pad]; (pad, pad) keeps the image in place.
     flips: bool (B,), mirror left-right.
-    pad: zeros added on every side before cropping (zeros are black, as in torchvision's
-      RandomCrop(padding=pad), i.e. before normalisation).
+    pad: pixels added on every side before cropping.
+    pad_mode: 'constant' (zeros, black before normalisation: torchvision's
+      RandomCrop(padding=pad)) or 'reflect' (DeiT-III's simple random crop).
 
   Returns:
     (B, H, W, C), same dtype.
   """
   b, h, w, _ = images.shape
   if pad:
-    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode=pad_mode)
   # Two cheap gathers instead of one per pixel (about 4x faster): whole padded rows first,
   # then each row's window of W pixels through a strided view.
   rows = images[np.arange(b)[:, None], offsets[:, :1] + np.arange(h)]  # (B, H, W + 2 pad, C)
@@ -120,13 +129,31 @@ def augment_params(seed: int, step: int, global_batch_size: int, *, pad: int,
   return offsets, flips
 
 
+def per_image_augment(image: np.ndarray, rng: np.random.Generator, *, rrc: bool = False,
+                      flip: bool = False, crop_scale: tuple[float, float] = (0.08, 1.0),
+                      three_augment: bool = False, color_jitter: float = 0.0) -> np.ndarray:
+  """DeiT-III's per-image chain on uint8 (H, W, C): random-resized crop to (H, W), flip,
+  3-Augment, colour jitter (each only if asked), drawn from `rng`."""
+  if rrc:
+    image = augment_lib.random_resized_crop(image, rng, scale=tuple(crop_scale))
+    if flip and rng.random() < 0.5:
+      image = image[:, ::-1]
+  if three_augment:
+    image = augment_lib.three_augment(np.ascontiguousarray(image), rng)
+  if color_jitter > 0:
+    image = augment_lib.color_jitter(np.ascontiguousarray(image), rng, strength=color_jitter)
+  return image
+
+
 def _read_options(num_threads: int, prefetch: int) -> grain.ReadOptions:
   # grain's defaults (16 threads, 500 elements) would buffer 500 whole batches.
   return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
 
 
 def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, seed: int,
-                  augment: str = 'none', pad: int = 4, mean: Sequence[float] | float,
+                  augment: str = 'none', pad: int = 4, pad_mode: str = 'constant',
+                  crop_scale: tuple[float, float] = (0.08, 1.0), three_augment: bool = False,
+                  color_jitter: float = 0.0, mean: Sequence[float] | float,
                   std: Sequence[float] | float, process_index: int = 0, process_count: int = 1,
                   num_epochs: int | None = None, num_threads: int = 1,
                   prefetch: int = 2) -> grain.IterDataset:
@@ -138,9 +165,12 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
     batch_size: examples per batch on THIS host; the global batch is
       `batch_size * process_count`.
     seed: shuffling and augmentation seed (same on every host).
-    augment: 'none', 'crop' (random crop after `pad` zeros each side) or 'crop_flip' (plus
-      horizontal flips with probability 1/2).
-    pad: padding for the crop.
+    augment: 'none', 'crop' (random crop after `pad` pixels each side), 'rrc' (random-resized
+      crop back to (H, W)); '_flip' variants add horizontal flips with probability 1/2.
+    pad, pad_mode: padding for 'crop' ('constant' zeros or 'reflect').
+    crop_scale: (lo, hi) area fraction of the 'rrc' crop (DeiT-III: (0.08, 1)).
+    three_augment: after the crop, one of greyscale / solarise / blur per image (DeiT-III).
+    color_jitter: then brightness / contrast / saturation jitter of this strength (0: off).
     mean, std: per-channel normalisation in [0, 1] pixel units (see `dataset_info`).
     process_index, process_count: this host and the number of hosts.
     num_epochs: None repeats forever; otherwise the stream ends after `num_epochs` passes,
@@ -156,8 +186,14 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
   _check_hosts(process_index, process_count)
   if augment not in AUGMENTATIONS:
     raise ValueError(f'augment={augment!r} is not one of {AUGMENTATIONS}')
-  if pad < 0:
-    raise ValueError(f'pad={pad} must be >= 0')
+  if pad < 0 or pad_mode not in PAD_MODES:
+    raise ValueError(f'pad={pad} must be >= 0 and pad_mode={pad_mode!r} one of {PAD_MODES}')
+  if pad_mode == 'reflect' and pad >= min(images.shape[1:3]):
+    raise ValueError(f'pad={pad} must be smaller than the image side to reflect')
+  if augment.startswith('rrc'):
+    augment_lib.resized_crop_box(2, 2, np.random.default_rng(0), scale=tuple(crop_scale))
+  if color_jitter < 0:
+    raise ValueError(f'color_jitter={color_jitter} must be >= 0 (0: off)')
   n = len(images)
   global_batch = batch_size * process_count
   if batch_size < 1 or global_batch > n:
@@ -167,15 +203,22 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
     raise ValueError(f'num_epochs={num_epochs} must be None (forever) or >= 1')
   scale, shift = normalization(mean, std, images.shape[-1])
   augment_seed = _derive_seed(seed, _AUGMENT_STREAM)
+  per_image = augment.startswith('rrc') or three_augment or color_jitter > 0
 
   def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     x = images[indices]
-    if augment != 'none':
+    # This host's examples sit at positions process_index::process_count of the global batch.
+    host = slice(process_index, None, process_count)
+    if augment in ('crop', 'crop_flip'):
       offsets, flips = augment_params(augment_seed, step, global_batch, pad=pad,
                                       flip=augment == 'crop_flip')
-      # This host's examples sit at positions process_index::process_count of the global batch.
-      host = slice(process_index, None, process_count)
-      x = crop_and_flip(x, offsets[host], flips[host], pad=pad)
+      x = crop_and_flip(x, offsets[host], flips[host], pad=pad, pad_mode=pad_mode)
+    if per_image:
+      x = np.stack([per_image_augment(
+          im, np.random.default_rng([augment_seed, step, position]),
+          rrc=augment.startswith('rrc'), flip=augment == 'rrc_flip', crop_scale=crop_scale,
+          three_augment=three_augment, color_jitter=color_jitter)
+          for im, position in zip(x, range(global_batch)[host])])
     return {'image': _apply_normalization(x, scale, shift),
             'label': labels[indices].astype(np.int32)}
 

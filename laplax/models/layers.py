@@ -24,6 +24,8 @@ class Mlp(nn.Module):
   activation: str = "gelu"
   use_bias: bool = True
   dropout: float = 0.0
+  in_init: Callable[..., Any] = nn.initializers.xavier_uniform()
+  in_bias_init: Callable[..., Any] = nn.initializers.normal(1e-6)
   out_init: Callable[..., Any] = nn.initializers.xavier_uniform()
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -32,8 +34,8 @@ class Mlp(nn.Module):
   def __call__(self, x: Array, *, train: bool = False) -> Array:
     dense = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
     h = nn.Dense(self.hidden_dim, name="fc1",
-                 kernel_init=logical(nn.initializers.xavier_uniform(), "embed", "mlp"),
-                 bias_init=logical(nn.initializers.normal(1e-6), "mlp"), **dense)(x)
+                 kernel_init=logical(self.in_init, "embed", "mlp"),
+                 bias_init=logical(self.in_bias_init, "mlp"), **dense)(x)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     if self.activation == "gelu":
       h = gelu(h)
@@ -53,6 +55,17 @@ def gelu(x: Array) -> Array:
   lowers to a much slower polynomial than erf (the MLP's most expensive elementwise op).
   """
   return x * (0.5 + 0.5 * jax.lax.erf(x * np.float32(1 / np.sqrt(2)).astype(x.dtype)))
+
+
+# The standard deviation of a unit normal truncated to [-2, 2]: dividing by it makes
+# jax's truncated_normal (which takes the untruncated sigma) come out at the asked std.
+_TRUNCATED_STD = 0.87962566103423978
+
+
+def trunc_normal(std: float = 0.02) -> Callable[..., Any]:
+  """Normal initialiser truncated at +-2 std, rescaled so the values' std is `std` (DeiT-III's
+  trunc_normal_(std=0.02); timm truncates at +-2 absolute, i.e. not at all for std 0.02)."""
+  return nn.initializers.truncated_normal(std / _TRUNCATED_STD)
 
 
 class LayerScale(nn.Module):

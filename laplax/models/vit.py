@@ -21,7 +21,7 @@ import numpy as np
 from laplax import heads as heads_lib
 from laplax.attention import MultiHeadAttention
 from laplax.models import remat as remat_lib
-from laplax.models.layers import LayerScale, Mlp, drop_path, logical
+from laplax.models.layers import LayerScale, Mlp, drop_path, logical, trunc_normal
 
 Array = jax.Array
 
@@ -35,6 +35,30 @@ PRESETS = {
     "B": dict(hidden_dim=768, depth=12, num_heads=12, mlp_dim=3072),
     "L": dict(hidden_dim=1024, depth=24, num_heads=16, mlp_dim=4096),
 }
+
+
+# 'xavier': Xavier-uniform dense kernels, N(0, 0.02) position embedding, zero class token.
+# 'trunc_normal' (DeiT-III's _init_weights): every Linear weight (attention, MLP, head)
+# trunc_normal(0.02) with zero biases, class token and position embedding trunc_normal(0.02).
+# The patch embedding stays LeCun-normal in both (DeiT-III leaves its Conv2d at PyTorch's
+# default) and the classifier head is zero in 'xavier'. Only values differ: the parameter
+# trees are the same.
+INITS = ("xavier", "trunc_normal")
+
+
+def _inits(init: str) -> dict[str, Any]:
+  """The initialisers of `init` (see INITS) by role."""
+  if init == "trunc_normal":
+    t = trunc_normal(0.02)
+    return dict(qkv=t, out=t, fc1=t, fc1_bias=nn.initializers.zeros, fc2=t, head=t, pos=t,
+                cls=t)
+  if init == "xavier":
+    return dict(qkv=nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2)),
+                out=nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
+                fc1=nn.initializers.xavier_uniform(), fc1_bias=nn.initializers.normal(1e-6),
+                fc2=nn.initializers.xavier_uniform(), head=nn.initializers.zeros,
+                pos=nn.initializers.normal(0.02), cls=nn.initializers.zeros)
+  raise ValueError(f"weight_init={init!r}; use one of {INITS}")
 
 
 def preset(name: str) -> dict[str, int]:
@@ -83,6 +107,7 @@ class Block(nn.Module):
   qk_norm: bool = True
   layerscale_init: float | None = 1e-4
   attention_impl: str | None = None
+  weight_init: str = "xavier"
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -100,16 +125,19 @@ class Block(nn.Module):
     static_zero = isinstance(drop_rate, (int, float)) and drop_rate == 0
     rng = self.make_rng("dropout") if train and not static_zero else None
     rngs = (None, None) if rng is None else tuple(jax.random.split(rng))
+    inits = _inits(self.weight_init)
 
     y = MultiHeadAttention(
         num_heads=self.num_heads, head_dim=width // self.num_heads,
         laplacian_heads=self.laplacian_heads, qk_norm="layer" if self.qk_norm else None,
-        implementation=self.attention_impl, dtype=self.dtype, param_dtype=self.param_dtype,
-        name="attn")(norm("norm1")(x), head_mask=head_row)
+        implementation=self.attention_impl, kernel_init=inits["qkv"], out_init=inits["out"],
+        dtype=self.dtype, param_dtype=self.param_dtype, name="attn")(
+            norm("norm1")(x), head_mask=head_row)
     x = x + drop_path(scale("ls1")(y), drop_rate, rngs[0])
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    y = Mlp(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")(
-        norm("norm2")(x), train=train)
+    y = Mlp(self.mlp_dim, in_init=inits["fc1"], in_bias_init=inits["fc1_bias"],
+            out_init=inits["fc2"], dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")(
+                norm("norm2")(x), train=train)
     x = x + drop_path(scale("ls2")(y), drop_rate, rngs[1])
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
@@ -142,6 +170,7 @@ class ViT(nn.Module):
   scan_layers: bool = False
   attention_impl: str | None = None
   remat_policy: str = "none"  # laplax.models.remat.POLICIES
+  weight_init: str = "xavier"  # INITS
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -151,6 +180,7 @@ class ViT(nn.Module):
                        f"num_heads={self.num_heads}")
     if self.pool not in ("cls", "gap"):
       raise ValueError(f"pool={self.pool!r}; use 'cls' or 'gap'")
+    _inits(self.weight_init)  # validates weight_init with a clear ValueError at construction
     self.head_table  # validates laplacian_heads with a clear ValueError at construction
     remat_lib.check(self.remat_policy)
     super().__post_init__()
@@ -165,12 +195,12 @@ class ViT(nn.Module):
     p = self.patch_size
     if h % p or w % p:
       raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
+    inits = _inits(self.weight_init)
     x = PatchEmbed(self.hidden_dim, p, dtype=self.dtype, param_dtype=self.param_dtype,
                    name="embedding")(images)
-    pos = self.param("pos_embedding", logical(nn.initializers.normal(0.02), None, "length",
-                                              "embed"),
+    pos = self.param("pos_embedding", logical(inits["pos"], None, "length", "embed"),
                      (1, x.shape[1], self.hidden_dim), self.param_dtype)
-    cls = self.param("cls", logical(nn.initializers.zeros, None, None, "embed"),
+    cls = self.param("cls", logical(inits["cls"], None, None, "embed"),
                      (1, 1, self.hidden_dim), self.param_dtype)
     # DeiT-III: the class token carries no position embedding.
     x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, self.hidden_dim)).astype(self.dtype),
@@ -179,7 +209,7 @@ class ViT(nn.Module):
 
     block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, qk_norm=self.qk_norm,
                     layerscale_init=self.layerscale_init, attention_impl=self.attention_impl,
-                    dtype=self.dtype, param_dtype=self.param_dtype)
+                    weight_init=self.weight_init, dtype=self.dtype, param_dtype=self.param_dtype)
     rates = np.linspace(0.0, self.drop_path_rate, self.depth)
     tokens = [x]
     if self.scan_layers:
@@ -207,7 +237,7 @@ class ViT(nn.Module):
     pooled = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(axis=1)
     logits = nn.Dense(self.num_classes, name="head", dtype=jnp.float32,
                       param_dtype=self.param_dtype,
-                      kernel_init=logical(nn.initializers.zeros, "embed", "classes"),
+                      kernel_init=logical(inits["head"], "embed", "classes"),
                       bias_init=logical(nn.initializers.zeros, "classes"))(pooled)
     if return_tokens:
       return logits, {"tokens": jnp.stack(tokens), "pre_logits": pooled}

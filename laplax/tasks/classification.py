@@ -1,7 +1,11 @@
-"""Supervised image classification: a ViT on Fashion-MNIST / CIFAR-10 (TFDS + grain).
+"""Supervised image classification: a ViT on Fashion-MNIST / CIFAR-10 / CIFAR-100 (TFDS + grain).
 
-Loss: softmax cross-entropy with label smoothing; validation accuracy during training, val and
-test accuracy at the end. eval.py: test accuracy, a self-contained export
+Loss (`config.loss`): 'softmax_xent' (cross-entropy with label smoothing) or 'sigmoid_xent'
+(DeiT-III's binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss;
+with `config.bce_binary_targets` the mixed targets become 1 wherever they are > 0, as DeiT-III's
+`targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
+(`config.mixup`, laplax.data.mixup) run on the device in the step. Validation accuracy during
+training, val and test accuracy at the end. eval.py: test accuracy, a self-contained export
 (laplax.evals.export), per-layer token geometry with plots (laplax.geometry.vit).
 """
 
@@ -21,7 +25,7 @@ import optax
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
 from laplax import sharding
-from laplax.data import builders, pipeline
+from laplax.data import builders, mixup as mixup_lib, pipeline
 from laplax.data.images import load_image_data
 from laplax.evals import accuracy
 from laplax.evals import export as export_lib
@@ -83,6 +87,30 @@ def vit_from_config(model_config: ml_collections.ConfigDict, num_classes: int) -
   return model
 
 
+LOSSES = ("softmax_xent", "sigmoid_xent")
+
+
+def mixup_config(config: ml_collections.ConfigDict) -> mixup_lib.MixupConfig:
+  """config.mixup (absent: no mixing) as a checked MixupConfig."""
+  section = config.get("mixup")
+  try:
+    return mixup_lib.MixupConfig(**(section.to_dict() if section is not None else {}))
+  except TypeError as e:
+    raise ValueError(f"bad mixup config: {e}") from None
+
+
+def classification_loss(logits: jax.Array, targets: jax.Array, loss: str, *,
+                        binary_targets: bool = False) -> jax.Array:
+  """Mean loss of logits (B, K) against float targets (B, K) (rows of soft labels)."""
+  if loss == "softmax_xent":
+    return optax.softmax_cross_entropy(logits, targets).mean()
+  if loss == "sigmoid_xent":
+    if binary_targets:
+      targets = (targets > 0).astype(targets.dtype)
+    return optax.sigmoid_binary_cross_entropy(logits, targets).mean()
+  raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
+
+
 def steps_from_epochs(config: ml_collections.ConfigDict, num_train: int) -> tuple[int, int]:
   """(total steps, steps per epoch): config.total_steps, else num_epochs x the data."""
   steps_per_epoch = num_train // config.data.batch_size
@@ -100,9 +128,25 @@ class ClassificationTask(Task):
   data: dict[str, Any]
 
   def validate(self, dp: int, hosts: int) -> None:
-    if self.config.data.augment not in pipeline.AUGMENTATIONS:
-      raise ValueError(f"data.augment={self.config.data.augment!r}; use one of "
-                       f"{pipeline.AUGMENTATIONS}")
+    d = self.config.data
+    if d.augment not in pipeline.AUGMENTATIONS:
+      raise ValueError(f"data.augment={d.augment!r}; use one of {pipeline.AUGMENTATIONS}")
+    if d.get("pad_mode", "constant") not in pipeline.PAD_MODES:
+      raise ValueError(f"data.pad_mode={d.pad_mode!r}; use one of {pipeline.PAD_MODES}")
+    if d.get("color_jitter", 0.0) < 0:
+      raise ValueError(f"data.color_jitter={d.color_jitter} must be >= 0 (0: off)")
+    if d.augment.startswith("rrc"):
+      scale = tuple(d.get("crop_scale", (0.08, 1.0)))
+      if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
+        raise ValueError(f"data.crop_scale={scale} must be (lo, hi) with 0 < lo <= hi <= 1")
+    mixup_config(self.config)
+    loss = self.config.get("loss", "softmax_xent")
+    if loss not in LOSSES:
+      raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
+    if (loss == "sigmoid_xent" and self.config.get("bce_binary_targets", False)
+        and self.config.optim.label_smoothing > 0):
+      raise ValueError(f"optim.label_smoothing={self.config.optim.label_smoothing} with "
+                       "bce_binary_targets=True makes every target 1: set it to 0 (DeiT-III)")
     self.info()
     super().validate(dp, hosts)
 
@@ -140,21 +184,33 @@ class ClassificationTask(Task):
 
   def loss_fn(self, model: vit.ViT):
     smoothing = self.config.optim.label_smoothing
+    mix = mixup_config(self.config)
+    loss_name = self.config.get("loss", "softmax_xent")
+    binary = bool(self.config.get("bce_binary_targets", False))
 
     def loss_fn(params, batch, rng):
-      logits = model.apply({"params": params}, batch["image"], train=True,
-                           rngs={"dropout": rng})
-      labels = optax.smooth_labels(jax.nn.one_hot(batch["label"], logits.shape[-1]), smoothing)
-      loss = optax.softmax_cross_entropy(logits, labels)
-      return loss.mean(), {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+      images = batch["image"]
+      if mix.active:  # unmixed runs keep their dropout keys (and so their losses) unchanged
+        mix_rng, rng = jax.random.split(rng)
+      else:
+        mix_rng = None
+      images, targets = mixup_lib.mix_batch(mix_rng, images, batch["label"], model.num_classes,
+                                            mix, label_smoothing=smoothing)
+      logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+      loss = classification_loss(logits, targets, loss_name, binary_targets=binary)
+      # Against the unmixed label (the larger share of a mixed image when lam >= 1/2).
+      return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
 
     return loss_fn
 
   def train_iterator(self, process_index: int, process_count: int):
-    info, (x, y) = self.data["info"], self.data["train"]
+    info, (x, y), d = self.data["info"], self.data["train"], self.config.data
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        augment=self.config.data.augment, mean=info.mean, std=info.std,
+        augment=d.augment, pad_mode=d.get("pad_mode", "constant"),
+        crop_scale=tuple(d.get("crop_scale", (0.08, 1.0))),
+        three_augment=bool(d.get("three_augment", False)),
+        color_jitter=float(d.get("color_jitter", 0.0)), mean=info.mean, std=info.std,
         process_index=process_index, process_count=process_count))
 
   def describe(self, m: dict[str, float]) -> str:

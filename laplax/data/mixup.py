@@ -1,0 +1,101 @@
+"""Mixup / CutMix on the device, inside the jitted train step (timm's `Mixup`, mode 'batch').
+
+With probability `prob` a batch is mixed with its reverse (example i with example B - 1 - i):
+CutMix with probability `switch_prob` when both alphas are > 0, else Mixup, with
+lam ~ Beta(alpha, alpha) of the chosen method. Mixup blends whole images,
+x = lam x + (1 - lam) x[::-1]; CutMix pastes one box of x[::-1] whose side is
+sqrt(1 - lam) of the image's, centred uniformly and clipped at the border, and lam becomes the
+kept area fraction (timm's correct_lam). Targets: lam y + (1 - lam) y[::-1] with y the
+label-smoothed one-hot (off = smoothing / K, on = 1 - smoothing + off), so every row sums to 1.
+DeiT-III: mixup_alpha 0.8, cutmix_alpha 1.0, switch_prob 0.5, prob 1.0.
+
+The images may already be normalised: mixing is affine, so it commutes with normalisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class MixupConfig:
+  mixup_alpha: float = 0.0
+  cutmix_alpha: float = 0.0
+  switch_prob: float = 0.5
+  prob: float = 1.0
+
+  def __post_init__(self):
+    if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+      raise ValueError(f'mixup.mixup_alpha={self.mixup_alpha} and mixup.cutmix_alpha='
+                       f'{self.cutmix_alpha} must be >= 0 (0: off)')
+    if not 0 <= self.switch_prob <= 1 or not 0 <= self.prob <= 1:
+      raise ValueError(f'mixup.switch_prob={self.switch_prob} and mixup.prob={self.prob} must '
+                       'be in [0, 1]')
+
+  @property
+  def active(self) -> bool:
+    return self.prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
+
+
+def smooth_one_hot(labels: jax.Array, num_classes: int, smoothing: float) -> jax.Array:
+  """int (B,) -> float32 (B, K): on = 1 - smoothing + smoothing / K, off = smoothing / K."""
+  off = smoothing / num_classes
+  return jax.nn.one_hot(labels, num_classes) * (1.0 - smoothing) + off
+
+
+def cutmix_box(rng: jax.Array, lam: jax.Array, height: int, width: int
+               ) -> tuple[jax.Array, jax.Array]:
+  """timm's rand_bbox: (rows (H,) bool, cols (W,) bool) of the pasted box for area 1 - lam."""
+  ratio = jnp.sqrt(1.0 - lam)
+  cut_h, cut_w = (height * ratio).astype(jnp.int32), (width * ratio).astype(jnp.int32)
+  ky, kx = jax.random.split(rng)
+  cy, cx = jax.random.randint(ky, (), 0, height), jax.random.randint(kx, (), 0, width)
+  y0, y1 = jnp.clip(cy - cut_h // 2, 0, height), jnp.clip(cy + cut_h // 2, 0, height)
+  x0, x1 = jnp.clip(cx - cut_w // 2, 0, width), jnp.clip(cx + cut_w // 2, 0, width)
+  rows, cols = jnp.arange(height), jnp.arange(width)
+  return (rows >= y0) & (rows < y1), (cols >= x0) & (cols < x1)
+
+
+def mix_batch(rng: jax.Array, images: jax.Array, labels: jax.Array, num_classes: int,
+              config: MixupConfig, *, label_smoothing: float = 0.0
+              ) -> tuple[jax.Array, jax.Array]:
+  """Mixes a batch with its reverse.
+
+  Args:
+    rng: the step's key.
+    images: (B, H, W, C) float.
+    labels: int (B,).
+    num_classes: K.
+    config: the alphas and probabilities; inactive -> images unchanged.
+    label_smoothing: applied to the one-hot targets before mixing.
+
+  Returns:
+    images (B, H, W, C) and float32 targets (B, K), each row summing to 1.
+  """
+  targets = smooth_one_hot(labels, num_classes, label_smoothing)
+  if not config.active:
+    return images, targets
+  k_apply, k_switch, k_mix, k_cut, k_box = jax.random.split(rng, 5)
+  b, h, w = images.shape[:3]
+  if config.mixup_alpha > 0 and config.cutmix_alpha > 0:
+    use_cutmix = jax.random.uniform(k_switch) < config.switch_prob
+  else:
+    use_cutmix = jnp.asarray(config.cutmix_alpha > 0)
+  lam_mix = (jax.random.beta(k_mix, config.mixup_alpha, config.mixup_alpha)
+             if config.mixup_alpha > 0 else jnp.float32(1.0))
+  lam_cut = (jax.random.beta(k_cut, config.cutmix_alpha, config.cutmix_alpha)
+             if config.cutmix_alpha > 0 else jnp.float32(1.0))
+  rows, cols = cutmix_box(k_box, lam_cut, h, w)
+  box = (rows[:, None] & cols[None, :])[None, :, :, None]  # (1, H, W, 1)
+  lam_box = 1.0 - jnp.mean(box.astype(jnp.float32))  # kept area, after clipping
+  applied = jax.random.uniform(k_apply) < config.prob
+  lam = jnp.where(applied, jnp.where(use_cutmix, lam_box, lam_mix), 1.0).astype(jnp.float32)
+  flipped = images[::-1]
+  lam_x = lam.astype(images.dtype)
+  mixed = jnp.where(use_cutmix, jnp.where(box, flipped, images),
+                    images * lam_x + flipped * (1 - lam_x))
+  images = jnp.where(applied, mixed, images)
+  return images, targets * lam + targets[::-1] * (1.0 - lam)
