@@ -245,6 +245,9 @@ def _iterate(ds: grain.MapDataset, num_workers: int, num_threads: int, prefetch:
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
                                             prefetch_buffer_size=prefetch))
   if num_workers > 0:
+    from absl import flags
+    if not flags.FLAGS.is_parsed():  # grain reads its absl flags (notebooks, tests: unparsed)
+      flags.FLAGS.mark_as_parsed()
     it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
         num_workers=num_workers, per_worker_buffer_size=prefetch))
   return it
