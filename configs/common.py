@@ -3,6 +3,7 @@
   run(name, task)        name, task, seed, steps, logging, checkpoint, mesh, axis rules
   laplacian_heads(k)     the head-spec field: an int k or a per-layer list from the command line
   image_data(name)       an image-classification data set (TFDS, cached) and its batches
+  streamed_image_data(tfds_name)  a prepared TFDS data set streamed per record (ImageNet)
   vit(preset)            a DeiT-III-style ViT
   adamw(lr)              AdamW + warm-up / cosine + clipping
   classification_loss()  loss, mixup / cutmix (off by default) for the classification task
@@ -70,6 +71,39 @@ def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
   return d
 
 
+def streamed_image_data(tfds_name: str, *, tfds_data_dir: str = "", image_size: int = 224,
+                        batch_size: int = 1024, eval_batch_size: int = 1024
+                        ) -> ml_collections.ConfigDict:
+  """A prepared TFDS image-classification data set read per record (laplax.data.streaming):
+  decoded, cropped and augmented in grain workers, sent to the device as uint8."""
+  d = ml_collections.ConfigDict()
+  d.name = tfds_name
+  d.tfds_name = tfds_name
+  d.tfds_data_dir = tfds_data_dir  # holds tfds_name/<version>/ (ArrayRecord); local or gs://
+  d.train_split = "train"
+  d.eval_split = "validation"  # periodic and final validation
+  d.test_split = ""  # '' = none (ImageNet's test labels are not public)
+  d.image_size = image_size  # training crop side
+  d.num_classes = 0  # 0 = the data set's (set it to compile without data: --aot)
+  d.num_train = 0  # 0 = the data set's (used without data: --aot)
+  d.crop = "rrc"  # 'rrc' (RandomResizedCrop) | 'simple' (DeiT-III: resize, pad 4, crop)
+  d.rrc_scale = (0.08, 1.0)
+  d.rrc_ratio = (3 / 4, 4 / 3)
+  d.record_ops = ("flip",)  # per-record ops after the crop (laplax.data.streaming.RECORD_OPS)
+  d.eval_resize = 0  # shorter side before the centre crop; 0 = eval_crop / 0.875
+  d.eval_crop = 0  # 0 = image_size
+  d.mean = (0.485, 0.456, 0.406)  # ImageNet's, in [0, 1] pixel units
+  d.std = (0.229, 0.224, 0.225)
+  d.train_subset = 0  # > 0: first N training records only
+  d.eval_subset = 0  # > 0: first N evaluation records only
+  d.num_workers = 0  # grain worker processes decoding (0: in the trainer; -1: cores - 1)
+  d.num_threads = 1  # reader threads (per worker)
+  d.prefetch = 2  # batches made ahead (per worker)
+  d.batch_size = batch_size  # global
+  d.eval_batch_size = eval_batch_size
+  return d
+
+
 def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
   """A ViT (laplax.models.vit): a preset plus explicit overrides."""
   m = ml_collections.ConfigDict()
@@ -131,10 +165,14 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   repeated augmentation; laplax keeps AdamW and does not repeat examples)."""
   if crop not in ("rrc", "src"):
     raise ValueError(f"crop={crop!r}; use 'rrc' or 'src'")
-  c.data.augment = "rrc_flip" if crop == "rrc" else "crop_flip"
-  c.data.pad_mode = "reflect"
-  c.data.three_augment = True
-  c.data.color_jitter = 0.3
+  if "tfds_name" in c.data:  # streamed (laplax.data.streaming): per-record ops by name
+    c.data.crop = "rrc" if crop == "rrc" else "simple"
+    c.data.record_ops = ("flip", "three_augment", "color_jitter")  # jitter 0.3
+  else:
+    c.data.augment = "rrc_flip" if crop == "rrc" else "crop_flip"
+    c.data.pad_mode = "reflect"
+    c.data.three_augment = True
+    c.data.color_jitter = 0.3
   classification_loss(c)
   c.loss = "sigmoid_xent"
   c.bce_binary_targets = True

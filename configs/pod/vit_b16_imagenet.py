@@ -14,9 +14,17 @@ jitter 0.3, Mixup 0.8 / CutMix 1.0 (switch 0.5), BCE on binarised targets, no la
 trunc_normal(0.02) initialisation, LayerScale 1e-6, drop-path 0.2. AdamW replaces DeiT-III's
 LAMB, and there is no repeated augmentation.
 
-Data: `data.tfds_name` / `data.tfds_data_dir` are placeholders for the streaming ImageNet
-pipeline (another issue); `data.image_size` / `data.num_classes` let the model be built and
-compiled without local data.
+Data: ImageNet prepared by TFDS in ArrayRecord format (`imagenet2012/<version>/` under
+`--config.data.tfds_data_dir=DIR`, local or gs://), streamed per record (laplax.data.streaming):
+random-resized crop, flip, 3-Augment and colour jitter in grain worker processes (one per host
+core but one), uint8 to the device.
+`data.image_size` / `data.num_classes` / `data.num_train` let the model be built and compiled
+without data. A CPU smoke run on any prepared data set:
+
+  python train.py --config=configs/pod/vit_b16_imagenet.py --workdir=/tmp/smoke \
+      --config.data.tfds_name=NAME --config.data.tfds_data_dir=DIR --config.model.preset=mu \
+      --config.model.patch_size=32 --config.data.image_size=224 --config.data.batch_size=16 \
+      --config.total_steps=3
 
 Fit check (aot.json, k = 0; 86.5M parameters; 1.585e14 model FLOPs per step): v5e:4x4 peak
 2.69 GiB per chip of 16 (17 %) with remat 'full' (the default); with remat 'none' the TPU
@@ -29,14 +37,11 @@ from configs import common
 def get_config():
   c = common.run("vit_b16_imagenet", "classification", log_every=100, every_steps=2000)
   c.num_epochs = 400.0  # DeiT-III ViT-B: 400 epochs at 192 px (then a 224 px fine-tune)
-  c.data = common.image_data("imagenet2012", batch_size=2048, eval_batch_size=1024,
-                             augment="crop_flip")
-  c.data.tfds_name = "imagenet2012"  # placeholder: the streaming pipeline reads it
-  c.data.tfds_data_dir = ""  # placeholder: e.g. a gs:// bucket
-  c.data.image_size = 192
+  c.data = common.streamed_image_data("imagenet2012", image_size=192, batch_size=2048,
+                                      eval_batch_size=1024)
   c.data.num_classes = 1000
   c.data.num_train = 1_281_167
-  c.data.val_size = 0  # ImageNet's own validation split
+  c.data.num_workers = -1  # one decoding process per host core but one
   # DeiT-III: LayerScale 1e-6 (common.vit's value for B), stochastic depth 0.2 at 192 px.
   c.model = common.vit("B", patch_size=16, drop_path_rate=0.2, dtype="bfloat16",
                        scan_layers=True, remat_policy="full", attention_impl="splash")

@@ -12,11 +12,15 @@ from laplax import sharding
 from laplax.data import pipeline
 
 
-def make_eval_fn(model: nn.Module, mesh, rules):
-  """-> eval_step(params, batch) -> (sum of correct, sum of loss, count) over masked examples."""
+def make_eval_fn(model: nn.Module, mesh, rules, *, mean=0.0, std=1.0):
+  """-> eval_step(params, batch) -> (sum of correct, sum of loss, count) over masked examples.
+
+  uint8 batch images are normalised on the device with mean / std (per channel, [0, 1] pixel
+  units); float images are taken as already normalised."""
 
   def eval_step(params, batch):
-    logits = model.apply({"params": params}, batch["image"], train=False)
+    images = pipeline.device_normalize(batch["image"], mean, std)
+    logits = model.apply({"params": params}, images, train=False)
     mask = batch["mask"].astype(jnp.float32)
     correct = (jnp.argmax(logits, -1) == batch["label"]) * mask
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]) * mask
@@ -30,14 +34,26 @@ def evaluate(eval_step, params, images: np.ndarray, labels: np.ndarray, *, batch
              info, mesh, rules) -> dict[str, float]:
   """Accuracy and mean loss over uint8 images (N, H, W, C) and labels (N,); the padded last
   batch is masked out, and batches are padded to a multiple of the data-parallel devices."""
-  totals = np.zeros(3)
+  batches = pipeline.eval_batches(images, labels, batch_size=host_batch_size(batch_size, mesh),
+                                  mean=info.mean, std=info.std,
+                                  process_index=jax.process_index(),
+                                  process_count=jax.process_count())
+  return evaluate_batches(eval_step, params, batches, mesh=mesh, rules=rules)
+
+
+def host_batch_size(batch_size: int, mesh) -> int:
+  """This host's share of an evaluation batch rounded up to a multiple of the data-parallel
+  devices (every global batch must split evenly over them)."""
   dp = sharding.data_parallel_size(mesh)
-  batch_size = -(-batch_size // dp) * dp
-  hosts = jax.process_count()
+  return -(-batch_size // dp) * dp // jax.process_count()
+
+
+def evaluate_batches(eval_step, params, batches, *, mesh, rules) -> dict[str, float]:
+  """Accuracy and mean loss over this host's masked batches {'image', 'label', 'mask'} (every
+  host must yield the same number of batches)."""
+  totals = np.zeros(3)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for batch in pipeline.eval_batches(images, labels, batch_size=batch_size // hosts,
-                                       mean=info.mean, std=info.std,
-                                       process_index=jax.process_index(), process_count=hosts):
+    for batch in batches:
       out = eval_step(params, sharding.host_batch_to_global(batch, mesh))
       totals += np.array([float(o) for o in out])
   correct, loss, count = totals

@@ -1,4 +1,6 @@
-"""Supervised image classification: a ViT on Fashion-MNIST / CIFAR-10 / CIFAR-100 (TFDS + grain).
+"""Supervised image classification: a ViT on Fashion-MNIST / CIFAR-10 / CIFAR-100 (in memory)
+or on any prepared TFDS image-classification data set such as ImageNet (streamed, when
+`data.tfds_name` is set: laplax.data.streaming).
 
 Loss (`config.loss`): 'softmax_xent' (cross-entropy with label smoothing) or 'sigmoid_xent'
 (DeiT-III's binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss;
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -25,7 +28,7 @@ import optax
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
 from laplax import sharding
-from laplax.data import builders, mixup as mixup_lib, pipeline
+from laplax.data import builders, mixup as mixup_lib, pipeline, streaming
 from laplax.data.images import load_image_data
 from laplax.evals import accuracy
 from laplax.evals import export as export_lib
@@ -59,6 +62,46 @@ def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
   if size:
     info = dataclasses.replace(info, image_shape=(size, size, info.image_shape[-1]))
   return dataclasses.replace(info, num_classes=classes) if classes else info
+
+
+def is_streaming(data: ml_collections.ConfigDict) -> bool:
+  """True when `data.tfds_name` names a TFDS data set to stream (laplax.data.streaming)."""
+  return bool(data.get("tfds_name"))
+
+
+def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.ImageDatasetInfo:
+  """A streamed data set's facts: RGB `data.image_size` crops, `data.mean` / `data.std`
+  (default ImageNet's), classes from `data.num_classes` or the TFDS metadata (`tfds_info`,
+  needed when num_classes is 0), split sizes from the metadata or `data.num_train`."""
+  size, classes = int(data.get("image_size", 0) or 0), int(data.get("num_classes", 0) or 0)
+  if size < 1 or classes < 0:
+    raise ValueError(f"data.image_size={size} must be >= 1 and data.num_classes={classes} >= 0 "
+                     "for a streamed data set (data.tfds_name)")
+  names: tuple[str, ...] = ()
+  splits = (("train", int(data.get("num_train", 0) or 0)),)
+  if tfds_info is not None:
+    label = tfds_info.features["label"]
+    names = tuple(label.names)
+    splits = tuple((k, v.num_examples) for k, v in tfds_info.splits.items())
+    classes = classes or label.num_classes
+  if not classes:
+    raise ValueError(f"data.num_classes=0: set it, or load the data set {data.tfds_name!r} "
+                     "to read its number of classes")
+  if len(names) != classes:
+    names = tuple(str(i) for i in range(classes))
+  return builders.ImageDatasetInfo(
+      name=data.tfds_name, num_classes=classes, image_shape=(size, size, 3), class_names=names,
+      mean=tuple(data.get("mean", IMAGENET_MEAN)), std=tuple(data.get("std", IMAGENET_STD)),
+      split_sizes=splits)
+
+
+def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
+  """(resize, crop) of streamed evaluation images: the shorter side resized to
+  `data.eval_resize`, then a centre crop of `data.eval_crop` (0: image_size; resize 0:
+  crop / 0.875, the usual 224 -> 256)."""
+  crop = int(data.get("eval_crop", 0) or data.image_size)
+  resize = int(data.get("eval_resize", 0) or round(crop / 0.875))
+  return resize, crop
 
 
 def vit_from_config(model_config: ml_collections.ConfigDict, num_classes: int) -> vit.ViT:
@@ -127,15 +170,23 @@ class ClassificationTask(Task):
 
   data: dict[str, Any]
 
+  _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
+
+  @property
+  def streaming(self) -> bool:
+    return is_streaming(self.config.data)
+
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
-    if d.augment not in pipeline.AUGMENTATIONS:
+    if self.streaming:
+      self._validate_streaming()
+    elif d.augment not in pipeline.AUGMENTATIONS:
       raise ValueError(f"data.augment={d.augment!r}; use one of {pipeline.AUGMENTATIONS}")
     if d.get("pad_mode", "constant") not in pipeline.PAD_MODES:
       raise ValueError(f"data.pad_mode={d.pad_mode!r}; use one of {pipeline.PAD_MODES}")
     if d.get("color_jitter", 0.0) < 0:
       raise ValueError(f"data.color_jitter={d.color_jitter} must be >= 0 (0: off)")
-    if d.augment.startswith("rrc"):
+    if d.get("augment", "").startswith("rrc"):
       scale = tuple(d.get("crop_scale", (0.08, 1.0)))
       if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
         raise ValueError(f"data.crop_scale={scale} must be (lo, hi) with 0 < lo <= hi <= 1")
@@ -150,15 +201,56 @@ class ClassificationTask(Task):
     self.info()
     super().validate(dp, hosts)
 
+  def _validate_streaming(self) -> None:
+    d = self.config.data
+    streaming.check_train_options(
+        image_size=d.get("image_size", 0), crop=d.get("crop", "rrc"),
+        scale=tuple(d.get("rrc_scale", (0.08, 1.0))),
+        ratio=tuple(d.get("rrc_ratio", (3 / 4, 4 / 3))), ops=tuple(d.get("record_ops", ())))
+    resize, crop = eval_geometry(d)
+    if not 0 < crop <= resize:
+      raise ValueError(f"data.eval_crop={crop} must be in [1, data.eval_resize={resize}]")
+    if crop != d.image_size:
+      # The ViT's learned position embeddings have the training grid's length.
+      raise ValueError(f"data.eval_crop={crop} differs from data.image_size={d.image_size}: "
+                       "laplax.models.vit does not interpolate position embeddings yet")
+    for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
+      if int(d.get(key, low)) < low:
+        raise ValueError(f"data.{key}={d.get(key)} is out of range")
+
   def info(self) -> builders.ImageDatasetInfo:
+    if self.streaming:
+      return streaming_info(self.config.data, self._tfds_info)
     return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
+    if self.streaming:
+      self._open_streams(log)
+      return
     self.data = load_image_data(self.config.data)
     shape, want = self.data["train"][0].shape[1:], self.info().image_shape
     if tuple(shape) != tuple(want):
       raise ValueError(f"{self.config.data.name} images are {shape}, but data.image_size asks "
                        f"for {want}: unset data.image_size (0) to train on this data")
+
+  def _open_streams(self, log) -> None:
+    """Opens the TFDS splits (random access; nothing is loaded): self.data holds 'info' and
+    the sources of 'train', 'val' (data.eval_split) and 'test' (data.test_split, if set)."""
+    d = self.config.data
+    splits = {"train": d.get("train_split", "train"), "val": d.get("eval_split", "validation")}
+    if d.get("test_split"):
+      splits["test"] = d.test_split
+    self.data = {}
+    for key, split in splits.items():
+      self.data[key], self._tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir, split)
+    info = self.info()
+    found = self._tfds_info.features["label"].num_classes
+    if found > info.num_classes:
+      raise ValueError(f"{d.tfds_name} has {found} classes but data.num_classes="
+                       f"{info.num_classes}: set it to {found} (or 0: the data set's)")
+    self.data["info"] = info
+    log(f"data: {d.tfds_name} from {d.tfds_data_dir}, " + ", ".join(
+        f"{key} {len(self.data[key]):,} ({split})" for key, split in splits.items()))
 
   def build_model(self) -> vit.ViT:
     return vit_from_config(self.config.model, self.info().num_classes)
@@ -167,9 +259,10 @@ class ClassificationTask(Task):
     return np.zeros((1,) + self.info().image_shape, np.float32)
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """{'image': float32 (B, H, W, C), 'label': int32 (B,)}, the training shape."""
+    """{'image': float32 (or streamed: uint8) (B, H, W, C), 'label': int32 (B,)}."""
     b = global_batch_size
-    return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, jnp.float32),
+    dtype = jnp.uint8 if self.streaming else jnp.float32  # streamed batches stay uint8
+    return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, dtype),
             "label": jax.ShapeDtypeStruct((b,), jnp.int32)}
 
   def flops_per_step(self, model: vit.ViT, params) -> int:
@@ -179,17 +272,24 @@ class ClassificationTask(Task):
                                        seq_len=tokens, attn_dim=model.hidden_dim,
                                        sequences=self.config.data.batch_size)
 
+  def num_train(self) -> int:
+    if self.streaming:
+      n, cap = len(self.data["train"]), self.config.data.get("train_subset", 0)
+      return min(n, cap) if cap else n
+    return len(self.data["train"][0])
+
   def total_steps(self) -> int:
-    return steps_from_epochs(self.config, len(self.data["train"][0]))[0]
+    return steps_from_epochs(self.config, self.num_train())[0]
 
   def loss_fn(self, model: vit.ViT):
     smoothing = self.config.optim.label_smoothing
     mix = mixup_config(self.config)
     loss_name = self.config.get("loss", "softmax_xent")
     binary = bool(self.config.get("bce_binary_targets", False))
+    info = self.info()
 
     def loss_fn(params, batch, rng):
-      images = batch["image"]
+      images = pipeline.device_normalize(batch["image"], info.mean, info.std)
       if mix.active:  # unmixed runs keep their dropout keys (and so their losses) unchanged
         mix_rng, rng = jax.random.split(rng)
       else:
@@ -204,7 +304,16 @@ class ClassificationTask(Task):
     return loss_fn
 
   def train_iterator(self, process_index: int, process_count: int):
-    info, (x, y), d = self.data["info"], self.data["train"], self.config.data
+    d = self.config.data
+    if self.streaming:
+      return iter(streaming.train_dataset(
+          self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
+          image_size=d.image_size, crop=d.get("crop", "rrc"),
+          scale=tuple(d.get("rrc_scale", (0.08, 1.0))),
+          ratio=tuple(d.get("rrc_ratio", (3 / 4, 4 / 3))), ops=tuple(d.get("record_ops", ())),
+          process_index=process_index, process_count=process_count,
+          limit=d.get("train_subset", 0), **self._loader_options()))
+    info, (x, y) = self.data["info"], self.data["train"]
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
         augment=d.augment, pad_mode=d.get("pad_mode", "constant"),
@@ -216,12 +325,37 @@ class ClassificationTask(Task):
   def describe(self, m: dict[str, float]) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
 
+  def _loader_options(self) -> dict[str, int]:
+    d = self.config.data
+    workers = int(d.get("num_workers", 0))
+    if workers < 0:  # one per core this process may use, one core left to the trainer
+      workers = min(len(os.sched_getaffinity(0)) - 1, 32)
+    return {"num_workers": workers, "num_threads": d.get("num_threads", 1),
+            "prefetch": d.get("prefetch", 2)}
+
+  def eval_stream(self, split: str, batch_size: int, *, limit: int | None = None):
+    """This host's padded, masked batches of a streamed split ('val' / 'test')."""
+    d = self.config.data
+    resize, crop = eval_geometry(d)
+    return streaming.eval_dataset(
+        self.data[split], batch_size=batch_size, resize=resize, crop=crop,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        limit=d.get("eval_subset", 0) if limit is None else limit, **self._loader_options())
+
   def accuracy(self, model, params, split: str, *, mesh, rules) -> dict[str, float]:
-    """Accuracy and mean loss of params on a loaded split ('val' / 'test'); the jitted eval
+    """Accuracy and mean loss of params on a split ('val' / 'test'); the jitted eval
     step is reused for the same model and mesh."""
     key = (id(model), id(mesh))
+    info = self.data["info"]
     if getattr(self, "_eval_key", None) != key:
-      self._eval_fn, self._eval_key = accuracy.make_eval_fn(model, mesh, rules), key
+      self._eval_fn = accuracy.make_eval_fn(model, mesh, rules, mean=info.mean, std=info.std)
+      self._eval_key = key
+    if self.streaming:
+      n, cap = len(self.data[split]), self.config.data.get("eval_subset", 0)
+      # No batch larger than the split (a small data set would be mostly padding).
+      size = min(self.config.data.eval_batch_size, min(n, cap) if cap else n)
+      batches = self.eval_stream(split, accuracy.host_batch_size(size, mesh))
+      return accuracy.evaluate_batches(self._eval_fn, params, batches, mesh=mesh, rules=rules)
     return accuracy.evaluate(self._eval_fn, params, *self.data[split],
                              batch_size=self.config.data.eval_batch_size,
                              info=self.data["info"], mesh=mesh, rules=rules)
@@ -231,14 +365,18 @@ class ClassificationTask(Task):
 
   def final_results(self, model, state, *, mesh, rules, workdir, log):
     val = self.accuracy(model, state.params, "val", mesh=mesh, rules=rules)
+    if "test" not in self.data:  # a streamed data set without data.test_split (ImageNet)
+      return ({"val": val}, {"val_accuracy": val["accuracy"]},
+              f"val accuracy {val['accuracy']:.4f}")
     test = self.accuracy(model, state.params, "test", mesh=mesh, rules=rules)
     return ({"val": val, "test": test},
             {"val_accuracy": val["accuracy"], "test_accuracy": test["accuracy"]},
             f"val accuracy {val['accuracy']:.4f}, test accuracy {test['accuracy']:.4f}")
 
   def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log):
-    """Test accuracy; with options.export a self-contained export; with options.analyze the
-    per-layer geometry of the first analysis_examples test images (+ plots)."""
+    """Test accuracy (a streamed data set without data.test_split: its eval split's); with
+    options.export a self-contained export; with options.analyze the per-layer geometry of the
+    first analysis_examples of those images (+ plots)."""
     if options.photos:
       raise ValueError(f"--photos is for DINO runs, but {run.workdir} is a classification run")
     if options.tasks:
@@ -249,8 +387,9 @@ class ClassificationTask(Task):
     mesh = sharding.make_mesh({"data": -1})
     rules = sharding.rules_from_config(run.config.get("axis_rules"))
     params = jax.device_put(run.params, sharding.replicated(mesh))
-    result: dict[str, Any] = {"step": run.step, "test": self.accuracy(
-        run.model, params, "test", mesh=mesh, rules=rules)}
+    split = "test" if "test" in self.data else "val"
+    result: dict[str, Any] = {"step": run.step, split: self.accuracy(
+        run.model, params, split, mesh=mesh, rules=rules)}
     out.mkdir(parents=True, exist_ok=True)
     if options.export:
       result["export"] = str(export_lib.export_params(
@@ -259,8 +398,15 @@ class ClassificationTask(Task):
     if options.analyze:
       from laplax.geometry import plots
       from laplax.geometry import vit as vit_geometry
-      images, labels = self.data["test"]
-      n = min(options.analysis_examples or 2000, len(labels))
+      n = options.analysis_examples or 2000
+      if self.streaming:  # the first n examples, decoded as evaluation sees them
+        batches = list(self.eval_stream(split, min(n, 250), limit=n))
+        mask = np.concatenate([b["mask"] for b in batches])
+        images = np.concatenate([b["image"] for b in batches])[mask]
+        labels = np.concatenate([b["label"] for b in batches])[mask]
+      else:
+        images, labels = self.data["test"]
+      n = min(n, len(labels))
       geo = vit_geometry.analyze_vit(run.model, jax.device_get(params), images[:n], labels[:n],
                                      num_classes=info.num_classes, batch_size=250,
                                      mean=info.mean, std=info.std)

@@ -187,7 +187,10 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
           f"val {k} {v:.4f}" for k, v in val.items() if isinstance(v, float)))
 
   t0 = time.time()
-  with _stop_on_sigterm() as stop_requested:
+  # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
+  closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
+             else contextlib.nullcontext())
+  with _stop_on_sigterm() as stop_requested, closing:
     state, last = loop.run_steps(
         state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
         start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,

@@ -1,0 +1,254 @@
+"""The streaming TFDS image pipeline (laplax.data.streaming) on small prepared data sets of JPEGs:
+uint8 batches, per-host shards, exact resume, exact evaluation, crop and flip statistics, the
+pod config training on CPU, and one-line errors for a bad data set."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from laplax.data import augment, streaming
+from laplax.data.builders import DataError
+
+N_TRAIN, N_VAL, SIZE = 48, 13, 32
+
+
+def coordinate_image(index: int, height: int, width: int) -> np.ndarray:
+  """uint8 (H, W, 3): R = column, G = row (both scaled to 0..255), B = 5 * index (smooth, so
+  JPEG keeps them within a few levels: a crop's position can be read off its pixels)."""
+  x = np.broadcast_to(np.linspace(0, 255, width), (height, width))
+  y = np.broadcast_to(np.linspace(0, 255, height)[:, None], (height, width))
+  b = np.full((height, width), 5 * index)
+  return np.rint(np.stack([x, y, b], -1)).astype(np.uint8)
+
+
+def _records(n: int, seed: int):
+  def make():
+    rng = np.random.default_rng(seed)
+    for i in range(n):  # label = record index: every record is identifiable
+      h, w = int(rng.integers(60, 120)), int(rng.integers(60, 120))
+      yield streaming.encode_jpeg(coordinate_image(i, h, w), quality=95), i
+  return make
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("tfds")
+  streaming.prepare_image_dataset(str(root), "planted_images",
+                                  {"train": _records(N_TRAIN, 0),
+                                   "validation": _records(N_VAL, 1)}, num_classes=N_TRAIN)
+  return str(root)
+
+
+@pytest.fixture(scope="module")
+def train_source(data_dir):
+  return streaming.open_source("planted_images", data_dir, "train")[0]
+
+
+@pytest.fixture(scope="module")
+def val_source(data_dir):
+  return streaming.open_source("planted_images", data_dir, "validation")[0]
+
+
+def _take(iterator, k):
+  return [next(iterator) for _ in range(k)]
+
+
+def test_train_batches_are_uint8_crops(train_source):
+  it = iter(streaming.train_dataset(train_source, batch_size=8, seed=0, image_size=SIZE))
+  for batch in _take(it, 3):
+    assert batch["image"].dtype == np.uint8 and batch["image"].shape == (8, SIZE, SIZE, 3)
+    assert batch["label"].dtype == np.int32 and batch["label"].shape == (8,)
+    # The blue channel carries the record's index, which is its label.
+    assert np.abs(batch["image"][..., 2].mean((1, 2)) - 5 * batch["label"]).max() < 3
+
+
+def test_hosts_read_disjoint_shards_that_cover_each_epoch(train_source):
+  hosts, per_host = 3, 4
+  epoch_batches = N_TRAIN // (hosts * per_host)
+  seen = []
+  for p in range(hosts):
+    it = iter(streaming.train_dataset(train_source, batch_size=per_host, seed=1, image_size=16,
+                                      process_index=p, process_count=hosts, num_epochs=2))
+    seen.append(np.stack([b["label"] for b in it]))  # (2 epochs' batches, per_host)
+  for p in range(hosts):
+    assert len(seen[p]) == 2 * epoch_batches
+  for e in range(2):
+    epoch = np.concatenate([s[e * epoch_batches:(e + 1) * epoch_batches].ravel() for s in seen])
+    assert sorted(epoch) == list(range(N_TRAIN))  # every record once per epoch, no overlap
+  # A fresh permutation each epoch.
+  assert not np.array_equal(seen[0][:epoch_batches], seen[0][epoch_batches:])
+  # One host with the global batch sees exactly the hosts' examples, in the same augmentation.
+  one = iter(streaming.train_dataset(train_source, batch_size=hosts * per_host, seed=1,
+                                     image_size=16, num_epochs=1))
+  first = next(one)
+  np.testing.assert_array_equal(first["label"][1::hosts], seen[1][0])
+
+
+def test_a_restored_iterator_continues_the_stream_exactly(train_source):
+  kw = dict(batch_size=4, seed=3, image_size=SIZE)
+  it = iter(streaming.train_dataset(train_source, **kw))
+  _take(it, 5)
+  state = json.loads(json.dumps(it.get_state()))  # as the checkpoint stores it
+  expected = _take(it, 15)  # past the end of the first epoch (12 batches)
+  resumed = iter(streaming.train_dataset(train_source, **kw))
+  resumed.set_state(state)
+  for a, b in zip(expected, _take(resumed, 15)):
+    np.testing.assert_array_equal(a["image"], b["image"])
+    np.testing.assert_array_equal(a["label"], b["label"])
+
+
+@pytest.mark.slow  # worker processes start in about 5 s each here
+def test_worker_processes_give_the_same_stream_and_resume(train_source):
+  kw = dict(batch_size=4, seed=5, image_size=SIZE)
+  plain = _take(iter(streaming.train_dataset(train_source, **kw)), 6)
+  it = iter(streaming.train_dataset(train_source, num_workers=1, **kw))
+  try:
+    got = _take(it, 3)
+    state = json.loads(json.dumps(it.get_state()))
+  finally:
+    it.close()
+  resumed = iter(streaming.train_dataset(train_source, num_workers=1, **kw))
+  try:
+    resumed.set_state(state)
+    got += _take(resumed, 3)
+  finally:
+    resumed.close()
+  for a, b in zip(plain, got):
+    np.testing.assert_array_equal(a["image"], b["image"])
+
+
+@pytest.mark.parametrize("hosts, batch_size", [(1, 5), (3, 2), (2, 8)])
+def test_evaluation_sees_every_example_once(val_source, hosts, batch_size):
+  per_host = []
+  for p in range(hosts):
+    batches = list(streaming.eval_dataset(val_source, batch_size=batch_size, resize=40,
+                                          crop=SIZE, process_index=p, process_count=hosts))
+    per_host.append(batches)
+    for b in batches:
+      assert b["image"].dtype == np.uint8 and b["image"].shape == (batch_size, SIZE, SIZE, 3)
+      assert not b["image"][~b["mask"]].any() and not b["label"][~b["mask"]].any()
+  assert len({len(b) for b in per_host}) == 1  # same number of steps on every host
+  labels = [l for batches in per_host for b in batches for l in b["label"][b["mask"]]]
+  assert sorted(labels) == list(range(N_VAL))
+
+
+def test_eval_crop_is_the_centre(val_source):
+  (batch,) = streaming.eval_dataset(val_source, batch_size=N_VAL, resize=SIZE, crop=SIZE)
+  # Resizing the shorter side to the crop keeps the whole short axis and centres the long one.
+  r, g = batch["image"][..., 0].astype(float), batch["image"][..., 1].astype(float)
+  centre_x = (r[:, :, 0].mean(1) + r[:, :, -1].mean(1)) / 2
+  centre_y = (g[:, 0].mean(1) + g[:, -1].mean(1)) / 2
+  assert np.abs(centre_x - 127.5).max() < 8 and np.abs(centre_y - 127.5).max() < 8
+
+
+def test_rrc_box_follows_torchvision_distribution():
+  rng = np.random.default_rng(0)
+  # On a square image with scale <= 0.5 every first try fits: area ~ U(scale), log ratio ~ U.
+  boxes = np.array([augment.resized_crop_box(1000, 1000, rng, scale=(0.1, 0.5)) for _ in range(4000)])
+  area = boxes[:, 2] * boxes[:, 3] / 1e6
+  log_ratio = np.log(boxes[:, 3] / boxes[:, 2])
+  assert area.min() > 0.098 and area.max() < 0.502
+  np.testing.assert_allclose(np.quantile(area, [0.25, 0.5, 0.75]), [0.2, 0.3, 0.4], atol=0.015)
+  assert np.abs(log_ratio).max() <= math.log(4 / 3) + 0.01
+  np.testing.assert_allclose(np.quantile(log_ratio, [0.25, 0.75]),
+                             [-math.log(4 / 3) / 2, math.log(4 / 3) / 2], atol=0.02)
+  assert np.all(boxes[:, :2] >= 0) and np.all(boxes[:, :2] + boxes[:, 2:] <= 1000)
+  # A very wide image never fits the ratio range: the centre fallback with ratio 4/3.
+  assert augment.resized_crop_box(10, 200, rng) == (0, 93, 10, 13)
+
+
+def test_random_resized_crop_and_flip_statistics(train_source):
+  """The real per-record transform on planted coordinate images: the crop area read off the
+  pixels lies in the scale range with the right spread, and about half the crops are
+  mirrored."""
+  it = iter(streaming.train_dataset(train_source, batch_size=16, seed=7, image_size=SIZE,
+                                    scale=(0.25, 1.0)))
+  images = np.concatenate([b["image"] for b in _take(it, 25)]).astype(float)  # 400 crops
+  r, g = images[..., 0], images[..., 1]
+  left, right = r[:, :, 0].mean(1), r[:, :, -1].mean(1)
+  flipped = left > right
+  assert 0.42 < flipped.mean() < 0.58  # 400 draws: 3.2 standard deviations
+  # Coordinates span 0..255 over the image: the crop's fraction of width and height.
+  width = np.abs(right - left) / 255 * SIZE / (SIZE - 1)
+  height = (g[:, -1].mean(1) - g[:, 0].mean(1)) / 255 * SIZE / (SIZE - 1)
+  area = width * height
+  assert area.min() > 0.2 and area.max() < 1.05
+  assert np.quantile(area, 0.1) < 0.4 and np.quantile(area, 0.9) > 0.7
+
+
+def test_record_ops_are_a_registry(train_source, monkeypatch):
+  monkeypatch.setitem(streaming.RECORD_OPS, "invert", lambda image, rng: 255 - image)
+  kw = dict(batch_size=4, seed=0, image_size=SIZE)
+  plain = next(iter(streaming.train_dataset(train_source, ops=(), **kw)))
+  inverted = next(iter(streaming.train_dataset(train_source, ops=("invert",), **kw)))
+  np.testing.assert_array_equal(inverted["image"], 255 - plain["image"])
+  with pytest.raises(ValueError, match="unknown \\['blur'\\]"):
+    streaming.train_dataset(train_source, ops=("blur",), **kw)
+
+
+def test_deit3_record_ops_run_per_record(train_source):
+  # DeiT-III's per-record ops (registered from laplax.data.augment): every 3-Augment draw that
+  # picks greyscale makes the channels equal, which the planted colour images never have.
+  kw = dict(batch_size=16, seed=0, image_size=SIZE)
+  ops = ("flip", "three_augment", "color_jitter")
+  batch = next(iter(streaming.train_dataset(train_source, ops=ops, **kw)))
+  plain = next(iter(streaming.train_dataset(train_source, ops=("flip",), **kw)))
+  assert batch["image"].dtype == np.uint8 and batch["image"].shape == plain["image"].shape
+  grey = [np.array_equal(x[..., 0], x[..., 1]) and np.array_equal(x[..., 1], x[..., 2])
+          for x in batch["image"]]
+  assert 0 < sum(grey) < 16 and not any(np.array_equal(x[..., 0], x[..., 2])
+                                        for x in plain["image"])
+
+
+def test_simple_random_crop(train_source):
+  it = iter(streaming.train_dataset(train_source, batch_size=8, seed=0, image_size=SIZE,
+                                    crop="simple", ops=()))
+  image = next(it)["image"].astype(float)
+  # Shorter side resized to the crop (+ 4 reflected pixels each side): nearly the whole short
+  # axis is kept, so one of the two coordinate ranges spans most of 0..255.
+  span_x = image[:, :, -1, 0].mean(1) - image[:, :, 0, 0].mean(1)
+  span_y = image[:, -1, :, 1].mean(1) - image[:, 0, :, 1].mean(1)
+  assert np.all(np.maximum(span_x, span_y) > 180)
+
+
+def test_bad_data_sets_are_one_line_errors(data_dir, tmp_path):
+  with pytest.raises(DataError, match="no prepared TFDS data set of that name"):
+    streaming.open_source("no_such_images", data_dir, "train")
+  with pytest.raises(DataError, match="is not a directory"):
+    streaming.open_source("planted_images", str(tmp_path / "missing"), "train")
+  with pytest.raises(DataError, match="has no split 'test'"):
+    streaming.open_source("planted_images", data_dir, "test")
+  with pytest.raises(DataError, match="needs data.tfds_data_dir"):
+    streaming.open_source("planted_images", "", "train")
+
+
+def _train_py(workdir, data_dir, *extra):
+  return subprocess.run(
+      [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs/pod/vit_b16_imagenet.py'}",
+       f"--workdir={workdir}", "--config.data.tfds_name=planted_images",
+       f"--config.data.tfds_data_dir={data_dir}", "--config.model.preset=mu",
+       "--config.model.patch_size=32", "--config.data.image_size=224",
+       "--config.data.batch_size=16", "--config.total_steps=3", *extra],
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_bad_tfds_name_from_train_py_is_one_line(tmp_path, data_dir):
+  out = _train_py(tmp_path / "run", data_dir, "--config.data.tfds_name=no_such_images")
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert out.returncode != 0 and len(errors) == 1, out.stderr
+  assert "no_such_images" in errors[0] and "Traceback" not in out.stderr
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_pod_config_trains_three_steps_on_cpu(tmp_path, data_dir):
+  out = _train_py(tmp_path / "run", data_dir)
+  assert out.returncode == 0, out.stderr[-3000:]
+  results = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert results["step"] == 3 and results["val"]["count"] == N_VAL
+  assert math.isfinite(results["last_train_metrics"]["loss"])
