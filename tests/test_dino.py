@@ -182,13 +182,13 @@ def test_per_tensor_and_global_clipping():
 
 def test_position_table_resize_keeps_grid_and_trains_through_local_crops():
   pos = jax.random.normal(jax.random.key(0), (1, 16, 4))
-  assert dino_lib.resize_pos_embedding(pos, (4, 4), (4, 4)) is pos
-  small = dino_lib.resize_pos_embedding(pos, (4, 4), (2, 2))
+  assert vit.resize_pos_embedding(pos, (4, 4), (4, 4)) is pos
+  small = vit.resize_pos_embedding(pos, (4, 4), (2, 2))
   assert small.shape == (1, 4, 4)
   # A constant table stays constant (the resize is an interpolation).
   np.testing.assert_allclose(
-      dino_lib.resize_pos_embedding(jnp.ones((1, 16, 4)), (4, 4), (3, 3)), 1.0, atol=1e-5)
-  grad = jax.grad(lambda p: jnp.sum(dino_lib.resize_pos_embedding(p, (4, 4), (2, 2)) ** 2))(pos)
+      vit.resize_pos_embedding(jnp.ones((1, 16, 4)), (4, 4), (3, 3)), 1.0, atol=1e-5)
+  grad = jax.grad(lambda p: jnp.sum(vit.resize_pos_embedding(p, (4, 4), (2, 2)) ** 2))(pos)
   assert float(jnp.abs(grad).sum()) > 0
 
 

@@ -7,6 +7,9 @@ import math
 import subprocess
 import sys
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -146,6 +149,19 @@ def test_eval_crop_is_the_centre(val_source):
   assert np.abs(centre_x - 127.5).max() < 8 and np.abs(centre_y - 127.5).max() < 8
 
 
+def test_a_vit_evaluates_at_another_resolution():
+  from laplax.models import vit
+  model = vit.ViT(num_classes=3, patch_size=8, **vit.preset("mu"))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"])  # 2x2
+  big = vit.params_for_grid(params, (2, 2), (3, 3))
+  assert big["pos_embedding"].shape == (1, 9, params["pos_embedding"].shape[-1])
+  assert model.apply({"params": big}, jnp.zeros((2, 24, 24, 3))).shape == (2, 3)
+  assert vit.params_for_grid(params, (2, 2), (2, 2))["pos_embedding"] is params["pos_embedding"]
+  flat = {**params, "pos_embedding": jnp.full_like(params["pos_embedding"], 0.5)}
+  np.testing.assert_allclose(vit.params_for_grid(flat, (2, 2), (3, 3))["pos_embedding"], 0.5,
+                             atol=1e-6)
+
+
 def test_rrc_box_follows_torchvision_distribution():
   rng = np.random.default_rng(0)
   # On a square image with scale <= 0.5 every first try fits: area ~ U(scale), log ratio ~ U.
@@ -247,7 +263,10 @@ def test_bad_tfds_name_from_train_py_is_one_line(tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_pod_config_trains_three_steps_on_cpu(tmp_path, data_dir):
-  out = _train_py(tmp_path / "run", data_dir)
+  # DeiT-III's split resolution at patch 32: trained on 192 px crops (6 x 6 patches),
+  # evaluated on 224 px centre crops (7 x 7: the position table resized).
+  out = _train_py(tmp_path / "run", data_dir, "--config.data.image_size=192",
+                  "--config.data.eval_crop=224")
   assert out.returncode == 0, out.stderr[-3000:]
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["step"] == 3 and results["val"]["count"] == N_VAL

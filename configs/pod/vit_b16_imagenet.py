@@ -39,6 +39,7 @@ def get_config():
   c.num_epochs = 400.0  # DeiT-III ViT-B: 400 epochs at 192 px (then a 224 px fine-tune)
   c.data = common.streamed_image_data("imagenet2012", image_size=192, batch_size=2048,
                                       eval_batch_size=1024)
+  c.data.eval_crop = 224  # DeiT-III tests at 224 px: position table resized from 12x12 to 14x14
   c.data.num_classes = 1000
   c.data.num_train = 1_281_167
   c.data.num_workers = -1  # one decoding process per host core but one

@@ -7,7 +7,7 @@ parameters are an EMA of the student's and never receive gradients (the trainer 
 
 Crops of several resolutions share one backbone: the ViT's learned position table has the
 global crops' grid, and `dino_apply` resizes it (bicubic, as DINO's `interpolate_pos_encoding`)
-for any other grid *in the parameter tree* before `apply`. The resize is differentiable, so the
+for any other grid *in the parameter tree* before `apply` (`laplax.models.vit.params_for_grid`). The resize is differentiable, so the
 local crops train the same table. (laplax.models.vit checks the table's shape against the
 input's grid, so it cannot be resized inside the module.)
 
@@ -103,26 +103,10 @@ def patch_grid(model: DINO, image_hw: tuple[int, int]) -> tuple[int, int]:
   return h // p, w // p
 
 
-def resize_pos_embedding(pos_1xNxE: Array, grid_from: tuple[int, int],
-                         grid_to: tuple[int, int]) -> Array:
-  """(1, h*w, E) position table on grid_from -> (1, h'*w', E) on grid_to (bicubic)."""
-  if tuple(grid_from) == tuple(grid_to):
-    return pos_1xNxE
-  e = pos_1xNxE.shape[-1]
-  if pos_1xNxE.shape[1] != grid_from[0] * grid_from[1]:
-    raise ValueError(f"position table has {pos_1xNxE.shape[1]} entries, not the "
-                     f"{grid_from[0]}x{grid_from[1]} grid it was said to have")
-  table = pos_1xNxE.reshape(grid_from[0], grid_from[1], e)
-  table = jax.image.resize(table, (grid_to[0], grid_to[1], e), method="bicubic")
-  return table.reshape(1, grid_to[0] * grid_to[1], e)
-
-
 def params_for_grid(params: Any, grid_from: tuple[int, int], grid_to: tuple[int, int],
                     backbone_key: str = "backbone") -> Any:
   """DINO params with the backbone's position table resized to grid_to (a new dict)."""
-  backbone = dict(params[backbone_key])
-  backbone["pos_embedding"] = resize_pos_embedding(backbone["pos_embedding"], grid_from, grid_to)
-  return {**params, backbone_key: backbone}
+  return {**params, backbone_key: vit_lib.params_for_grid(params[backbone_key], grid_from, grid_to)}
 
 
 def dino_apply(model: DINO, params: Any, images: Array, *, base_grid: tuple[int, int],

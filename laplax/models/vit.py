@@ -242,3 +242,27 @@ class ViT(nn.Module):
     if return_tokens:
       return logits, {"tokens": jnp.stack(tokens), "pre_logits": pooled}
     return logits
+
+
+def resize_pos_embedding(pos_1xNxE: Array, grid_from: tuple[int, int],
+                         grid_to: tuple[int, int]) -> Array:
+  """(1, h*w, E) position table on grid_from -> (1, h'*w', E) on grid_to (bicubic, as DINO's
+  `interpolate_pos_encoding` and timm's `resample_abs_pos_embed`; differentiable)."""
+  if tuple(grid_from) == tuple(grid_to):
+    return pos_1xNxE
+  e = pos_1xNxE.shape[-1]
+  if pos_1xNxE.shape[1] != grid_from[0] * grid_from[1]:
+    raise ValueError(f"position table has {pos_1xNxE.shape[1]} entries, not the "
+                     f"{grid_from[0]}x{grid_from[1]} grid it was said to have")
+  table = pos_1xNxE.reshape(grid_from[0], grid_from[1], e)
+  table = jax.image.resize(table, (grid_to[0], grid_to[1], e), method="bicubic")
+  return table.reshape(1, grid_to[0] * grid_to[1], e)
+
+
+def params_for_grid(params: Any, grid_from: tuple[int, int], grid_to: tuple[int, int]) -> Any:
+  """ViT params with the position table resized from the patch grid it was trained on to
+  grid_to (a new dict): a ViT trained at one resolution evaluated at another (DeiT-III: 192 px
+  training, 224 px test)."""
+  return {**params, "pos_embedding": resize_pos_embedding(params["pos_embedding"], grid_from,
+                                                          grid_to)}
+

@@ -210,10 +210,9 @@ class ClassificationTask(Task):
     resize, crop = eval_geometry(d)
     if not 0 < crop <= resize:
       raise ValueError(f"data.eval_crop={crop} must be in [1, data.eval_resize={resize}]")
-    if crop != d.image_size:
-      # The ViT's learned position embeddings have the training grid's length.
-      raise ValueError(f"data.eval_crop={crop} differs from data.image_size={d.image_size}: "
-                       "laplax.models.vit does not interpolate position embeddings yet")
+    patch = self.config.model.patch_size
+    if crop % patch:
+      raise ValueError(f"data.eval_crop={crop} is not divisible by model.patch_size={patch}")
     for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
       if int(d.get(key, low)) < low:
         raise ValueError(f"data.{key}={d.get(key)} is out of range")
@@ -333,6 +332,13 @@ class ClassificationTask(Task):
     return {"num_workers": workers, "num_threads": d.get("num_threads", 1),
             "prefetch": d.get("prefetch", 2)}
 
+  def _params_for_eval(self, model: vit.ViT, params):
+    """Streamed data: params with the position table resized from the training grid
+    (data.image_size) to the evaluation grid (data.eval_crop)."""
+    p, (_, crop) = model.patch_size, eval_geometry(self.config.data)
+    size = self.config.data.image_size
+    return vit.params_for_grid(params, (size // p,) * 2, (crop // p,) * 2)
+
   def eval_stream(self, split: str, batch_size: int, *, limit: int | None = None):
     """This host's padded, masked batches of a streamed split ('val' / 'test')."""
     d = self.config.data
@@ -351,6 +357,9 @@ class ClassificationTask(Task):
       self._eval_fn = accuracy.make_eval_fn(model, mesh, rules, mean=info.mean, std=info.std)
       self._eval_key = key
     if self.streaming:
+      # Evaluated at data.eval_crop, trained at data.image_size (DeiT-III: 224 / 192): the
+      # position table is resized to the evaluation grid (bicubic).
+      params = self._params_for_eval(model, params)
       n, cap = len(self.data[split]), self.config.data.get("eval_subset", 0)
       # No batch larger than the split (a small data set would be mostly padding).
       size = min(self.config.data.eval_batch_size, min(n, cap) if cap else n)
@@ -404,6 +413,7 @@ class ClassificationTask(Task):
         mask = np.concatenate([b["mask"] for b in batches])
         images = np.concatenate([b["image"] for b in batches])[mask]
         labels = np.concatenate([b["label"] for b in batches])[mask]
+        params = self._params_for_eval(run.model, params)
       else:
         images, labels = self.data["test"]
       n = min(n, len(labels))
