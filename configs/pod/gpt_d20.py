@@ -53,7 +53,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = True
   c.model.remat_policy = "full"
   c.model.loss_chunk = 256
-  c.optim.lr = 3e-3
-  c.optim.warmup_steps = 200
+  # nanochat's optimiser and schedule (configs/lm_tiny.py muon_section): Muon lr 0.02 on the
+  # hidden matrices; AdamW (0.8, 0.95) on the embedding, 0.2 x (1280 / 768) ** -0.5 = 0.155,
+  # and the unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0 over the
+  # last 20 %, Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
+  c.optim.name = "muon"
+  c.optim.warmup_steps = 0
   c.optim.warmdown_fraction = 0.2
+  c.optim.final_lr_fraction = 0.0
+  c.optim.clip_norm = 1.0
   return c
