@@ -85,9 +85,10 @@ def scale_by_group(scales: dict[str, float]) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def lm_optimizer(optim, total_steps: int, width: int = 768) -> optax.GradientTransformation:
+def lm_optimizer(optim, total_steps: int,
+                 width: int | None = None) -> optax.GradientTransformation:
   """The LM optimiser named by `optim.name`: 'adamw' (default) or 'muon' (`muon_optimizer`;
-  `width` = model width, for its learning-rate scaling).
+  needs `width`, the model's, for its learning-rate scaling).
 
   'adamw': global-norm clipping + AdamW, with the embedding's and the unembedding's learning
   rates scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by an
@@ -95,6 +96,8 @@ def lm_optimizer(optim, total_steps: int, width: int = 768) -> optax.GradientTra
   decay on the other matrices only."""
   name = optim.get("name", "adamw")
   if name == "muon":
+    if width is None:
+      raise ValueError("optim.name='muon' scales its AdamW lrs by the model width: pass width")
     return muon_optimizer(optim, total_steps, width)
   if name != "adamw":
     raise ValueError(f"optim.name={name!r}; the lm task knows {OPTIMIZERS}")
@@ -188,7 +191,7 @@ def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransfo
 
   Muon = optax.contrib.scale_by_muon (Nesterov momentum, 5 quintic Newton-Schulz steps on the
   Frobenius-normalised momentum, per layer for scanned blocks: muon_dimension_numbers), then
-  optax.contrib.scale_by_shape (sqrt(max(1, fan_out / fan_in)), as nanochat's Muon). The
+  scale_by_fan_ratio (sqrt(max(1, fan_out / fan_in)), as nanochat's Muon). The
   momentum follows muon_momentum (inject_hyperparams). optax.contrib.muon itself is not used:
   it gives every non-Muon leaf one Adam lr and Nesterov Adam, nanochat three lrs and AdamW.
   Differences from nanochat's torch code: optax bias-corrects the momentum (only the first
@@ -196,11 +199,10 @@ def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransfo
   in the parameter dtype (nanochat: bfloat16)."""
   m = optim.muon
   lrs = muon_lrs(optim, width)
-  dims = muon_dimension_numbers
 
-  def scale_by_muon(beta):
+  def scale_by_muon(beta):  # inject_hyperparams rebuilds it each step with the scheduled beta
     return optax.contrib.scale_by_muon(beta=beta, ns_steps=int(m.ns_steps),
-                                       weight_dimension_numbers=dims)
+                                       weight_dimension_numbers=muon_dimension_numbers)
 
   def adamw(group):
     return optax.adamw(lr_schedule(optim, total_steps, lrs[group]), b1=m.adam_b1, b2=m.adam_b2,
@@ -209,10 +211,10 @@ def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransfo
   muon = optax.chain(optax.inject_hyperparams(scale_by_muon)(beta=muon_momentum(optim)),
                      scale_by_fan_ratio(),
                      optax.scale_by_learning_rate(lr_schedule(optim, total_steps, lrs["matrix"])))
-  labels = muon_labels
   parts = [optax.clip_by_global_norm(optim.clip_norm)] if optim.clip_norm > 0 else []
   parts.append(optax.partition({"matrix": muon, "embedding": adamw("embedding"),
-                                "lm_head": adamw("lm_head"), "scalar": adamw("scalar")}, labels))
+                                "lm_head": adamw("lm_head"), "scalar": adamw("scalar")},
+                               muon_labels))
   return optax.chain(*parts)
 
 
