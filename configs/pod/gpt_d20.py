@@ -1,6 +1,12 @@
 r"""nanochat depth-20 GPT (width 1280, 10 heads of 128, MLP 5120, vocabulary 65,536: 561M
 parameters), k = 5 of 10 Laplacian heads, 2048-token context, 0.5M tokens per step.
 
+head_dim 128 (nanochat's; laplax's GPTConfig default is 64) gives depth 20 its 10 heads: the
+paper's "5 Laplacian heads of 10". Optimiser: nanochat's (optim.name='muon', values and
+sources in configs/lm_tiny.py muon_section): Muon on the hidden matrices, AdamW on the
+embedding and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
+warm-down over the last 20 %.
+
 Target: TPU v5e:16x16 (256 chips, FSDP over all), global batch 256 sequences (one per chip),
 bf16 compute, splash attention (spelled out: 'auto' cannot pick it from a CPU host).
 Memory path on by default: scanned blocks, full remat of every block, chunked cross-entropy
