@@ -193,4 +193,6 @@ def study(name: str, base: ml_collections.ConfigDict, specs, seeds=(0, 1, 2)
   c.study = ml_collections.ConfigDict()
   c.study.laplacian_heads = list(specs)  # the first entry is the baseline of the paired test
   c.study.seeds = list(seeds)
+  # Cells trained at once, each a one-core process (laplax.study.workers); 0: one per CPU core.
+  c.study.workers = 1
   return c

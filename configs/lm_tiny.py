@@ -25,6 +25,37 @@ import ml_collections
 from configs import common
 
 
+def muon_section() -> ml_collections.ConfigDict:
+  """optim.muon: nanochat's optimiser (optim.name='muon'), values from nanochat's first release
+  (github.com/karpathy/nanochat, commit 3a5e0bc, 2025-10-13): nanochat/gpt.py setup_optimizers,
+  nanochat/muon.py, scripts/base_train.py.
+
+  Muon (lr matrix_lr, Nesterov momentum, 5 Newton-Schulz steps) on every hidden matrix
+  (attention q/k/v/out, MLP); AdamW (betas adam_b1/adam_b2, eps adam_eps, optim.weight_decay)
+  on the embedding (embedding_lr), the unembedding (unembedding_lr) and vectors / scalars
+  (scalar_lr: our choice, nanochat's first GPT has none). The AdamW lrs are scaled by
+  (width / width_reference) ** -0.5 (nanochat's dmodel_lr_scale, tuned at width 768). Muon's
+  momentum goes linearly from momentum_start to momentum over momentum_warmup_steps
+  (get_muon_momentum). Every lr follows optim's warm-up / warm-down shape; nanochat's is no
+  warm-up, a linear warm-down to 0 over the last 20 % of the steps, global-norm clipping at 1
+  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape).
+  """
+  m = ml_collections.ConfigDict()
+  m.matrix_lr = 0.02
+  m.embedding_lr = 0.2
+  m.unembedding_lr = 0.004
+  m.scalar_lr = 0.004
+  m.width_reference = 768
+  m.adam_b1 = 0.8
+  m.adam_b2 = 0.95
+  m.adam_eps = 1e-10
+  m.momentum_start = 0.85
+  m.momentum = 0.95
+  m.momentum_warmup_steps = 300
+  m.ns_steps = 5
+  return m
+
+
 def get_config() -> ml_collections.ConfigDict:
   c = common.run("lm_tiny", "lm", total_steps=400, log_every=25, every_steps=100)
   c.eval_every = 100
@@ -64,7 +95,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 3e-3
+  c.optim.name = "adamw"  # 'adamw' (below) or 'muon' (optim.muon; laplax.tasks.lm.lm_optimizer)
+  c.optim.lr = 3e-3  # AdamW's peak lr (unused by 'muon')
   c.optim.embed_lr_scale = 10.0
   c.optim.unembed_lr_scale = 1.0
   c.optim.warmup_steps = 30
@@ -75,5 +107,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.95
   c.optim.clip_norm = 1.0
   c.optim.grad_accum_steps = 1
+  c.optim.muon = muon_section()
   c.optim.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
   return c

@@ -127,3 +127,44 @@ def test_eval_cli_reports_missing_run_plainly(tmp_path):
                        cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 1
   assert "holds no config.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def _study_py(workdir, cache, *extra):
+  return subprocess.Popen(
+      [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'test.py'}:study_vit",
+       f"--workdir={workdir}", f"--config.base.data.cache_dir={cache}",
+       "--config.study.workers=2", *extra],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_workers_stop_on_sigterm_then_finish_the_same_study(finished_study, tmp_path,
+                                                           data_cache):
+  import signal
+  import time
+  workdir = tmp_path / "parallel"
+  proc = _study_py(workdir, data_cache)
+  # SIGTERM once the first cell has logged a training row: the workers stop, the study says so
+  # in one line and exits 143 (as a single run does); no worker outlives it.
+  deadline = time.time() + 300
+  while not list(workdir.glob("cells/*/metrics.jsonl")) and time.time() < deadline:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 143, err[-3000:]
+  assert [l for l in err.splitlines() if l.strip()] == [
+      "study stopped by SIGTERM: every cell saved its progress; rerun the same command to "
+      "resume"], err[-3000:]
+  alive = subprocess.run(["pgrep", "-f", f"laplax.study.workers {workdir}"], capture_output=True)
+  assert alive.stdout == b"", alive.stdout
+  # The rerun finishes every cell in 2 one-core processes, with the single-process results.
+  proc = _study_py(workdir, data_cache)
+  out, err = proc.communicate(timeout=900)
+  assert proc.returncode == 0, err[-3000:]
+  assert " cells in 2 worker processes (one core each)" in out + err and "[w1] " in out + err
+  reference, _, _ = finished_study
+  for cell in ("k0_s0", "k0_s1", "k1-0_s0", "k1-0_s1"):
+    got = json.loads((workdir / "cells" / cell / "results.json").read_text())["test"]
+    want = json.loads((reference / "cells" / cell / "results.json").read_text())["test"]
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=0.02), cell
+  assert (workdir / "report.md").exists()

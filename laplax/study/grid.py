@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
 from laplax import heads as heads_lib
 from laplax import tasks as tasks_lib
 from laplax.study import stats
+from laplax.study import workers as workers_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import format_seconds
 
@@ -58,10 +60,18 @@ def spec_name(spec) -> str:
   return "k" + "-".join(str(int(s)) for s in spec)
 
 
+def grid_cells(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, int]]:
+  """{cell name ('k4_s0'): (head spec, seed)}, seed-major: the order cells run in."""
+  specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
+  return {f"{spec_name(s)}_s{seed}": (s, int(seed)) for seed in config.study.seeds
+          for s in specs}
+
+
 def cell_config(config: ml_collections.ConfigDict, spec, seed: int) -> ml_collections.ConfigDict:
   """The base run's config with this cell's head spec and seed."""
   cfg = copy.deepcopy(config.base)
-  cfg.model.laplacian_heads = spec if isinstance(spec, int) else list(spec)
+  with cfg.ignore_type():  # an int or a per-layer list (a config read back from JSON is typed)
+    cfg.model.laplacian_heads = spec if isinstance(spec, int) else list(spec)
   cfg.seed = int(seed)
   cfg.name = f"{spec_name(spec)}_s{seed}"
   return cfg
@@ -94,17 +104,23 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
   with workdir_lib.lock_workdir(workdir):  # one study per workdir (each cell locks its own)
     workdir_lib.write_json_atomic(workdir / "config.json",
                                   json.loads(config.to_json_best_effort()), indent=2)
-    done = run_grid(specs, config, workdir, section, name=name, log=log)
+    finished = lambda cell: all((workdir / "cells" / cell / f).exists() for f in section.FINISHED)
+    todo = [cell for cell in grid_cells(config) if not finished(cell)]
+    workers = workers_lib.worker_count(int(config.study.get("workers", 1)), len(todo),
+                                       jax.default_backend())
+    if workers > 1:  # the cells train in parallel processes; the grid then reads them back
+      workers_lib.run_cells(workdir, todo, workers, finished=finished, name=name, log=log)
+    done = run_grid(config, workdir, section, name=name, log=log)
     names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
     report = write_report(workdir, config, specs, done, names, section)
   log(f"[{name}] report: {report}")
   return report
 
 
-def run_grid(specs, config, workdir: pathlib.Path, section, *, name: str, log
+def run_grid(config, workdir: pathlib.Path, section, *, name: str, log
              ) -> dict[tuple, dict[str, Any]]:
   """Runs (or reads back) every cell -> {(spec, seed): section.run_cell's result}."""
-  cells = [(s, seed) for seed in config.study.seeds for s in specs]
+  cells = list(grid_cells(config).values())
   cell_dir = lambda spec, seed: workdir / "cells" / f"{spec_name(spec)}_s{seed}"
   finished = lambda spec, seed: all((cell_dir(spec, seed) / f).exists()
                                     for f in section.FINISHED)
