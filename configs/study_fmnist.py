@@ -39,4 +39,5 @@ def get_config():
   b.checkpoint.keep = 5
   c = common.study("study_fmnist", b, specs=(0, 4, 2))
   c.study.analysis_examples = 2000  # test images for the geometry
+  c.study.workers = 0  # one one-core cell process per CPU core (laplax.study.workers)
   return c
