@@ -15,6 +15,11 @@ about 7 min, plus 5 s to train the tokenizer and tokenise the corpus once):
   laplacian_heads=0  val bpb 2.024 (step 100), 1.832 (200), 1.751 (300), 1.686 (400)
   laplacian_heads=2  val bpb 2.062, 1.848, 1.760, 1.696 (400)
   laplacian_heads=4  (all heads) val bpb 2.087, 1.876, 1.796, 1.738 (400)
+Re-measured with the rustbpe tokenizer (2026-12-01, seed 0), AdamW vs Muon (optim.name):
+  adamw, k=0  val bpb 2.030 (100), 1.840 (200), 1.752 (300), 1.690 (400)
+  adamw, k=2  val bpb 1.848 (200), 1.758 (300), 1.692 (400)
+  muon,  k=0  val bpb 1.877 (100), 1.743 (200), 1.678 (300), 1.596 (400)
+  muon,  k=2  val bpb 1.752 (200), 1.681 (300), 1.594 (400)
 One seed each and a very short run: differences of this size need seeds before any claim.
 For scale: a unigram model of the same tokens gives 2.68 bpb, gzip -9 of the text 2.70.
 """

@@ -4,7 +4,9 @@ r"""The main job: baseline vs Laplacian ViTs on Fashion-MNIST, 3 seeds, with geo
   # -> runs/study/report.md (+ PNGs); rerun to resume; finished cells are skipped.
 
 Grid: k = 0 (baseline), k = 4 (all heads Laplacian, "ViT-tiny-4L") and k = 2 (a mix: the last 2
-of 4 heads in every layer) x seeds 0, 1, 2: 9 cells, about 15 min on 2 idle CPU cores.
+of 4 heads in every layer) x seeds 0, 1, 2: 9 cells, 14.1 min on 2 idle CPU cores, trained two
+at a time in one-core processes (study.workers=0). Measured from a fresh clone: baseline
+87.58 +- 0.14 % test accuracy, all-Laplacian 87.35 +- 0.33 %, the mix 87.24 +- 0.34 %.
 
 Recipe, tuned so the baseline converges inside that budget: ViT-tiny (width 64, depth 4, 4 heads,
 MLP 128), patch 7 (16 tokens + class token), batch 128, AdamW lr 3e-3 (75 warm-up steps, cosine
