@@ -84,16 +84,29 @@ def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm():
+def _stop_signals():
   """Yields stop_requested(step) -> bool: true once SIGTERM arrived (a scheduler or a spot VM
   asking the job to end) or, on a multi-host pod, at the preemption sync point that JAX's
-  distributed runtime reports to every host at the same step."""
-  received = []
-  previous = None
+  distributed runtime reports to every host at the same step.
+
+  Ctrl-C (SIGINT) raises KeyboardInterrupt at the next step boundary, from a handler of our
+  own: Python's default one raised it wherever the main thread was, and a Ctrl-C landing in a
+  checkpoint save was lost there once (a CI run went on to its last step). A second Ctrl-C
+  interrupts at once."""
+  received, interrupted = [], []
+  previous = {}
   if threading.current_thread() is threading.main_thread():
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    def on_sigint(signum, frame):
+      if interrupted:  # the second Ctrl-C: do not wait for the step to end
+        raise KeyboardInterrupt
+      interrupted.append(signum)
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM,
+                                             lambda signum, frame: received.append(signum))
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
 
   def stop_requested(step: int) -> bool:
+    if interrupted:
+      raise KeyboardInterrupt
     if jax.process_count() > 1:  # every host must stop at the same step: ask the runtime
       from jax.experimental import multihost_utils
       return multihost_utils.reached_preemption_sync_point(step)
@@ -102,8 +115,8 @@ def _stop_on_sigterm():
   try:
     yield stop_requested
   finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def check_workdir_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
@@ -190,7 +203,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
   # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
   closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
              else contextlib.nullcontext())
-  with _stop_on_sigterm() as stop_requested, closing:
+  with _stop_signals() as stop_requested, closing:
     state, last = loop.run_steps(
         state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
         start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
