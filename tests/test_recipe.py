@@ -36,18 +36,40 @@ def test_inactive_mixing_is_the_identity():
       np.testing.assert_array_equal(targets, jax.nn.one_hot(labels, K))
 
 
+def _swap(a):
+  """Neighbours 2j and 2j + 1 exchanged (an even batch), written independently of mixup.py."""
+  a = np.asarray(a)
+  out = a.copy()
+  out[0::2], out[1::2] = a[1::2], a[0::2]
+  return out
+
+
+def test_partners_are_neighbours_so_a_sharded_batch_mixes_on_each_device():
+  x = jnp.arange(8)
+  np.testing.assert_array_equal(mixup.partner(x), [1, 0, 3, 2, 5, 4, 7, 6])
+  np.testing.assert_array_equal(mixup.partner(jnp.arange(5)), [4, 3, 2, 1, 0])
+  # Mixed on a 4-device data-parallel mesh: the compiled mixing moves no image between devices.
+  mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+  images, labels = _batch(b=8)
+  shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  fn = jax.jit(lambda r, x, y: _mix(r, x, y, mixup_alpha=0.8, cutmix_alpha=1.0),
+               in_shardings=(None, shard, shard))
+  hlo = fn.lower(jax.random.key(0), images, labels).compile().as_text()
+  assert "collective-permute" not in hlo and "all-to-all" not in hlo and "all-gather" not in hlo
+
+
 def test_mixup_blends_images_and_targets_with_one_lambda():
   images, labels = _batch()
   lams = []
   for seed in range(20):
     out, targets = _mix(jax.random.key(seed), images, labels, smoothing=0.1, mixup_alpha=0.8)
     np.testing.assert_allclose(targets.sum(-1), 1.0, rtol=1e-6)
-    # Recover lam from example 0 and its partner B - 1, then check every example.
+    # Recover lam from example 0 and its partner 1, then check every example.
     x, y = np.asarray(images), np.asarray(out)
-    lam = float(np.sum((y[0] - x[-1]) * (x[0] - x[-1])) / np.sum((x[0] - x[-1]) ** 2))
-    np.testing.assert_allclose(y, lam * x + (1 - lam) * x[::-1], atol=1e-5)
+    lam = float(np.sum((y[0] - x[1]) * (x[0] - x[1])) / np.sum((x[0] - x[1]) ** 2))
+    np.testing.assert_allclose(y, lam * x + (1 - lam) * _swap(x), atol=1e-5)
     soft = (jax.nn.one_hot(labels, K) * 0.9 + 0.1 / K)
-    np.testing.assert_allclose(targets, lam * soft + (1 - lam) * soft[::-1], atol=1e-5)
+    np.testing.assert_allclose(targets, lam * soft + (1 - lam) * _swap(soft), atol=1e-5)
     lams.append(lam)
   assert 0 <= min(lams) and max(lams) <= 1 and np.std(lams) > 0.1  # Beta(0.8, 0.8) spreads
 
@@ -58,7 +80,7 @@ def test_cutmix_targets_equal_the_pasted_area_fraction():
   for seed in range(30):
     out, targets = _mix(jax.random.key(seed), images, labels, cutmix_alpha=1.0)
     x, y = np.asarray(images), np.asarray(out)
-    pasted = np.all(y == x[::-1], axis=-1)[0]  # (H, W): pixels taken from the partner
+    pasted = np.all(y == _swap(x), axis=-1)[0]  # (H, W): pixels taken from the partner
     kept = np.all(y == x, axis=-1)[0]
     assert np.all(pasted | kept)
     rows, cols = np.nonzero(pasted)
@@ -66,7 +88,7 @@ def test_cutmix_targets_equal_the_pasted_area_fraction():
       assert pasted[rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
     lam = 1.0 - pasted.mean()
     onehot = np.asarray(jax.nn.one_hot(labels, K))
-    np.testing.assert_allclose(targets, lam * onehot + (1 - lam) * onehot[::-1], atol=1e-6)
+    np.testing.assert_allclose(targets, lam * onehot + (1 - lam) * _swap(onehot), atol=1e-6)
     fractions.append(pasted.mean())
   assert max(fractions) > 0.3 and min(fractions) < 0.2
 
@@ -80,7 +102,7 @@ def test_switch_probability_chooses_cutmix_or_mixup():
     out, _ = _mix(jax.random.key(seed), images, labels, mixup_alpha=0.8, cutmix_alpha=1.0,
                   switch_prob=0.5)
     y = np.asarray(out)
-    cut += bool(np.all(np.isclose(y, x) | np.isclose(y, x[::-1])))  # pure copies: CutMix
+    cut += bool(np.all(np.isclose(y, x) | np.isclose(y, _swap(x))))  # pure copies: CutMix
   assert 0.25 * n < cut < 0.75 * n
 
 

@@ -1,12 +1,15 @@
 """Mixup / CutMix on the device, inside the jitted train step (timm's `Mixup`, mode 'batch').
 
-With probability `prob` a batch is mixed with its reverse (example i with example B - 1 - i):
-CutMix with probability `switch_prob` when both alphas are > 0, else Mixup, with
-lam ~ Beta(alpha, alpha) of the chosen method. Mixup blends whole images,
-x = lam x + (1 - lam) x[::-1]; CutMix pastes one box of x[::-1] whose side is
-sqrt(1 - lam) of the image's, centred uniformly and clipped at the border, and lam becomes the
-kept area fraction (timm's correct_lam). Targets: lam y + (1 - lam) y[::-1] with y the
-label-smoothed one-hot (off = smoothing / K, on = 1 - smoothing + off), so every row sums to 1.
+With probability `prob` a batch is mixed with its partners (`partner`: examples 2j and 2j + 1
+swap; timm pairs example i with B - 1 - i, but on a mesh that reversal moves every image to
+another device, while neighbours share a device whenever each holds an even number of
+examples; the data are shuffled, so the pairing is as random): CutMix with probability
+`switch_prob` when both alphas are > 0, else Mixup, with lam ~ Beta(alpha, alpha) of the chosen
+method. Mixup blends whole images, x = lam x + (1 - lam) partner(x); CutMix pastes one box of
+partner(x) whose side is sqrt(1 - lam) of the image's, centred uniformly and clipped at the
+border, and lam becomes the kept area fraction (timm's correct_lam). Targets:
+lam y + (1 - lam) partner(y) with y the label-smoothed one-hot (off = smoothing / K,
+on = 1 - smoothing + off), so every row sums to 1.
 DeiT-III: mixup_alpha 0.8, cutmix_alpha 1.0, switch_prob 0.5, prob 1.0.
 
 The images may already be normalised: mixing is affine, so it commutes with normalisation.
@@ -40,6 +43,14 @@ class MixupConfig:
     return self.prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
 
 
+def partner(a: jax.Array) -> jax.Array:
+  """(B, ...) -> each example's mixing partner: 2j <-> 2j + 1 (an odd B: the reversed batch)."""
+  b = a.shape[0]
+  if b % 2:
+    return a[::-1]
+  return a.reshape((b // 2, 2) + a.shape[1:])[:, ::-1].reshape(a.shape)
+
+
 def smooth_one_hot(labels: jax.Array, num_classes: int, smoothing: float) -> jax.Array:
   """int (B,) -> float32 (B, K): on = 1 - smoothing + smoothing / K, off = smoothing / K."""
   off = smoothing / num_classes
@@ -62,7 +73,7 @@ def cutmix_box(rng: jax.Array, lam: jax.Array, height: int, width: int
 def mix_batch(rng: jax.Array, images: jax.Array, labels: jax.Array, num_classes: int,
               config: MixupConfig, *, label_smoothing: float = 0.0
               ) -> tuple[jax.Array, jax.Array]:
-  """Mixes a batch with its reverse.
+  """Mixes a batch with its partners (`partner`).
 
   Args:
     rng: the step's key.
@@ -93,9 +104,9 @@ def mix_batch(rng: jax.Array, images: jax.Array, labels: jax.Array, num_classes:
   lam_box = 1.0 - jnp.mean(box.astype(jnp.float32))  # kept area, after clipping
   applied = jax.random.uniform(k_apply) < config.prob
   lam = jnp.where(applied, jnp.where(use_cutmix, lam_box, lam_mix), 1.0).astype(jnp.float32)
-  flipped = images[::-1]
+  flipped = partner(images)
   lam_x = lam.astype(images.dtype)
   mixed = jnp.where(use_cutmix, jnp.where(box, flipped, images),
                     images * lam_x + flipped * (1 - lam_x))
   images = jnp.where(applied, mixed, images)
-  return images, targets * lam + targets[::-1] * (1.0 - lam)
+  return images, targets * lam + partner(targets) * (1.0 - lam)
