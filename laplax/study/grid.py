@@ -104,7 +104,7 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
   with workdir_lib.lock_workdir(workdir):  # one study per workdir (each cell locks its own)
     workdir_lib.write_json_atomic(workdir / "config.json",
                                   json.loads(config.to_json_best_effort()), indent=2)
-    finished = lambda cell: all((workdir / "cells" / cell / f).exists() for f in section.FINISHED)
+    finished = lambda cell: cell_finished(workdir, section, cell)
     todo = [cell for cell in grid_cells(config) if not finished(cell)]
     workers = workers_lib.worker_count(int(config.study.get("workers", 1)), len(todo),
                                        jax.default_backend())
@@ -117,24 +117,26 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
   return report
 
 
+def cell_finished(workdir: pathlib.Path, section, cell: str) -> bool:
+  """Whether workdir/cells/<cell> holds every file of the section's FINISHED."""
+  return all((workdir / "cells" / cell / f).exists() for f in section.FINISHED)
+
+
 def run_grid(config, workdir: pathlib.Path, section, *, name: str, log
              ) -> dict[tuple, dict[str, Any]]:
   """Runs (or reads back) every cell -> {(spec, seed): section.run_cell's result}."""
-  cells = list(grid_cells(config).values())
-  cell_dir = lambda spec, seed: workdir / "cells" / f"{spec_name(spec)}_s{seed}"
-  finished = lambda spec, seed: all((cell_dir(spec, seed) / f).exists()
-                                    for f in section.FINISHED)
+  cells = list(grid_cells(config).items())
   done: dict[tuple, dict[str, Any]] = {}
   t0, trained = time.time(), 0
-  for i, (spec, seed) in enumerate(cells):
-    skip = finished(spec, seed)
+  for i, (cell, (spec, seed)) in enumerate(cells):
+    skip = cell_finished(workdir, section, cell)
     log(f"[{name}] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
         + (" (finished, skipped)" if skip else ""))
-    done[(spec, seed)] = section.run_cell(cell_config(config, spec, seed), cell_dir(spec, seed),
-                                          config.study, log)
+    done[(spec, seed)] = section.run_cell(cell_config(config, spec, seed),
+                                          workdir / "cells" / cell, config.study, log)
     if not skip:
       trained += 1
-      remaining = sum(not finished(*c) for c in cells[i + 1:])
+      remaining = sum(not cell_finished(workdir, section, c) for c, _ in cells[i + 1:])
       eta = (time.time() - t0) / trained * remaining
       log(f"[{name}] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
   return done
