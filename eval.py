@@ -54,6 +54,7 @@ flags.mark_flag_as_required("workdir")
 def main(argv):
   del argv
   cli.quiet_logging()
+  cli.configure_xla()
 
   def work():
     from laplax.data.shared import shared_data_dir

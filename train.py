@@ -28,6 +28,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   cli.quiet_logging()
+  cli.configure_xla()
   import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
     jax.distributed.initialize()

@@ -133,4 +133,5 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
+  cli.configure_xla()
   cli.run_main(lambda: run(parse_args()))

@@ -79,6 +79,9 @@ def worker(args) -> None:
   """
   kind, k = args.worker.split(":")
   threads = args.threads or os.cpu_count()
+  from laplax import cli
+  if hasattr(cli, "configure_xla"):  # laplax's own XLA:CPU flags (an older tree has none)
+    cli.configure_xla()
   if kind == "torch":
     fn, stats = _torch_step(args, int(k), threads)
   else:

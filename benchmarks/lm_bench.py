@@ -126,4 +126,6 @@ def main():
 
 
 if __name__ == "__main__":
+  from laplax import cli
+  cli.configure_xla()
   main()

@@ -608,4 +608,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+  from laplax import cli
+  cli.configure_xla()
   main()

@@ -187,7 +187,10 @@ def laplacian_attention(
   work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
   v_self, out = v_self.astype(work), out.astype(work)
   # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
-  out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out).astype(out_dtype)
+  if isinstance(lap, np.ndarray) and lap.all():  # every head: no select for XLA to carry
+    out = (v_self - out).astype(out_dtype)
+  else:
+    out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out).astype(out_dtype)
   return (out, probs) if return_probs else out
 
 

@@ -31,6 +31,26 @@ NOISY_LOGGERS = ("absl", "orbax", "jax._src", "tensorstore", "grain", "etils")
 USEFUL_LOGGERS = ("jax._src.xla_bridge",)
 
 
+# XLA:CPU options laplax runs with (they change nothing on TPU / GPU). YNNPACK keeps the
+# matmuls but gives reductions back to XLA's own emitter: jaxlib 0.10's default also routes
+# reductions (LayerNorm statistics, bias gradients) through YNNPACK, which is slower on these
+# small models: a ViT train step runs 8 % faster on two threads and 22 % faster on one
+# (benchmarks/cpu_step_ratio.py, benchmarks/README.md).
+CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=individual_dot",)
+
+
+def xla_flags(existing: str) -> str:
+  """XLA_FLAGS with CPU_XLA_FLAGS added, except those the user already set (by name)."""
+  names = {f.split("=", 1)[0] for f in existing.split()}
+  extra = [f for f in CPU_XLA_FLAGS if f.split("=", 1)[0] not in names]
+  return " ".join([existing.strip(), *extra]).strip()
+
+
+def configure_xla() -> None:
+  """Puts `xla_flags` into the environment; call before JAX starts a backend (which reads it)."""
+  os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""))
+
+
 def _debug() -> bool:
   return os.environ.get("LAPLAX_DEBUG", "") not in ("", "0")
 

@@ -23,7 +23,10 @@ if os.environ.get("LAPLAX_TEST_XLA_CACHE", "1") != "0":
 
 import pytest  # noqa: E402
 
+from laplax import cli  # noqa: E402
 from laplax.data.shared import shared_data_dir  # noqa: E402
+
+cli.configure_xla()  # the XLA:CPU flags train.py and eval.py run with
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = shared_data_dir()

@@ -98,13 +98,13 @@ def reference_grads(q, k, v, w, lap, causal=False, offset=None):
     return [np.asarray(x) for x in want]
 
 
+@pytest.mark.parametrize("lap", [(False, True, True, False), 4])  # mixed (a select) / all heads
 @pytest.mark.parametrize("impl", ["xla", "explicit"])
 @pytest.mark.parametrize("causal,offset,t,s", [(False, None, 5, 5), (True, None, 5, 5),
                                                (True, 2, 2, 6)])
-def test_gradients_match_float64_reference(causal, offset, t, s, impl):
+def test_gradients_match_float64_reference(causal, offset, t, s, impl, lap):
   """Gradients of a scalar loss agree with a float64 jnp reference under jax.grad."""
   q, k, v = _qkv(jax.random.key(1), 2, t, s, 4, 2, 8)
-  lap = (False, True, True, False)
   w = jax.random.normal(jax.random.key(2), (2, t, 4, 8))
   ours = jax.grad(lambda q, k, v: jnp.sum(w * laplacian_attention(
       q, k, v, lap, is_causal=causal, query_offset=offset, implementation=impl)),

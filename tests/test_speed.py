@@ -1,4 +1,9 @@
-"""The CPU speed-ups change no numerics: flat AdamW == optax chain, matmul patches == conv."""
+"""The CPU speed-ups change no numerics: flat AdamW == optax chain, matmul patches == conv;
+and laplax's XLA:CPU flags reach the compiler."""
+
+import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -8,6 +13,7 @@ import numpy as np
 import pytest
 import optax
 
+from laplax import cli
 from laplax.models import layers, vit
 from laplax.train.state import decay_mask, make_optimizer
 
@@ -75,3 +81,40 @@ def test_zero_drop_path_rate_is_deterministic_in_training():
   params = model.init(jax.random.key(0), x)["params"]
   train = model.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(5)})
   np.testing.assert_allclose(train, model.apply({"params": params}, x), atol=1e-6)
+
+
+def test_xla_flags_add_laplax_cpu_flags_and_keep_the_users():
+  ynn = "--xla_cpu_experimental_ynn_fusion_type"
+  assert cli.xla_flags("") == f"{ynn}=individual_dot"
+  assert cli.xla_flags(" --xla_force_host_platform_device_count=8 ").split() == [
+      "--xla_force_host_platform_device_count=8", f"{ynn}=individual_dot"]
+  # A user's own value of the flag wins, and applying twice adds nothing.
+  assert cli.xla_flags(f"{ynn}=") == f"{ynn}="
+  assert cli.xla_flags(cli.xla_flags("")) == cli.xla_flags("")
+
+
+_PROBE = """
+from laplax import cli
+if CONFIGURE:
+  cli.configure_xla()
+import jax, jax.numpy as jnp
+# A matmul and a LayerNorm's statistics: a mean over the features of (B, T, E) activations.
+f = jax.jit(lambda x, w: (x.reshape(-1, 64) @ w, jnp.mean(x, axis=-1)))
+hlo = f.lower(jnp.ones((16, 17, 64)), jnp.ones((64, 32))).compile().as_text()
+ynn = [line for line in hlo.splitlines() if "__ynn_fusion" in line and " fusion(" in line]
+print(sum("dot_general" in l for l in ynn), sum("reduce" in l for l in ynn))
+"""
+
+
+@pytest.mark.parametrize("configure", [True, False])
+def test_configure_xla_keeps_matmuls_in_ynnpack_and_gives_reductions_to_xla(configure):
+  """In a fresh process (XLA reads XLA_FLAGS once): with laplax's flags the matmul is a YNNPACK
+  fusion and the reduction is XLA's own; jaxlib's default routes both through YNNPACK (the
+  slower choice on the CPU, benchmarks/README.md) - if that default changes, revisit the flag."""
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", _PROBE.replace("CONFIGURE", str(configure))],
+                       env=env, capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  dots, reductions = map(int, out.stdout.split())
+  assert dots == 1
+  assert reductions == (0 if configure else 1)

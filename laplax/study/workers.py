@@ -124,6 +124,7 @@ def _main(argv: list[str]) -> None:
   if core:  # before JAX starts its threads
     os.sched_setaffinity(0, {int(core)})
   from laplax import cli
+  cli.configure_xla()  # the parent passed its XLA_FLAGS; this adds laplax's if it has none
   from laplax.study import grid
   from laplax.train import trainer
   workdir, names = pathlib.Path(argv[1]), argv[2:]
