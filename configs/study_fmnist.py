@@ -33,12 +33,12 @@ def get_config():
   b.model.patch_size = 7  # 16 patch tokens + class token: CPU-sized
   b.data.batch_size = 128
   b.data.augment = "none"
-  b.total_steps = 1250
+  b.total_steps = 1500
   b.optim.lr = 3e-3
   b.optim.warmup_steps = 75
   b.log_every = 125
   b.checkpoint.every_steps = 250  # the learning curve's points
-  b.checkpoint.keep = 5
+  b.checkpoint.keep = 6
   c = common.study("study_fmnist", b, specs=(0, 4, 2))
   c.study.analysis_examples = 2000  # test images for the geometry
   c.study.workers = 0  # one one-core cell process per CPU core (laplax.study.workers)
