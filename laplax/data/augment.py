@@ -37,6 +37,11 @@ def _from_pil(image: Image.Image, channels: int) -> np.ndarray:
   return out[..., None] if channels == 1 else out
 
 
+def random_flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  """Mirrors uint8 (H, W, C) left-right with probability 1/2."""
+  return image[:, ::-1] if rng.random() < 0.5 else image
+
+
 def grayscale(image: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
   """ITU-R 601-2 luma replicated to every channel (torchvision Grayscale(3)); rng unused."""
   del rng

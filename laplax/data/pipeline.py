@@ -147,8 +147,8 @@ def per_image_augment(image: np.ndarray, rng: np.random.Generator, *, rrc: bool 
   3-Augment, colour jitter (each only if asked), drawn from `rng`."""
   if rrc:
     image = augment_lib.random_resized_crop(image, rng, scale=tuple(crop_scale))
-    if flip and rng.random() < 0.5:
-      image = image[:, ::-1]
+    if flip:
+      image = augment_lib.random_flip(image, rng)
   if three_augment:
     image = augment_lib.three_augment(np.ascontiguousarray(image), rng)
   if color_jitter > 0:

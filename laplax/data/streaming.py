@@ -35,14 +35,10 @@ from laplax.data.builders import DataError
 RecordOp = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 
-def random_flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-  """Mirrors uint8 (H, W, C) left-right with probability 1/2."""
-  return image[:, ::-1] if rng.random() < 0.5 else image
-
-
 # Per-record augmentations after the crop, by config name (data.record_ops); 'color_jitter' has
 # DeiT-III's strength 0.3.
-RECORD_OPS: dict[str, RecordOp] = {'flip': random_flip, 'three_augment': augment.three_augment,
+RECORD_OPS: dict[str, RecordOp] = {'flip': augment.random_flip,
+                                   'three_augment': augment.three_augment,
                                    'color_jitter': augment.color_jitter}
 CROPS = ('rrc', 'simple')
 

@@ -7,9 +7,9 @@ parameters are an EMA of the student's and never receive gradients (the trainer 
 
 Crops of several resolutions share one backbone: the ViT's learned position table has the
 global crops' grid, and `dino_apply` resizes it (bicubic, as DINO's `interpolate_pos_encoding`)
-for any other grid *in the parameter tree* before `apply` (`laplax.models.vit.params_for_grid`). The resize is differentiable, so the
-local crops train the same table. (laplax.models.vit checks the table's shape against the
-input's grid, so it cannot be resized inside the module.)
+for any other grid *in the parameter tree* before `apply` (`laplax.models.vit.params_for_grid`).
+The resize is differentiable, so the local crops train the same table. (laplax.models.vit
+checks the table's shape against the input's grid, so it cannot be resized inside the module.)
 
 The loss, centring, EMA teacher and their schedules live with the task (laplax.tasks.dino).
 """
@@ -106,7 +106,8 @@ def patch_grid(model: DINO, image_hw: tuple[int, int]) -> tuple[int, int]:
 def params_for_grid(params: Any, grid_from: tuple[int, int], grid_to: tuple[int, int],
                     backbone_key: str = "backbone") -> Any:
   """DINO params with the backbone's position table resized to grid_to (a new dict)."""
-  return {**params, backbone_key: vit_lib.params_for_grid(params[backbone_key], grid_from, grid_to)}
+  return {**params,
+          backbone_key: vit_lib.params_for_grid(params[backbone_key], grid_from, grid_to)}
 
 
 def dino_apply(model: DINO, params: Any, images: Array, *, base_grid: tuple[int, int],

@@ -265,4 +265,3 @@ def params_for_grid(params: Any, grid_from: tuple[int, int], grid_to: tuple[int,
   training, 224 px test)."""
   return {**params, "pos_embedding": resize_pos_embedding(params["pos_embedding"], grid_from,
                                                           grid_to)}
-

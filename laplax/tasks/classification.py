@@ -95,6 +95,14 @@ def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.
       split_sizes=splits)
 
 
+def stream_augment(data: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The streamed training augmentation of a data config, as streaming.train_dataset's
+  crop / scale / ratio / ops arguments."""
+  return dict(crop=data.get("crop", "rrc"), scale=tuple(data.get("rrc_scale", (0.08, 1.0))),
+              ratio=tuple(data.get("rrc_ratio", (3 / 4, 4 / 3))),
+              ops=tuple(data.get("record_ops", ())))
+
+
 def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
   """(resize, crop) of streamed evaluation images: the shorter side resized to
   `data.eval_resize`, then a centre crop of `data.eval_crop` (0: image_size; resize 0:
@@ -203,10 +211,7 @@ class ClassificationTask(Task):
 
   def _validate_streaming(self) -> None:
     d = self.config.data
-    streaming.check_train_options(
-        image_size=d.get("image_size", 0), crop=d.get("crop", "rrc"),
-        scale=tuple(d.get("rrc_scale", (0.08, 1.0))),
-        ratio=tuple(d.get("rrc_ratio", (3 / 4, 4 / 3))), ops=tuple(d.get("record_ops", ())))
+    streaming.check_train_options(image_size=d.get("image_size", 0), **stream_augment(d))
     resize, crop = eval_geometry(d)
     if not 0 < crop <= resize:
       raise ValueError(f"data.eval_crop={crop} must be in [1, data.eval_resize={resize}]")
@@ -307,11 +312,8 @@ class ClassificationTask(Task):
     if self.streaming:
       return iter(streaming.train_dataset(
           self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
-          image_size=d.image_size, crop=d.get("crop", "rrc"),
-          scale=tuple(d.get("rrc_scale", (0.08, 1.0))),
-          ratio=tuple(d.get("rrc_ratio", (3 / 4, 4 / 3))), ops=tuple(d.get("record_ops", ())),
-          process_index=process_index, process_count=process_count,
-          limit=d.get("train_subset", 0), **self._loader_options()))
+          image_size=d.image_size, **stream_augment(d), process_index=process_index,
+          process_count=process_count, limit=d.get("train_subset", 0), **self._loader_options()))
     info, (x, y) = self.data["info"], self.data["train"]
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
