@@ -1,5 +1,6 @@
 """No lost or poisoned runs: concurrent readers, workdir locks, atomic JSON, non-finite losses,
 metrics on resume, one-line failures. Process-level failures use real subprocesses."""
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -74,8 +75,11 @@ def _race(directory, read_only: bool, steps: int = 15):
   ready = directory.parent / "reader_ready"
   trainer = _spawn(_SLOW_TRAINER, directory, steps, ready)
   reader = _spawn(_READER, directory, int(read_only), steps, ready)
-  t_out, t_err = trainer.communicate(timeout=120)
-  r_out, r_err = reader.communicate(timeout=120)
+  # Both pipes drained at once: the reader logs a warning per restore, and a full stderr pipe
+  # would block it while we wait on the trainer (it then restored once, at the very end).
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    t_job, r_job = (pool.submit(p.communicate, timeout=120) for p in (trainer, reader))
+    (t_out, t_err), (r_out, r_err) = t_job.result(), r_job.result()
   return trainer.returncode, t_err, reader.returncode, r_out + r_err
 
 

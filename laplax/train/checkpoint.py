@@ -530,12 +530,13 @@ def _retry_vanished(fn: Callable[[], Any], attempts: int = 5) -> Any:
   """Calls fn, retrying when a step directory vanishes while orbax lists the steps.
 
   A reader lists steps while the writing run's keep-N policy deletes old ones; orbax then
-  stats a directory that is gone (FileNotFoundError). A second listing no longer sees it.
+  stats a directory that is gone (FileNotFoundError, or NotADirectoryError when it reads the
+  step's metadata). A second listing no longer sees it.
   """
   for attempt in range(attempts):
     try:
       return fn()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
       if attempt == attempts - 1:
         raise
       time.sleep(0.05 * (attempt + 1))
