@@ -18,7 +18,12 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for config, metrics, checkpoints and results.")
-flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (multi-host pods).")
+flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize(): one process per host "
+                  "(TPU pod slice, SLURM, or the three flags below).")
+flags.DEFINE_string("coordinator_address", None, "With --multihost: host:port of process 0 "
+                    "(default: detected from the cluster, e.g. TPU metadata or SLURM).")
+flags.DEFINE_integer("num_processes", None, "With --multihost: the number of processes.")
+flags.DEFINE_integer("process_id", None, "With --multihost: this process's index.")
 flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
                     "fit (laplax.train.aot).")
@@ -31,7 +36,12 @@ def main(argv):
   cli.configure_xla()
   import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
-    jax.distributed.initialize()
+    cli.drop_native_lines()  # gloo's chatter; before initialize, whose atexit runs first
+    cli.run_main(lambda: cli.initialize_distributed(
+        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id))
+  elif any(v is not None for v in (FLAGS.coordinator_address, FLAGS.num_processes,
+                                   FLAGS.process_id)):
+    cli.fail("--coordinator_address, --num_processes and --process_id need --multihost")
   if FLAGS.aot:
     from laplax.train import aot
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))

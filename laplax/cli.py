@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
@@ -49,6 +50,78 @@ def xla_flags(existing: str) -> str:
 def configure_xla() -> None:
   """Puts `xla_flags` into the environment; call before JAX starts a backend (which reads it)."""
   os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""))
+
+
+def fail(message: str, code: int = 2) -> None:
+  """One `error:` line for a bad command line, then exit `code`."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+# gloo (JAX's CPU collectives) prints '[Gloo] Rank N is connected to M peer ranks. Expected
+# number of connected peer ranks is : M' to stdout from C++ for every new communicator, with
+# no switch to turn it off. Threads write it piece by piece, so two messages can interleave
+# into lines holding any mix of their pieces (a lone digit or an empty line among them).
+GLOO_LINES = rb".*(\[Gloo\]|peer ranks|is connected to|Expected number of).*|\s*\d*\s*"
+
+
+def drop_native_lines(pattern: bytes = GLOO_LINES, fd: int = 1) -> None:
+  """Drops the lines that fully match `pattern` from file descriptor `fd` (output of native
+  code that Python cannot silence) for the rest of the process. The lines pass through a pipe
+  read by a thread; at exit what is left is drained."""
+  import atexit
+  read_end, write_end = os.pipe()
+  original = os.dup(fd)
+  sys.stdout.flush()
+  os.dup2(write_end, fd)
+  os.close(write_end)
+  drop = re.compile(pattern)
+
+  def forward():
+    pending = b""
+    while chunk := os.read(read_end, 1 << 16):
+      *lines, pending = (pending + chunk).split(b"\n")
+      kept = b"".join(line + b"\n" for line in lines if not drop.fullmatch(line))
+      if kept:
+        os.write(original, kept)
+    if pending and not drop.fullmatch(pending):
+      os.write(original, pending)
+
+  thread = threading.Thread(target=forward, name="drop_native_lines", daemon=True)
+  thread.start()
+
+  def restore():
+    with contextlib.suppress(Exception):
+      sys.stdout.flush()
+    os.dup2(original, fd)  # the pipe's last write end closes: the thread sees its end
+    thread.join(timeout=5)  # child processes (data workers) may still hold the pipe
+
+  atexit.register(restore)
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """`jax.distributed.initialize` for a multi-process run: the three values when given, else
+  JAX's cluster detection (TPU metadata, SLURM, Open MPI, ...). Raises ValueError (one line)
+  for bad values or when no cluster can be found or joined."""
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit) and any(v is None for v in explicit):
+    raise ValueError("--coordinator_address, --num_processes and --process_id go together "
+                     "(or none of them, to detect the cluster)")
+  if num_processes is not None and not (num_processes >= 1 and 0 <= process_id < num_processes):
+    raise ValueError(f"--process_id={process_id} must be in [0, --num_processes="
+                     f"{num_processes})")
+  if coordinator_address is not None and not re.fullmatch(r"\[?[\w.:-]+\]?:\d+",
+                                                          coordinator_address):
+    raise ValueError(f"--coordinator_address={coordinator_address!r}: use host:port")
+  import jax
+  try:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+  except (ValueError, RuntimeError) as e:  # RuntimeError: no coordinator reached in time
+    raise ValueError(f"--multihost: {one_line(e, 200)} (on a TPU pod slice or a SLURM job the "
+                     "cluster is detected; elsewhere pass --coordinator_address, "
+                     "--num_processes and --process_id)") from None
 
 
 def _debug() -> bool:

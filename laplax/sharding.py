@@ -80,6 +80,27 @@ def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def host_block(mesh: Mesh, global_batch: int) -> tuple[int, int]:
+  """(block index, rows): this host's share of a (global_batch, ...) batch split over the
+  data-parallel axes is the contiguous row block [index * rows, (index + 1) * rows), the rows
+  its devices hold (what `host_batch_to_global` places). It is the process index on meshes
+  built from jax.devices(), whose devices come in process order."""
+  hosts = jax.process_count()
+  if global_batch % hosts:
+    raise ValueError(f"a global batch of {global_batch} does not split over {hosts} hosts")
+  rows = global_batch // hosts
+  held = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
+                 for idx in batch_sharding(mesh).addressable_devices_indices_map(
+                     (global_batch,)).values()})
+  start, stop = held[0][0], held[-1][1]
+  contiguous = all(a[1] >= b[0] for a, b in zip(held, held[1:]))
+  if not contiguous or stop - start != rows or start % rows:
+    raise ValueError(f"this host's devices hold rows {held} of the global batch, not one block "
+                     f"of {rows}: build the mesh with each host's devices next to each other "
+                     "along the data axes")
+  return start // rows, rows
+
+
 def host_batch_to_global(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Per-host numpy batch -> global jax arrays sharded over ('data', 'fsdp')."""
   sharding = batch_sharding(mesh)

@@ -321,9 +321,10 @@ def test_train_epochs_are_fresh_permutations_and_end():
   assert not np.array_equal(other, stream)
 
 
-def test_hosts_get_disjoint_shards_of_each_global_batch():
+@pytest.mark.parametrize('augment', ['crop_flip', 'rrc_flip'])
+def test_hosts_get_their_block_of_each_global_batch(augment):
   images, labels = _planted(n=48)
-  kw = dict(seed=5, augment='crop_flip', pad=2, num_epochs=1, **NORM)
+  kw = dict(seed=5, augment=augment, pad=2, num_epochs=1, **NORM)
   global_batches = list(pipeline.train_dataset(images, labels, batch_size=12, **kw))
   hosts = [list(pipeline.train_dataset(images, labels, batch_size=4, process_index=p,
                                        process_count=3, **kw)) for p in range(3)]
@@ -331,9 +332,11 @@ def test_hosts_get_disjoint_shards_of_each_global_batch():
   seen = []
   for step, full in enumerate(global_batches):
     for p in range(3):
-      # Host p holds positions p::3 of the global batch, augmentation included.
-      np.testing.assert_array_equal(hosts[p][step]['label'], full['label'][p::3])
-      np.testing.assert_array_equal(hosts[p][step]['image'], full['image'][p::3])
+      # Host p holds the block p of the global batch (the rows its devices hold),
+      # augmentation included: the global array is the one-host batch row for row.
+      block = slice(4 * p, 4 * (p + 1))
+      np.testing.assert_array_equal(hosts[p][step]['label'], full['label'][block])
+      np.testing.assert_array_equal(hosts[p][step]['image'], full['image'][block])
       seen.extend(hosts[p][step]['label'])
   np.testing.assert_array_equal(np.sort(seen), np.arange(48))  # disjoint and covering
 

@@ -150,6 +150,78 @@ def test_lock_is_reentrant_after_release_and_records_the_holder(tmp_path):
   assert issubclass(workdir_lib.WorkdirLocked, ValueError)
 
 
+_CACHE_HOLDER = """
+    import sys, time
+    from laplax.data import cache
+    with cache.entry_lock(sys.argv[1], "fashion_mnist_local", log=print):
+      print("holding", time.time(), flush=True)
+      time.sleep(float(sys.argv[2]))
+      print("released", time.time(), flush=True)
+"""
+
+
+def test_a_cache_entry_has_one_preparer_and_a_killed_one_frees_it(tmp_path):
+  first = _spawn(_CACHE_HOLDER, tmp_path, 1.5)
+  assert first.stdout.readline().startswith("holding"), first.stderr.read()
+  second = _spawn(_CACHE_HOLDER, tmp_path, 0)
+  out_first, _ = first.communicate(timeout=60)
+  out_second, err = second.communicate(timeout=60)
+  released = float(out_first.split()[-1])
+  lines = out_second.splitlines()
+  assert lines[0] == f"waiting for another process that prepares fashion_mnist_local in {tmp_path}"
+  assert float(lines[1].split()[1]) >= released, (out_first, out_second, err)
+  # kill -9 of a holder: the kernel drops its lock, the next preparer goes ahead at once.
+  holder = _spawn(_CACHE_HOLDER, tmp_path, 60)
+  assert holder.stdout.readline().startswith("holding")
+  holder.send_signal(signal.SIGKILL)
+  holder.communicate()
+  after = _spawn(_CACHE_HOLDER, tmp_path, 0)
+  out, err = after.communicate(timeout=60)
+  assert out.startswith("holding"), (out, err)
+
+
+def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path):
+  script = """
+      import os, sys
+      from laplax import cli
+      cli.drop_native_lines()
+      print("model: line 1", flush=True)
+      os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected "
+                  b"peer ranks is : 1\\n")
+      os.write(1, b"[Gloo] Rank [Gloo] Rank 5 is connected to 7 peer ranks. Expected number "
+                  b"of connected peer ranks is : 7\\n4 is connected to 7 peer ranks. Expected "
+                  b"number of connected peer ranks is : 7\\n7\\n")
+      print("done: line 2")  # left in Python's buffer: drained at exit
+      print("error: stderr is untouched", file=sys.stderr)
+  """
+  out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=ENV,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == "model: line 1\ndone: line 2\n"
+  assert out.stderr == "error: stderr is untouched\n"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_processes=2"], "need --multihost"),
+    (["--multihost", "--num_processes=2"], "go together"),
+    (["--multihost", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
+      "--process_id=2"], "must be in [0, --num_processes=2)"),
+    (["--multihost", "--coordinator_address=nowhere", "--num_processes=1", "--process_id=0"],
+     "use host:port"),
+    (["--multihost"], "--multihost:"),  # no cluster to detect on this machine
+])
+def test_bad_cluster_flags_are_one_error_line(tmp_path, flags, message):
+  env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORD"))}
+  out = subprocess.run([sys.executable, str(REPO / "train.py"),
+                        f"--config={REPO / 'configs/test.py'}:vit",
+                        f"--workdir={tmp_path / 'w'}", *flags], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], out.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_write_json_atomic_failure_keeps_the_old_file(tmp_path):
   path = tmp_path / "results.json"
   workdir_lib.write_json_atomic(path, {"loss": float("nan"), "acc": np.float32(0.5), "n": [1, 2]})

@@ -85,11 +85,16 @@ def test_hosts_read_disjoint_shards_that_cover_each_epoch(train_source):
     assert sorted(epoch) == list(range(N_TRAIN))  # every record once per epoch, no overlap
   # A fresh permutation each epoch.
   assert not np.array_equal(seen[0][:epoch_batches], seen[0][epoch_batches:])
-  # One host with the global batch sees exactly the hosts' examples, in the same augmentation.
+  # One host with the global batch sees exactly the hosts' examples, host p's as block p of
+  # the batch, in the same augmentation.
   one = iter(streaming.train_dataset(train_source, batch_size=hosts * per_host, seed=1,
                                      image_size=16, num_epochs=1))
   first = next(one)
-  np.testing.assert_array_equal(first["label"][1::hosts], seen[1][0])
+  host1 = next(iter(streaming.train_dataset(train_source, batch_size=per_host, seed=1,
+                                            image_size=16, process_index=1,
+                                            process_count=hosts, num_epochs=1)))
+  np.testing.assert_array_equal(first["label"][per_host:2 * per_host], seen[1][0])
+  np.testing.assert_array_equal(first["image"][per_host:2 * per_host], host1["image"])
 
 
 def test_a_restored_iterator_continues_the_stream_exactly(train_source):

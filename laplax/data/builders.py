@@ -42,6 +42,8 @@ import numpy as np
 from PIL import Image
 import tensorflow_datasets as tfds
 
+from laplax.data import cache as cache_lib
+
 PathLike = str | os.PathLike
 
 DEFAULT_FASHION_MNIST_DIR = pathlib.Path('/usr/share/datasets/fashion-mnist')
@@ -500,9 +502,11 @@ def ade20k_source(source_dir: PathLike, cache_dir: PathLike, split: str):
   'annotation' (encoded bytes), 'file_name'}; prepared once into `<cache_dir>/tfds`."""
   if split not in _ADE20K_SPLITS:
     raise ValueError(f'unknown ADE20K split={split!r}: use one of {sorted(_ADE20K_SPLITS)}')
-  builder = Ade20kLocal(source_dir=find_ade20k_source(source_dir),
-                        data_dir=pathlib.Path(cache_dir) / 'tfds', file_format='array_record')
-  builder.download_and_prepare()  # A no-op when already prepared.
+  source_dir = find_ade20k_source(source_dir)
+  with cache_lib.entry_lock(cache_dir, 'ade20k'):  # one process prepares
+    builder = Ade20kLocal(source_dir=source_dir, data_dir=pathlib.Path(cache_dir) / 'tfds',
+                          file_format='array_record')
+    builder.download_and_prepare()  # A no-op when already prepared.
   skip = tfds.decode.SkipDecoding()
   return builder.as_data_source(split=split, decoders={'image': skip, 'annotation': skip})
 
@@ -758,7 +762,23 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
   cached = _load_npz(arrays_path, expected_n, info.image_shape)
   if cached is not None:
     return cached
-  builder.download_and_prepare()  # A no-op when already prepared.
+  # One process prepares; the others wait, then read what it wrote.
+  with cache_lib.entry_lock(cache_dir, builder.name):
+    cached = _load_npz(arrays_path, expected_n, info.image_shape)
+    if cached is not None:
+      return cached
+    # A fresh builder: one made before another process prepared the data would not read the
+    # prepared split information.
+    builder = _builder_for(name, source_dir, cache_dir / 'tfds')
+    builder.download_and_prepare()  # A no-op when already prepared.
+    images, labels = _decode_split(builder, name, split, info, label_key)
+    _save_npz_atomic(arrays_path, images=images, labels=labels)
+  return images, labels
+
+
+def _decode_split(builder, name: str, split: str, info: ImageDatasetInfo, label_key: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """A prepared split's records decoded (DataError naming the cache when they are damaged)."""
   # Same as tfds.data_source(...), reusing our builder. Decoding ourselves is about 2x faster
   # than TFDS's NumPy path (which goes through PIL per record anyway).
   try:
@@ -771,5 +791,4 @@ def load_split(name: str, split: str, *, source_dir: PathLike | None = None,
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise DataError(f'the prepared {name} cache {prepared} is unreadable ({first[:200]}): '
                     f'delete {prepared} and rerun to prepare it again') from None
-  _save_npz_atomic(arrays_path, images=images, labels=labels)
   return images, labels

@@ -8,11 +8,13 @@ crop/flip + one normalisation make the batch.
 Training stream (`train_dataset`): epoch e is a fresh permutation of all N examples (grain's
 `shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
 `batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
-skipped except the final remainder of a finite run. Host p takes positions p, p + P, p + 2P, ...
-of each global batch: the hosts' batches are disjoint and together form the global batch.
-Augmentation is drawn per global batch from (seed, step) (per-image augmentations: from
-(seed, step, position in the global batch)), so it does not depend on the number of hosts and
-a restored iterator reproduces it exactly. The per-image DeiT-III augmentations
+skipped except the final remainder of a finite run. Host p takes the contiguous block p of each
+global batch (`HostBlock`), the rows its devices hold, so the global array a step sees is the
+same for any number of hosts, row for row (per-row randomness on the device, such as Mixup
+partners or DINO's crops, then does not depend on it either). Augmentation is drawn per global
+batch from (seed, step) (per-image augmentations: from (seed, step, position in the global
+batch)), so it does not depend on the number of hosts and a restored iterator reproduces it
+exactly. The per-image DeiT-III augmentations
 (laplax.data.augment) loop over the batch in Python: fine for CPU-sized data.
 """
 from __future__ import annotations
@@ -58,6 +60,39 @@ def _check_hosts(process_index: int, process_count: int) -> None:
   if process_count < 1 or not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index} must be in [0, process_count='
                      f'{process_count})')
+
+
+class HostBlock(grain.MapDataset):
+  """Host p's share of a stream cut into global batches of G = B * P elements: parent
+  positions [j G + p B, j G + (p + 1) B) for j = 0, 1, ... (a partial last global batch is
+  dropped). Only the elements read are computed, so a lazy parent (decoding, augmenting)
+  does this host's work alone."""
+
+  def __init__(self, parent: grain.MapDataset, batch_size: int, process_index: int,
+               process_count: int):
+    super().__init__(parent)
+    _check_hosts(process_index, process_count)
+    self._rows, self._offset = batch_size, process_index * batch_size
+    self._global = batch_size * process_count
+    self._length = len(parent) // self._global * batch_size
+
+  def __len__(self) -> int:
+    return self._length
+
+  def _parent_index(self, index: int) -> int:
+    j, k = divmod(index, self._rows)
+    return j * self._global + self._offset + k
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    return self._parent[self._parent_index(index)]
+
+  def _getitems(self, indices):
+    return self._parent._getitems([self._parent_index(i) for i in indices])  # pylint: disable=protected-access
+
+  def __str__(self) -> str:
+    return f'HostBlock(rows={self._rows}, offset={self._offset}, global={self._global})'
 
 
 def normalization(mean: Sequence[float] | float, std: Sequence[float] | float,
@@ -218,8 +253,8 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
 
   def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     x = images[indices]
-    # This host's examples sit at positions process_index::process_count of the global batch.
-    host = slice(process_index, None, process_count)
+    # This host's examples sit at its block of positions of the global batch.
+    host = slice(process_index * batch_size, (process_index + 1) * batch_size)
     if augment in ('crop', 'crop_flip'):
       offsets, flips = augment_params(augment_seed, step, global_batch, pad=pad,
                                       flip=augment == 'crop_flip')
@@ -238,7 +273,7 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
   ds = ds.repeat(num_epochs)
   if num_epochs is not None:
     ds = ds[:len(ds) // global_batch * global_batch]  # Every host gets the same step count.
-  ds = ds[process_index::process_count]
+  ds = HostBlock(ds, batch_size, process_index, process_count)
   ds = ds.batch(batch_size, drop_remainder=True)
   ds = ds.map_with_index(make_batch)
   return ds.to_iter_dataset(_read_options(num_threads, prefetch))

@@ -9,7 +9,7 @@ ArrayRecord index, so host memory does not grow with the data set.
 Training stream (`train_dataset`): the same global stream as the in-memory pipeline
 (`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
 are concatenated and cut into global batches of `batch_size * process_count`; host p reads only
-positions p, p + P, ... of each global batch. The per-record augmentation is drawn from (seed,
+its contiguous block of each global batch (`pipeline.HostBlock`). The per-record augmentation is drawn from (seed,
 position in the global stream), so it does not depend on the number of hosts, worker processes
 or threads, and a restored iterator continues the stream exactly.
 
@@ -268,7 +268,8 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: 
   ds = ds.random_map(TrainTransform(size=image_size, crop=crop, scale=tuple(scale),
                                     ratio=tuple(ratio), ops=tuple(ops)),
                      seed=pipeline._derive_seed(seed, pipeline._AUGMENT_STREAM))
-  ds = ds[process_index::process_count].batch(batch_size, drop_remainder=True)
+  ds = pipeline.HostBlock(ds, batch_size, process_index, process_count)
+  ds = ds.batch(batch_size, drop_remainder=True)
   return _iterate(ds, num_workers, num_threads, prefetch)
 
 

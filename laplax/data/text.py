@@ -24,6 +24,7 @@ system or gs://); process 0 trains the tokenizer and writes the shards, the othe
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -42,6 +43,8 @@ import grain
 import numpy as np
 from etils import epath
 
+from laplax.data import cache as cache_lib
+from laplax.data import pipeline
 from laplax.data.builders import DataError
 from laplax.data.tokenizer import BOS, SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer, as_path
 
@@ -297,6 +300,16 @@ def tokenize_corpus(paths: Sequence[epath.Path], tokenizer: Tokenizer, cache_dir
   if process_index != 0:
     _wait_for(out / META, "the token shards", timeout_s)
     return out
+  with cache_lib.entry_lock(root, f"tokens-{key}", log=log):  # one process tokenises
+    if not (out / META).exists():
+      _write_shards(paths, tokenizer, root, out, key, val_fraction=val_fraction,
+                    shard_tokens=shard_tokens, log=log, num_threads=num_threads)
+  return out
+
+
+def _write_shards(paths, tokenizer: Tokenizer, root: epath.Path, out: epath.Path, key: str, *,
+                  val_fraction: float, shard_tokens: int, log, num_threads: int) -> None:
+  """tokenize_corpus's work: shards into a temporary directory renamed to `out`."""
   root.mkdir(parents=True, exist_ok=True)
   remote = _is_remote(root)
   if remote:
@@ -355,7 +368,6 @@ def tokenize_corpus(paths: Sequence[epath.Path], tokenizer: Tokenizer, cache_dir
   finally:
     if not remote:
       shutil.rmtree(os.fspath(tmp), ignore_errors=True)
-  return out
 
 
 class _SeekArray:
@@ -426,7 +438,9 @@ def train_dataset(shards: TokenShards, *, batch_size: int, seed: int, process_in
   """Endless stream of this host's batches {'tokens': int32 (batch_size, seq_len + 1)}.
 
   Epoch e is a fresh seeded permutation of all windows; epochs are concatenated and cut into
-  global batches of batch_size * process_count windows; host p takes positions p, p + P, ...
+  global batches of batch_size * process_count windows; host p takes its contiguous block of
+  each (`pipeline.HostBlock`: the rows its devices hold, so the global batch does not depend on
+  the number of hosts)
   `iter()` gives a grain DatasetIterator whose get_state()/set_state() resume exactly.
   """
   if process_count < 1 or not 0 <= process_index < process_count:
@@ -437,7 +451,7 @@ def train_dataset(shards: TokenShards, *, batch_size: int, seed: int, process_in
                      f"{shards.num_windows}] (windows of {shards.seq_len + 1} tokens in the "
                      "training split): use more text or a smaller batch / seq_len")
   ds = grain.MapDataset.range(shards.num_windows).shuffle(_derive_seed(seed, _SHUFFLE_STREAM))
-  ds = ds.repeat(None)[process_index::process_count]
+  ds = pipeline.HostBlock(ds.repeat(None), batch_size, process_index, process_count)
   ds = ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda idx: {"tokens": shards.windows(idx)})
   return ds.to_iter_dataset(_read_options(num_threads, prefetch))
@@ -538,18 +552,21 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
     cached = cache_dir / f"tokenizer-{key}.json"
     if not cached.exists() and process_index != 0:
       _wait_for(cached, "the tokenizer", timeout_s)
-    if cached.exists():
-      tokenizer = Tokenizer.load(cached)
-    else:
-      log(f"training a {vocab_size:,}-token BPE on at most {budget:,} characters of "
-          f"{len(paths)} files")
-      t0 = time.time()
-      tokenizer = Tokenizer.train(_training_sample(paths, val_fraction, budget), vocab_size)
-      log(f"tokenizer trained in {time.time() - t0:.1f} s")
-      if tokenizer.vocab_size < vocab_size:
-        log(f"the text has only {tokenizer.vocab_size - 256 - len(SPECIAL_TOKENS)} distinct "
-            f"merges: vocabulary {tokenizer.vocab_size}, not {vocab_size}")
-      tokenizer.save(cached)
+    with contextlib.ExitStack() as stack:
+      if not cached.exists():  # one process trains it; the others wait and load it
+        stack.enter_context(cache_lib.entry_lock(cache_dir, cached.stem, log=log))
+      if cached.exists():
+        tokenizer = Tokenizer.load(cached)
+      else:
+        log(f"training a {vocab_size:,}-token BPE on at most {budget:,} characters of "
+            f"{len(paths)} files")
+        t0 = time.time()
+        tokenizer = Tokenizer.train(_training_sample(paths, val_fraction, budget), vocab_size)
+        log(f"tokenizer trained in {time.time() - t0:.1f} s")
+        if tokenizer.vocab_size < vocab_size:
+          log(f"the text has only {tokenizer.vocab_size - 256 - len(SPECIAL_TOKENS)} distinct "
+              f"merges: vocabulary {tokenizer.vocab_size}, not {vocab_size}")
+        tokenizer.save(cached)
     if tokenizer_path is not None and process_index == 0:
       tokenizer.save(tokenizer_path)
   directory = tokenize_corpus(paths, tokenizer, cache_dir, val_fraction=val_fraction, log=log,

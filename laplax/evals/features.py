@@ -50,15 +50,6 @@ def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rule
     return jax.jit(features, out_shardings=sharding.replicated(mesh))
 
 
-def host_block(mesh, global_batch: int) -> tuple[int, int]:
-  """(block index, rows) of this host's contiguous share of a (global_batch, ...) batch sharded
-  over the data-parallel axes: the rows its devices hold (what host_batch_to_global expects)."""
-  starts = {idx[0].start or 0 for idx in sharding.batch_sharding(mesh)
-            .addressable_devices_indices_map((global_batch,)).values()}
-  rows = global_batch // jax.process_count()
-  return min(starts) // rows, rows
-
-
 def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int, mean, std,
                      mesh, rules, keys: tuple[str, ...] = ("cls", "last")
                      ) -> dict[str, np.ndarray]:
@@ -70,7 +61,7 @@ def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int,
   labels = np.zeros(len(images), np.int32)
   multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
   global_batch = -(-batch_size // multiple) * multiple
-  block, rows = host_block(mesh, global_batch)
+  block, rows = sharding.host_block(mesh, global_batch)
   out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     batches = pipeline.eval_batches(images, labels, batch_size=rows, mean=mean, std=std,

@@ -265,7 +265,9 @@ class LanguageModelTask(Task):
 
   def load_data(self, workdir, log) -> None:
     t0 = time.time()
-    if not (workdir / "config.json").exists():  # a fresh start: a failed start's file is stale
+    # A fresh start: a failed start's file is stale. Process 0 alone removes and writes it
+    # (the others, run after it, would delete what it just wrote).
+    if jax.process_index() == 0 and not (workdir / "config.json").exists():
       (workdir / "tokenizer.json").unlink(missing_ok=True)
     self.tokenizer, token_dir = text.prepare(self.config.data, text_cache_dir(self.config.data),
                                              tokenizer_path=workdir / "tokenizer.json", log=log)

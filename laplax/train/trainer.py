@@ -19,8 +19,10 @@ from typing import Any
 from etils import epath
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 
+from laplax import multihost
 from laplax import sharding
 from laplax import tasks as tasks_lib
 from laplax.tasks.base import Run, Task
@@ -85,9 +87,14 @@ def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
 
 @contextlib.contextmanager
 def _stop_signals():
-  """Yields stop_requested(step) -> bool: true once SIGTERM arrived (a scheduler or a spot VM
-  asking the job to end) or, on a multi-host pod, at the preemption sync point that JAX's
-  distributed runtime reports to every host at the same step.
+  """Yields stop_requested(step) -> bool: true once the run is asked to end (a scheduler or a
+  spot VM sending SIGTERM, a TPU maintenance event).
+
+  In a process that joined a job (train.py --multihost), JAX's preemption notifier owns
+  SIGTERM (a Python handler would replace the C one that jax.distributed installs, and the
+  notice would never arrive): a SIGTERM to any host reaches the coordination service, and
+  `reached_preemption_sync_point` turns true on every host at the same step, so all of them
+  save that step. Otherwise a Python handler records the signal.
 
   Ctrl-C (SIGINT) raises KeyboardInterrupt at the next step boundary, from a handler of our
   own: Python's default one raised it wherever the main thread was, and a Ctrl-C landing in a
@@ -95,20 +102,21 @@ def _stop_signals():
   interrupts at once."""
   received, interrupted = [], []
   previous = {}
+  preemption_service = multihost.joined()
   if threading.current_thread() is threading.main_thread():
     def on_sigint(signum, frame):
       if interrupted:  # the second Ctrl-C: do not wait for the step to end
         raise KeyboardInterrupt
       interrupted.append(signum)
-    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM,
-                                             lambda signum, frame: received.append(signum))
+    if not preemption_service:
+      previous[signal.SIGTERM] = signal.signal(signal.SIGTERM,
+                                               lambda signum, frame: received.append(signum))
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
 
   def stop_requested(step: int) -> bool:
     if interrupted:
       raise KeyboardInterrupt
-    if jax.process_count() > 1:  # every host must stop at the same step: ask the runtime
-      from jax.experimental import multihost_utils
+    if preemption_service:  # every host must stop at the same step: ask the runtime
       return multihost_utils.reached_preemption_sync_point(step)
     return bool(received)
 
@@ -159,26 +167,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   rules = sharding.rules_from_config(config.get("axis_rules"))
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
   _profile_window(config, workdir)  # a bad window fails before anything is written too
-  with workdir_lib.lock_workdir(workdir):  # one trainer per workdir; the kernel frees it
+  with workdir_lib.lock_run(workdir):  # one run per workdir, on all its hosts
     return _train(task, config, workdir, mesh, rules, log)
 
 
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[str, Any]:
   check_workdir_config(workdir, config)
-  task.load_data(workdir, log)  # missing or bad data stops a fresh start before config.json
+  # Missing or bad data stops a fresh start before config.json. Process 0 prepares first (into
+  # a shared cache the others then find ready), so the hosts never prepare one entry at once.
+  with multihost.process_0_first(f"load_data/{workdir}"):
+    task.load_data(workdir, log)
+  total_steps = task.total_steps()
+  finished = _finished_results(workdir, total_steps)
+  if finished is not None:
+    log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
+    return finished
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
   if lead:
     write_config(workdir, config)
   name = config.get("name", task.name)
   model = task.build_model()
-  total_steps = task.total_steps()
   tx, schedule = task.optimizer(total_steps)
   abstract, shardings = abstract_state(task, model, tx, mesh, rules)
   n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
   log(f"model: {task.describe_model(model, n_params)}; mesh {dict(mesh.shape)}; "
       f"{total_steps} steps x {task.items_per_step():,} {task.unit}")
 
-  train_iter = task.train_iterator(jax.process_index(), jax.process_count())
+  # Each host feeds the block of the global batch its devices hold: the global batch is then
+  # the same array for any number of hosts, and so is every per-row random draw in the step.
+  block, _ = sharding.host_block(mesh, task.config.data.batch_size)
+  train_iter = task.train_iterator(block, jax.process_count())
   # Restore into the abstract state: a resumed run never compiles the initialisers.
   checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
                                         shardings, train_iter, log=log)
@@ -226,6 +244,15 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
     workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
   log(f"done: {summary}")
   return results
+
+
+def _finished_results(workdir: epath.Path, total_steps: int) -> dict[str, Any] | None:
+  """results.json of a run that already trained its total_steps, else None."""
+  path = workdir / "results.json"
+  if not path.exists():
+    return None
+  results = workdir_lib.read_json(path, "results")
+  return results if isinstance(results, dict) and results.get("step") == total_steps else None
 
 
 def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:

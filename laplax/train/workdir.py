@@ -35,8 +35,11 @@ import socket
 import sys
 import tempfile
 from typing import Any
+import uuid
 
 from etils import epath
+
+from laplax import multihost
 
 LOCK_NAME = ".lock"
 
@@ -70,12 +73,14 @@ def _holder(lock_path: pathlib.Path) -> str:
 
 
 @contextlib.contextmanager
-def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path | None]:
+def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None
+                 ) -> Iterator[pathlib.Path | None]:
   """Holds an exclusive lock on `workdir/.lock` (creating workdir) while the block runs.
 
   Yields the lock file's path (None for an object-store workdir, which cannot be locked).
   Raises WorkdirLocked naming the holder's pid if another process holds the lock. The lock
-  is released on exit from the block, or by the kernel when this process dies.
+  is released on exit from the block, or by the kernel when this process dies. `run_id` is
+  written into the lock file (the other hosts of a job read it: `lock_run`).
   """
   if not is_local(workdir):
     as_path(workdir).mkdir(parents=True, exist_ok=True)
@@ -97,8 +102,11 @@ def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path | Non
           " stop it, or use another --workdir") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    if run_id is not None:
+      info["run"] = run_id
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
+    os.fsync(fd)  # other hosts read it (a network file system shows it after the flush)
     try:
       yield lock_path
     finally:
@@ -107,6 +115,52 @@ def lock_workdir(workdir: str | os.PathLike[str]) -> Iterator[pathlib.Path | Non
       fcntl.flock(fd, fcntl.LOCK_UN)
   finally:
     os.close(fd)
+
+
+_REFUSED = "refused:"
+
+
+@contextlib.contextmanager
+def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
+  """The workdir lock of a run of one or several processes (one per host of a pod).
+
+  One process: `lock_workdir`. Several: process 0 alone takes the lock and writes a fresh run
+  id into the lock file; the others learn the outcome from it through the job's coordination
+  service, so a second run on the workdir is refused on every host with the same line, and a
+  host that sees a workdir without that id (its own local directory, not the shared one
+  process 0 locked) stops with one line instead of writing a checkpoint nobody reads.
+  """
+  if not multihost.is_multiprocess():
+    with lock_workdir(workdir):
+      yield
+    return
+  import jax  # only for a multi-process run: this module stays light
+  name = f"lock/{os.fspath(workdir)}"
+  with contextlib.ExitStack() as stack:
+    if jax.process_index() == 0:
+      run_id = uuid.uuid4().hex
+      try:
+        stack.enter_context(lock_workdir(workdir, run_id=run_id))
+      except BaseException as e:
+        multihost.share(name, _REFUSED + (str(e) or type(e).__name__))
+        raise
+      multihost.share(name, run_id)
+    else:
+      answer = multihost.share(name, "")
+      if answer.startswith(_REFUSED):
+        raise WorkdirLocked(answer[len(_REFUSED):])
+      if is_local(workdir):
+        lock_path = pathlib.Path(workdir).expanduser() / LOCK_NAME
+        try:
+          seen = json.loads(lock_path.read_text()).get("run")
+        except (OSError, ValueError, AttributeError):
+          seen = None
+        if seen != answer:
+          raise ValueError(
+              f"workdir {workdir} on process {jax.process_index()} is not the directory "
+              "process 0 locked: the hosts of a job need one shared workdir (NFS, Filestore, "
+              "a mounted bucket) or a gs:// path")
+    yield
 
 
 def json_safe(obj: Any) -> Any:

@@ -1,0 +1,83 @@
+"""What the processes of one multi-host job tell each other outside the compiled step.
+
+Device collectives (gloo on CPU, ICI / DCN on TPU) time out after about 30 s and need every
+process to be in the same computation; preparing a data set or training a tokenizer can take
+hours. These helpers go through the coordination service of `jax.distributed` instead (its
+key-value store and barriers, with explicit timeouts), and do nothing in a single process.
+
+  share(name, value)         process 0's string, on every process
+  process_0_first(name)      process 0 runs the block first, the others after it succeeded
+                             (one line naming process 0's error when it failed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import jax
+
+# Long enough for preparing a data set on process 0 while the others wait.
+DEFAULT_TIMEOUT_S = 4 * 3600.0
+_FAILED = "failed:"
+
+
+def _client():
+  """The jax.distributed client, or None in a process that is not part of a job."""
+  from jax._src import distributed  # the client has no public accessor in jax 0.10
+  return distributed.global_state.client
+
+
+def is_multiprocess() -> bool:
+  return jax.process_count() > 1
+
+
+def joined() -> bool:
+  """Whether `jax.distributed.initialize` ran in this process (then JAX's preemption
+  notifier owns SIGTERM)."""
+  return _client() is not None
+
+
+def share(name: str, value: Callable[[], str] | str, *,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+  """Process 0's `value` (a string, or a callable process 0 alone calls) on every process.
+
+  `name` must be unique within the job (e.g. it includes the workdir)."""
+  if not is_multiprocess():
+    return value() if callable(value) else value
+  client, key = _client(), f"laplax/{name}"
+  if jax.process_index() == 0:
+    text = value() if callable(value) else value
+    client.key_value_set(key, text, allow_overwrite=True)
+    return text
+  return client.blocking_key_value_get(key, int(timeout_s * 1000))
+
+
+class PeerFailed(ValueError):
+  """Process 0 failed in a block the others waited for (a ValueError: the CLIs print one line)."""
+
+
+@contextlib.contextmanager
+def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
+  """Process 0 runs the block; the other processes wait for it, then run it too.
+
+  For work that must happen once but whose result every host needs, e.g. preparing a data set
+  in a shared cache (the others then find it ready; on hosts with their own disks each
+  prepares its own copy, one after the other). If process 0's block raises, the others raise
+  PeerFailed naming its error instead of running theirs."""
+  if not is_multiprocess():
+    yield
+    return
+  if jax.process_index() == 0:
+    try:
+      yield
+    except BaseException as e:
+      message = " ".join(str(e).split())[:300] or type(e).__name__
+      share(f"{name}/done", f"{_FAILED} {message}")
+      raise
+    share(f"{name}/done", "ok")
+    return
+  status = share(f"{name}/done", "", timeout_s=timeout_s)
+  if status.startswith(_FAILED):
+    raise PeerFailed(f"process 0 {status}")
+  yield

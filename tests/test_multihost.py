@@ -1,0 +1,199 @@
+"""Real multi-process runs: `train.py --multihost` as 2 processes x 4 fake CPU devices on one
+machine (gloo collectives over loopback), against one process with 8 devices.
+
+The same run spread over more hosts gives the same losses (ViT with Mixup / CutMix and
+random-resized crops, LM, DINO); the hosts share one workdir and a cold data cache; SIGTERM to
+every host or to one of them saves the same step on all, exits 143 with one line each, and
+the rerun (on 2 hosts or on 1) continues the uninterrupted run exactly, as after kill -9; a
+second run on a live job's workdir is refused on every host; a finished run is not rerun;
+independent trainers started together on one fresh cache all finish."""
+
+import json
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO
+import hosts
+from laplax.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow  # each case is several train.py processes
+
+TOL = 1e-5
+# A ViT whose step draws per-row randomness on the device (Mixup / CutMix partners and boxes)
+# and per-image crops on the host.
+VIT = ("--config.mixup.mixup_alpha=0.8", "--config.mixup.cutmix_alpha=1.0",
+       "--config.data.augment=rrc_flip", "--config.log_every=1")
+
+
+def _losses(workdir: pathlib.Path) -> dict[int, float]:
+  return {r["step"]: r["loss"] for r in read_metrics(workdir / "metrics.jsonl")
+          if r["split"] == "train"}
+
+
+def _assert_same_losses(got: dict[int, float], want: dict[int, float]) -> None:
+  assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+  worst = max(abs(got[s] - want[s]) for s in want)
+  assert worst <= TOL, (worst, got, want)
+
+
+def _single(args, tmp_path, tag="single"):
+  out = hosts.run_single(args, tmp_path / "logs", tag=tag)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  return out
+
+
+def _job(args, tmp_path, n=2, tag="job", timeout=600):
+  job = hosts.start(args, n, tmp_path / "logs", devices=8 // n, tag=tag)
+  rcs = job.wait(timeout)
+  assert rcs == [0] * n, job.output()[-6000:]
+  return job
+
+
+def _wait_for(predicate, job_or_proc, timeout=300, what="condition"):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    alive = job_or_proc.alive() if hasattr(job_or_proc, "alive") else job_or_proc.poll() is None
+    if not alive:
+      break
+    time.sleep(0.05)
+  raise AssertionError(f"no {what} in time: " + (job_or_proc.output()[-4000:]
+                                                 if hasattr(job_or_proc, "output") else ""))
+
+
+def _checkpoints(workdir: pathlib.Path) -> list[int]:
+  d = workdir / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def cache(data_cache):
+  return data_cache
+
+
+@pytest.mark.parametrize("kind, extra", [("vit", VIT), ("lm", ("--config.log_every=1",)),
+                                         ("dino", ("--config.log_every=1",))])
+def test_two_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
+  args = lambda work, c: hosts.train_args(kind, work, c, "--config.total_steps=6", *extra)
+  one = tmp_path / "one"
+  _single(args(one, cache), tmp_path)
+  # Two hosts on one shared workdir and a cold cache of their own: process 0 prepares the
+  # data, the other waits for it.
+  two, cold = tmp_path / "two", tmp_path / "cold_cache"
+  job = _job(args(two, cold), tmp_path)
+  _assert_same_losses(_losses(two), _losses(one))
+  for name in ("results.json", "config.json"):
+    assert (two / name).exists()
+  rows = [(r["step"], r["split"]) for r in read_metrics(two / "metrics.jsonl")]
+  assert len(rows) == len(set(rows))  # process 0 alone writes metrics
+  out = job.output()
+  assert "Traceback" not in out and "[Gloo]" not in out and "peer ranks" not in out, out
+  # A rerun of the finished run does nothing and says so in one line; no second final row.
+  before = (two / "metrics.jsonl").read_text()
+  again = _job(args(two, cold), tmp_path, tag="again")
+  for i in range(2):
+    assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
+  assert (two / "metrics.jsonl").read_text() == before
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache):
+  """The uninterrupted run: one process, 8 devices, 40 steps."""
+  tmp = tmp_path_factory.mktemp("reference")
+  _single(_vit_args(tmp / "run", cache), tmp)
+  return _losses(tmp / "run")
+
+
+def _vit_args(workdir, cache, *extra):
+  return hosts.train_args("vit", workdir, cache, "--config.total_steps=40",
+                          "--config.checkpoint.every_steps=1000", *VIT, *extra)
+
+
+def _preempted(job: hosts.Job, i: int) -> int:
+  lines = [l for l in job.output(i).splitlines() if l.startswith("preempted at step")]
+  assert len(lines) == 1 and "Traceback" not in job.output(i), job.output(i)
+  return int(lines[0].split()[3].rstrip(":"))
+
+
+def test_sigterm_to_every_host_saves_one_step_and_the_rerun_continues(tmp_path, cache,
+                                                                      reference):
+  work = tmp_path / "run"
+  job = hosts.start(_vit_args(work, cache), 2, tmp_path / "logs", tag="first")
+  _wait_for(lambda: len(_losses(work)) >= 3, job, what="third step")
+  # A second run on the live job's workdir is refused on each of its hosts, in one line.
+  second = hosts.start(_vit_args(work, cache), 2, tmp_path / "logs", tag="second")
+  assert second.wait(300) == [1, 1]
+  for i in range(2):
+    errors = [l for l in second.output(i).splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "in use by" in errors[0], second.output(i)
+    assert "Traceback" not in second.output(i)
+  assert job.alive()
+  t0 = time.time()
+  job.signal(signal.SIGTERM)
+  assert job.wait(300) == [143, 143], job.output()
+  print(f"SIGTERM to exit: {time.time() - t0:.1f} s")
+  steps = {_preempted(job, i) for i in range(2)}
+  assert len(steps) == 1 and _checkpoints(work) == [steps.pop()]  # the same step on both
+  rerun = _job(_vit_args(work, cache), tmp_path, tag="rerun")
+  assert "resumed from step" in rerun.output(0)
+  _assert_same_losses(_losses(work), reference)
+
+
+def test_sigterm_to_one_host_stops_both_and_one_host_continues(tmp_path, cache, reference):
+  work = tmp_path / "run"
+  job = hosts.start(_vit_args(work, cache), 2, tmp_path / "logs", tag="first")
+  _wait_for(lambda: len(_losses(work)) >= 3, job, what="third step")
+  job.signal(signal.SIGTERM, which=[1])
+  assert job.wait(300) == [143, 143], job.output()
+  step = {_preempted(job, i) for i in range(2)}
+  assert len(step) == 1
+  # The 2-host checkpoint continues in one process with 8 devices.
+  out = _single(_vit_args(work, cache), tmp_path, tag="continue")
+  assert f"resumed from step {step.pop()}" in out.stdout + out.stderr
+  _assert_same_losses(_losses(work), reference)
+
+
+def test_kill_9_of_every_host_and_a_one_host_run_continued_on_two(tmp_path, cache, reference):
+  # kill -9 of both hosts after a checkpoint: the rerun redoes the lost steps exactly.
+  work = tmp_path / "killed"
+  args = _vit_args(work, cache, "--config.checkpoint.every_steps=10")
+  job = hosts.start(args, 2, tmp_path / "logs", tag="first")
+  _wait_for(lambda: _checkpoints(work) and len(_losses(work)) >= 12, job, what="checkpoint")
+  job.kill()
+  _job(args, tmp_path, tag="rerun")
+  _assert_same_losses(_losses(work), reference)
+  # One process preempted by SIGTERM, continued by two hosts.
+  work = tmp_path / "one_then_two"
+  log = open(tmp_path / "one.log", "w")
+  proc = subprocess.Popen(_vit_args(work, cache), cwd=REPO, env=hosts.env(8), stdout=log,
+                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          start_new_session=True)
+  _wait_for(lambda: len(_losses(work)) >= 3, proc, what="third step")
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=300) == 143, (tmp_path / "one.log").read_text()
+  rerun = _job(_vit_args(work, cache), tmp_path, tag="two")
+  assert "resumed from step" in rerun.output(0)
+  _assert_same_losses(_losses(work), reference)
+
+
+def test_independent_trainers_on_one_fresh_cache_all_finish(tmp_path):
+  """Four trainers started at once on one empty cache (two prepare Fashion-MNIST, two train
+  the same tokenizer and tokenise the same corpus): one prepares each entry, the others wait
+  for it, and all train on the same data."""
+  fresh = tmp_path / "fresh_cache"
+  procs = []
+  for i, kind in enumerate(("vit", "lm", "vit", "lm")):
+    args = hosts.train_args(kind, tmp_path / f"run{i}", fresh, "--config.total_steps=3",
+                            "--config.eval_every=0", "--config.log_every=1")
+    log = open(tmp_path / f"run{i}.log", "w")
+    procs.append(subprocess.Popen(args, cwd=REPO, env=hosts.env(1), stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+  for i, p in enumerate(procs):
+    assert p.wait(timeout=900) == 0, (tmp_path / f"run{i}.log").read_text()[-3000:]
+  for a, b in ((0, 2), (1, 3)):
+    _assert_same_losses(_losses(tmp_path / f"run{a}"), _losses(tmp_path / f"run{b}"))
