@@ -6,14 +6,21 @@ hours. These helpers go through the coordination service of `jax.distributed` in
 key-value store and barriers, with explicit timeouts), and do nothing in a single process.
 
   share(name, value)         process 0's string, on every process
+  agree(name, problem)       every process's problem (or None); all raise the first one
   process_0_first(name)      process 0 runs the block first, the others after it succeeded
                              (one line naming process 0's error when it failed)
+
+Every process of a job makes the same calls in the same order (the trainer is one program on
+all hosts), so the n-th call has the same key everywhere: keys carry that call number, and
+names need not be unique (nor the same text on every host: a workdir that differs between
+hosts must not make the keys differ, or the hosts would wait for each other for hours).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+import itertools
 
 import jax
 
@@ -38,19 +45,49 @@ def joined() -> bool:
   return _client() is not None
 
 
+# The number of the next call (same on every process: see the module docstring).
+_calls = itertools.count()
+
+
+def _key(name: str) -> str:
+  return f"laplax/{next(_calls)}/{name}"
+
+
 def share(name: str, value: Callable[[], str] | str, *,
           timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-  """Process 0's `value` (a string, or a callable process 0 alone calls) on every process.
-
-  `name` must be unique within the job (e.g. it includes the workdir)."""
+  """Process 0's `value` (a string, or a callable process 0 alone calls) on every process."""
   if not is_multiprocess():
     return value() if callable(value) else value
-  client, key = _client(), f"laplax/{name}"
+  client, key = _client(), _key(name)
   if jax.process_index() == 0:
     text = value() if callable(value) else value
     client.key_value_set(key, text, allow_overwrite=True)
     return text
   return client.blocking_key_value_get(key, int(timeout_s * 1000))
+
+
+def agree(name: str, problem: str | None, *, timeout_s: float = 600.0) -> None:
+  """Raises ValueError(the first problem of any process) on every process, if there is one.
+
+  For checks each host makes on its own (e.g. whether it sees the shared workdir): one
+  process's problem stops all of them with the same line instead of leaving the others to
+  time out in their next collective."""
+  if not is_multiprocess():
+    if problem:
+      raise ValueError(problem)
+    return
+  client, key, index = _client(), _key(name), jax.process_index()
+  ms = int(timeout_s * 1000)
+  if index != 0:
+    client.key_value_set(f"{key}/{index}", problem or "", allow_overwrite=True)
+    verdict = client.blocking_key_value_get(f"{key}/verdict", ms)
+  else:
+    problems = [problem or ""] + [client.blocking_key_value_get(f"{key}/{i}", ms)
+                                  for i in range(1, jax.process_count())]
+    verdict = next((p for p in problems if p), "")
+    client.key_value_set(f"{key}/verdict", verdict, allow_overwrite=True)
+  if verdict:
+    raise ValueError(verdict)
 
 
 class PeerFailed(ValueError):

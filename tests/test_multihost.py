@@ -1,5 +1,5 @@
-"""Real multi-process runs: `train.py --multihost` as 2 processes x 4 fake CPU devices on one
-machine (gloo collectives over loopback), against one process with 8 devices.
+"""Real multi-process runs: `train.py --multihost` as 2 processes x 4 fake CPU devices (or 4 x 2)
+on one machine (gloo collectives over loopback), against one process with 8 devices.
 
 The same run spread over more hosts gives the same losses (ViT with Mixup / CutMix and
 random-resized crops, LM, DINO); the hosts share one workdir and a cold data cache; SIGTERM to
@@ -78,7 +78,7 @@ def cache(data_cache):
 
 @pytest.mark.parametrize("kind, extra", [("vit", VIT), ("lm", ("--config.log_every=1",)),
                                          ("dino", ("--config.log_every=1",))])
-def test_two_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
+def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
   args = lambda work, c: hosts.train_args(kind, work, c, "--config.total_steps=6", *extra)
   one = tmp_path / "one"
   _single(args(one, cache), tmp_path)
@@ -99,6 +99,10 @@ def test_two_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
   for i in range(2):
     assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
   assert (two / "metrics.jsonl").read_text() == before
+  # Four hosts x 2 devices: the same losses again.
+  four = tmp_path / "four"
+  _job(args(four, cold), tmp_path, n=4, tag="four")
+  _assert_same_losses(_losses(four), _losses(one))
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +201,39 @@ def test_independent_trainers_on_one_fresh_cache_all_finish(tmp_path):
     assert p.wait(timeout=900) == 0, (tmp_path / f"run{i}.log").read_text()[-3000:]
   for a, b in ((0, 2), (1, 3)):
     _assert_same_losses(_losses(tmp_path / f"run{a}"), _losses(tmp_path / f"run{b}"))
+
+
+def test_hosts_that_do_not_share_the_workdir_all_stop_with_one_line(tmp_path, cache):
+  """Process 1 given its own directory (as on hosts with local disks): every host stops
+  before anything is trained, with the same line, instead of timing out in a collective."""
+  port = hosts.free_port()
+  logs, procs = [], []
+  for i, work in enumerate((tmp_path / "shared", tmp_path / "local_to_host_1")):
+    cluster = ["--multihost", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+               f"--process_id={i}"]
+    logs.append(tmp_path / f"host{i}.log")
+    with open(logs[-1], "w") as f:
+      procs.append(subprocess.Popen(hosts.train_args("vit", work, cache) + cluster, cwd=REPO,
+                                    env=hosts.env(4), stdout=f, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL))
+  job = hosts.Job(procs, logs)
+  assert job.wait(300) == [1, 1], job.output()
+  for i in range(2):
+    errors = [l for l in job.output(i).splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "is not the directory process 0 locked" in errors[0], \
+        job.output(i)
+    assert "Traceback" not in job.output(i)
+  assert not (tmp_path / "shared" / "config.json").exists()
+
+
+def test_data_that_fails_on_process_0_stops_every_host_with_one_line(tmp_path, cache):
+  empty = tmp_path / "no_text"
+  empty.mkdir()
+  args = hosts.train_args("lm", tmp_path / "run", cache, f"--config.data.sources=('{empty}',)")
+  job = hosts.start(args, 2, tmp_path / "logs")
+  assert job.wait(300) == [1, 1], job.output()
+  errors = [[l for l in job.output(i).splitlines() if l.startswith("error:")] for i in range(2)]
+  assert len(errors[0]) == 1 and len(errors[1]) == 1, job.output()
+  assert errors[1][0].startswith("error: process 0 failed:") and \
+      errors[0][0][len("error: "):] in errors[1][0], errors
+  assert "Traceback" not in job.output()

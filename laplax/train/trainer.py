@@ -175,7 +175,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
   check_workdir_config(workdir, config)
   # Missing or bad data stops a fresh start before config.json. Process 0 prepares first (into
   # a shared cache the others then find ready), so the hosts never prepare one entry at once.
-  with multihost.process_0_first(f"load_data/{workdir}"):
+  with multihost.process_0_first("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
   finished = _finished_results(workdir, total_steps)

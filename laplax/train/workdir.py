@@ -10,6 +10,11 @@ in another terminal), not against a process on another host sharing an NFS
 directory (Linux emulates flock on NFS with fcntl locks, which do work there,
 but that is not tested here).
 
+`lock_run(workdir)` is what a trainer takes: `lock_workdir` in one process; in a job of
+several processes (a pod's hosts, which share the workdir) process 0 alone holds the flock,
+and the other hosts check through the job's coordination service that it got it and that
+their workdir holds its run id.
+
 `write_json_atomic` writes to a temporary file in the same directory, fsyncs it
 and renames it over the target: a kill or a full disk leaves either the old
 file or the new one, never an empty or torn one. `read_json` turns a damaged
@@ -135,7 +140,7 @@ def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
       yield
     return
   import jax  # only for a multi-process run: this module stays light
-  name = f"lock/{os.fspath(workdir)}"
+  name = "workdir_lock"
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
       run_id = uuid.uuid4().hex
@@ -145,22 +150,28 @@ def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
         multihost.share(name, _REFUSED + (str(e) or type(e).__name__))
         raise
       multihost.share(name, run_id)
+      problem = None
     else:
       answer = multihost.share(name, "")
       if answer.startswith(_REFUSED):
         raise WorkdirLocked(answer[len(_REFUSED):])
-      if is_local(workdir):
-        lock_path = pathlib.Path(workdir).expanduser() / LOCK_NAME
-        try:
-          seen = json.loads(lock_path.read_text()).get("run")
-        except (OSError, ValueError, AttributeError):
-          seen = None
-        if seen != answer:
-          raise ValueError(
-              f"workdir {workdir} on process {jax.process_index()} is not the directory "
-              "process 0 locked: the hosts of a job need one shared workdir (NFS, Filestore, "
-              "a mounted bucket) or a gs:// path")
+      problem = None if _holds_run(workdir, answer) else (
+          f"workdir {workdir} on process {jax.process_index()} is not the directory process 0 "
+          "locked: the hosts of a job need one shared workdir (NFS, Filestore, a mounted "
+          "bucket) or a gs:// path, and the same --workdir")
+    multihost.agree("workdir_shared", problem)
     yield
+
+
+def _holds_run(workdir, run_id: str) -> bool:
+  """Whether workdir's lock file names run `run_id` (an object store has none: true)."""
+  if not is_local(workdir):
+    return True
+  try:
+    info = json.loads((pathlib.Path(workdir).expanduser() / LOCK_NAME).read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(info, dict) and info.get("run") == run_id
 
 
 def json_safe(obj: Any) -> Any:
