@@ -31,6 +31,9 @@ import sys
 from absl import app, flags
 
 from laplax import cli
+from laplax.data.shared import shared_data_dir
+from laplax.evals import run
+from laplax.train.task import EvalOptions
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
@@ -57,9 +60,6 @@ def main(argv):
   cli.configure_xla()
 
   def work():
-    from laplax.data.shared import shared_data_dir
-    from laplax.evals import run
-    from laplax.tasks import EvalOptions
     options = EvalOptions(export=FLAGS.export, analyze=FLAGS.analyze,
                           analysis_examples=FLAGS.analysis_examples, tasks=tuple(FLAGS.tasks),
                           limit=FLAGS.limit, data_dir=FLAGS.data_dir or str(shared_data_dir()),

@@ -14,6 +14,12 @@ from ml_collections import config_flags
 
 from laplax import cli
 
+cli.configure_xla()  # before JAX starts a backend (it reads XLA_FLAGS then)
+
+from laplax.study import grid  # noqa: E402
+from laplax.train import aot  # noqa: E402
+from laplax.train import trainer  # noqa: E402
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.",
                                 lock_config=True)
@@ -33,8 +39,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   cli.quiet_logging()
-  cli.configure_xla()
-  import jax  # after flag parsing, so XLA flags from the environment apply
   if FLAGS.multihost:
     cli.drop_native_lines()  # gloo's chatter; before initialize, whose atexit runs first
     cli.run_main(lambda: cli.initialize_distributed(
@@ -43,11 +47,11 @@ def main(argv):
                                    FLAGS.process_id)):
     cli.fail("--coordinator_address, --num_processes and --process_id need --multihost")
   if FLAGS.aot:
-    from laplax.train import aot
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
-    return
-  from laplax.train import trainer
-  cli.run_main(lambda: trainer.run(FLAGS.config, FLAGS.workdir))
+  elif "study" in FLAGS.config:  # a grid of ordinary runs and one report
+    cli.run_main(lambda: grid.run_study(FLAGS.config, FLAGS.workdir))
+  else:
+    cli.run_main(lambda: trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from laplax import sharding
 from laplax.models import gpt
 from configs import test as test_configs
 from laplax.tasks import lm
-from laplax.train import trainer
+from laplax.train import optim as optim_lib
+from laplax.train import state as state_lib
 
 
 def parse_args():
@@ -64,7 +65,7 @@ def main():
       lr=1e-3, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=10,
       warmdown_fraction=0.2, final_lr_fraction=0.0, weight_decay=0.0, b1=0.9, b2=0.95,
       clip_norm=1.0))
-  tx = lm.lm_optimizer(optim, 10_000)
+  tx = optim_lib.lm_optimizer(optim, 10_000)
   task_config = test_configs.get_config("lm")
   task_config.data.seq_len = args.seq_len
   task = lm.LanguageModelTask(task_config)
@@ -75,7 +76,7 @@ def main():
   batch = sharding.host_batch_to_global(batch, mesh)
   states, steps, compile_s = {}, {}, {}
   for name, model in models.items():
-    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed=0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       steps[name] = jax.jit(task.make_step(model, tx, 10_000),
                             in_shardings=(shardings, sharding.batch_sharding(mesh)),

@@ -58,8 +58,8 @@ from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
 from laplax.tasks import dino as dino_task
-from laplax.train import trainer
-from laplax.train.state import make_optimizer
+from laplax.train import state as state_lib
+from laplax.train.optim import make_optimizer
 
 _LUMA = np.asarray((0.299, 0.587, 0.114), np.float32)  # as multicrop._LUMA
 _NUM_DRAWS = 13  # uniforms per crop, same columns as multicrop.augment_crop's `u`
@@ -267,7 +267,7 @@ class StepVariant:
 
   def __init__(self, step_fn, batch: dict[str, jax.Array], *, task, model, tx, mesh, rules,
                seed: int):
-    self.state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed)
+    self.state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed)
     self.batch = batch
     start = time.perf_counter()
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -33,8 +33,8 @@ from laplax import sharding
 from laplax.models import vit
 from configs import test as test_configs
 from laplax.tasks.classification import ClassificationTask
-from laplax.train import trainer
-from laplax.train.state import make_optimizer
+from laplax.train import state as state_lib
+from laplax.train.optim import make_optimizer
 from laplax.train.steps import make_train_step
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -67,7 +67,7 @@ class Variant:
     optim.flatten = flatten  # one raveled AdamW update (laplax.train.state.flat_adamw)
     tx = make_optimizer(optim, total_steps=10_000)
     task = _BenchTask(test_configs.get_config("vit"), batch_np["image"].shape[1:])
-    self.state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed)
+    self.state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed)
     self.batch = sharding.host_batch_to_global(batch_np, mesh)
     step = make_train_step(task.loss_fn(model), tx, seed=seed)  # label smoothing 0.1
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -188,7 +188,6 @@ def study(name: str, base: ml_collections.ConfigDict, specs, seeds=(0, 1, 2)
   """A study of `base` runs: specs (the baseline first) x seeds, one report (laplax.study)."""
   c = ml_collections.ConfigDict()
   c.name = name
-  c.task = "study"
   c.base = base
   c.study = ml_collections.ConfigDict()
   c.study.laplacian_heads = list(specs)  # the first entry is the baseline of the paired test

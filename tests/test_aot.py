@@ -16,12 +16,13 @@ import jax
 import pytest
 
 from conftest import REPO, make_config
-from laplax import flops, sharding, tasks
-from laplax.train import trainer
+from laplax import flops, sharding
+from laplax.train import state as state_lib
+from laplax.train import task as task_lib
 
 
 def _abstract_params(config):
-  task = tasks.for_config(config)
+  task = task_lib.for_config(config)
   model = task.build_model()
   boxed = jax.eval_shape(lambda r: task.init_params(model, r), jax.random.key(0))
   return task, model, jax.tree.map(lambda x: getattr(x, "value", x), boxed,
@@ -88,21 +89,21 @@ def test_mfu_uses_the_chips_peak():
 
 def test_abstract_batches_have_the_training_shapes():
   assert {k: (v.shape, str(v.dtype)) for k, v in
-          tasks.for_config(make_config("lm")).abstract_batch(16).items()} == {
+          task_lib.for_config(make_config("lm")).abstract_batch(16).items()} == {
               "tokens": ((16, 33), "int32")}
   assert {k: (v.shape, str(v.dtype)) for k, v in
-          tasks.for_config(make_config("vit")).abstract_batch(8).items()} == {
+          task_lib.for_config(make_config("vit")).abstract_batch(8).items()} == {
               "image": ((8, 28, 28, 1), "float32"), "label": ((8,), "int32")}
-  assert tasks.for_config(make_config("dino")).abstract_batch(4)["image"].shape == (4, 28, 28, 1)
+  assert task_lib.for_config(make_config("dino")).abstract_batch(4)["image"].shape == (4, 28, 28, 1)
 
 
 def test_image_size_and_classes_override_the_data_set():
   config = make_config("vit", **{"data.name": "imagenet2012"})
   with pytest.raises(ValueError, match="or set data.image_size and data.num_classes"):
-    tasks.for_config(config).validate(dp=1, hosts=1)
+    task_lib.for_config(config).validate(dp=1, hosts=1)
   config.data.image_size = 56
   config.data.num_classes = 7
-  task = tasks.for_config(config)
+  task = task_lib.for_config(config)
   task.validate(dp=1, hosts=1)
   assert task.sample_input().shape == (1, 56, 56, 3)
   assert task.build_model().num_classes == 7
@@ -146,10 +147,10 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
   assert saved["topology"] == "v5e:2x2" and saved["chips"] == 4 and saved["fits"] is True
   assert saved["mesh"] == {"data": 4, "fsdp": 1, "model": 1}
   assert saved["hbm_bytes_per_chip"] == 16 * 2 ** 30
-  task = tasks.for_config(config)
+  task = task_lib.for_config(config)
   model = task.build_model()
   tx, _ = task.optimizer(10)
-  abstract, _ = trainer.abstract_state(task, model, tx, sharding.make_mesh(
+  abstract, _ = state_lib.abstract_state(task, model, tx, sharding.make_mesh(
       {"data": 1}, devices=jax.devices()[:1]), sharding.rules_from_config(()))
   assert saved["params"] == sum(x.size for x in jax.tree.leaves(abstract.params))
   assert saved["flops_per_step"] == task.flops_per_step(model, abstract.params)

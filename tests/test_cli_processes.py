@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, make_config
 from laplax.data.images import load_image_data
-from laplax.train import trainer
+from laplax.train import restore
 from laplax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # several short training runs as subprocesses
@@ -127,7 +127,7 @@ def test_diverging_run_stops_without_a_nan_checkpoint(tmp_path, cache):
   assert not (work / "results.json").exists()
   # Every checkpoint left restores to finite parameters.
   for step in sorted(int(p.name) for p in (work / "checkpoints").glob("[0-9]*")):
-    run = trainer.load_run(work, step=step, log=lambda m: None)
+    run = restore.load_run(work, step=step, log=lambda m: None)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(run.params)), step
 
 

@@ -9,8 +9,8 @@ from ml_collections import config_flags
 import pytest
 
 from laplax import cli
-from laplax import tasks
 from laplax.data import builders
+from laplax.train import task as task_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
@@ -43,9 +43,9 @@ def _parse(name, *args):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_is_valid(name):
   config = _load(name)
-  assert config.task == "study" or config.task in tasks.TASKS
-  run = config.base if config.task == "study" else config  # a study's cells are runs of base
-  task = tasks.for_config(run)
+  assert "study" in config or config.task in task_lib.TASKS
+  run = config.base if "study" in config else config  # a study's cells are runs of base
+  task = task_lib.for_config(run)
   task.validate(dp=1, hosts=1)
   for data_set in run.get("eval", {}).get("transfer", {}):
     builders.dataset_info(data_set)
@@ -53,11 +53,11 @@ def test_config_is_valid(name):
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(("study", "test:st"))])
 def test_per_layer_head_list_from_the_command_line(name):
-  task = tasks.for_config(_load(name))
+  task = task_lib.for_config(_load(name))
   _, heads, depth = task.head_layout(task.build_model())
   spec = "(" + ",".join(str(i % (heads + 1)) for i in range(depth)) + ")"
   config = _parse(name, f"--config.model.laplacian_heads={spec}")
-  task = tasks.for_config(config)
+  task = task_lib.for_config(config)
   assert task.describe_heads(task.build_model()) == "k=[" + spec[1:-1] + "]" or depth == 1
   task.validate(dp=1, hosts=1)
 
@@ -68,13 +68,13 @@ def test_pod_config_flags(name):
   the fit-check overrides from the command line."""
   config = _load(name)
   assert "Target: TPU " in importlib.import_module(f"configs.{name}").__doc__
-  tasks.for_config(config).validate(dp=16, hosts=4)
+  task_lib.for_config(config).validate(dp=16, hosts=4)
   seq = ["--config.data.seq_len=8192"] if config.task == "lm" else []
   config = _parse(name, "--config.data.batch_size=16", "--config.model.attention_impl=xla",
                   "--config.model.remat_policy=dots_saveable", *seq)
   assert (config.data.batch_size, config.model.attention_impl, config.model.remat_policy) == (
       16, "xla", "dots_saveable")
-  tasks.for_config(config).validate(dp=16, hosts=4)
+  task_lib.for_config(config).validate(dp=16, hosts=4)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -89,7 +89,7 @@ def test_dino_config_errors_before_training(override, message):
   config = _load("test:dino")
   config.update_from_flattened_dict(override)
   with pytest.raises(ValueError, match=message):
-    tasks.for_config(config).validate(dp=1, hosts=1)
+    task_lib.for_config(config).validate(dp=1, hosts=1)
 
 
 def test_config_file_errors_fold_to_their_last_line():
@@ -125,4 +125,4 @@ def test_unknown_task_is_one_line():
   config = _load("test:vit")
   config.task = "segmentation"
   with pytest.raises(ValueError, match="config.task='segmentation'; choose one of"):
-    tasks.for_config(config)
+    task_lib.for_config(config)

@@ -17,8 +17,9 @@ from laplax.evals import features, probes
 from laplax.models import dino as dino_lib
 from laplax.models import vit
 from laplax.tasks import dino as dino_task
-from laplax.train import trainer
+from laplax.train import optim as optim_lib
 from laplax.train import state as state_lib
+from laplax.train import trainer
 from laplax.train.state import TrainState
 
 
@@ -118,10 +119,10 @@ def _run_updates(tx, params, grads, n):
 def test_last_layer_adamw_starts_fresh_on_unfreezing():
   freeze, total = 5, 20
   optim = _optim()
-  lr = state_lib.learning_rate_schedule(optim, total)
+  lr = optim_lib.learning_rate_schedule(optim, total)
   params = _toy_params()
   grads = jax.tree.map(lambda p: np.full_like(p, 0.3), params)
-  updates, states = _run_updates(dino_task.dino_optimizer(optim, total, freeze), params, grads,
+  updates, states = _run_updates(optim_lib.dino_optimizer(optim, total, freeze), params, grads,
                                  freeze + 2)
   for t, u in enumerate(updates):
     # The rest: Adam with a constant gradient moves every weight by exactly lr(t).
@@ -141,18 +142,18 @@ def test_last_layer_adamw_starts_fresh_on_unfreezing():
 
 
 def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer():
-  schedule = state_lib.weight_decay_schedule(_optim(weight_decay=0.04, weight_decay_end=0.4),
+  schedule = optim_lib.weight_decay_schedule(_optim(weight_decay=0.04, weight_decay_end=0.4),
                                              100)
   np.testing.assert_allclose([float(schedule(s)) for s in (0, 50, 100, 200)],
                              [0.04, 0.22, 0.4, 0.4], rtol=1e-6)
-  assert state_lib.weight_decay_schedule(_optim(weight_decay=0.05), 100) == 0.05
+  assert optim_lib.weight_decay_schedule(_optim(weight_decay=0.05), 100) == 0.05
   # Zero gradients: the update is the decay alone, -lr(t) wd(t) p, on matrices only.
   freeze, total = 3, 10
   optim = _optim(weight_decay=0.04, weight_decay_end=0.4)
-  lr = state_lib.learning_rate_schedule(optim, total)
+  lr = optim_lib.learning_rate_schedule(optim, total)
   params = _toy_params()
   zeros = jax.tree.map(np.zeros_like, params)
-  updates, _ = _run_updates(dino_task.dino_optimizer(optim, total, freeze), params, zeros,
+  updates, _ = _run_updates(optim_lib.dino_optimizer(optim, total, freeze), params, zeros,
                             freeze + 1)
   for t, u in enumerate(updates):
     want = -lr(t) * schedule(t * 10) * params["head"]["fc1"]["kernel"]
@@ -166,7 +167,7 @@ def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer
 
 def test_per_tensor_and_global_clipping():
   grads = {"a": np.full((4,), 3.0, np.float32), "b": np.full((4,), 0.5, np.float32)}  # 6, 1
-  clip = lambda mode: optax.chain(*state_lib.gradient_clip(_optim(clip_norm=3.0,
+  clip = lambda mode: optax.chain(*optim_lib.gradient_clip(_optim(clip_norm=3.0,
                                                                   clip_mode=mode)))
   per_tensor, _ = clip("per_tensor").update(grads, clip("per_tensor").init(grads))
   np.testing.assert_allclose(np.linalg.norm(per_tensor["a"]), 3.0, rtol=1e-6)
@@ -175,9 +176,9 @@ def test_per_tensor_and_global_clipping():
   scale = 3.0 / np.sqrt(37.0)
   np.testing.assert_allclose(global_["a"], grads["a"] * scale, rtol=1e-6)
   np.testing.assert_allclose(global_["b"], grads["b"] * scale, rtol=1e-6)
-  assert state_lib.gradient_clip(_optim(clip_norm=0.0, clip_mode="per_tensor")) == []
+  assert optim_lib.gradient_clip(_optim(clip_norm=0.0, clip_mode="per_tensor")) == []
   with pytest.raises(ValueError, match="clip_mode"):
-    state_lib.gradient_clip(_optim(clip_norm=3.0, clip_mode="layer"))
+    optim_lib.gradient_clip(_optim(clip_norm=3.0, clip_mode="layer"))
 
 
 def test_position_table_resize_keeps_grid_and_trains_through_local_crops():
@@ -224,7 +225,7 @@ def _tiny_setup():
       freeze_last_layer_epochs=0.5))
   optim = ml_collections.ConfigDict(dict(lr=1e-2, warmup_steps=0, weight_decay=0.04, b1=0.9,
                                          b2=0.999, clip_norm=3.0, final_lr_fraction=0.0))
-  return crops, dino_cfg, dino_task.dino_optimizer(optim, 10, dino_task.freeze_steps(dino_cfg, 4))
+  return crops, dino_cfg, optim_lib.dino_optimizer(optim, 10, dino_task.freeze_steps(dino_cfg, 4))
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +237,7 @@ def initial_state():
   model = _tiny_model()
   _, _, tx = _tiny_setup()
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  abstract, _ = trainer.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
+  abstract, _ = state_lib.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
   rng = np.random.default_rng(7)
   draw = lambda a, scale: (scale * rng.normal(size=a.shape)).astype(np.float32)
   params = jax.tree.map(lambda a: draw(a, 0.2), abstract.params)
@@ -250,7 +251,7 @@ def _run_one_step(mesh, state, images):
   """One jitted DINO step on `mesh` -> (model, crops, new state, metrics) on the host."""
   model = _tiny_model()
   crops, dino_cfg, tx = _tiny_setup()
-  _, shardings = trainer.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
+  _, shardings = state_lib.abstract_state(_task(), model, tx, mesh, sharding.DEFAULT_RULES)
   step = dino_task.make_dino_step(model, tx, crops, dino_cfg, seed=3, total_steps=10,
                                    steps_per_epoch=4, mean=(0.5,) * 3, std=(0.25,) * 3)
   with jax.set_mesh(mesh):

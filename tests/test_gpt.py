@@ -12,7 +12,8 @@ from conftest import make_config
 from laplax import sharding
 from laplax.models import gpt
 from laplax.tasks import lm
-from laplax.train import trainer
+from laplax.train import optim as optim_lib
+from laplax.train import state as state_lib
 
 TINY = dict(vocab_size=64, depth=2, width=32, head_dim=8)  # 4 heads of 8
 
@@ -136,7 +137,7 @@ def test_sharded_fsdp_model_step_equals_one_device():
       lr=1e-2, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=1,
       warmdown_fraction=0.5, final_lr_fraction=0.0, weight_decay=0.1, b1=0.9, b2=0.95,
       clip_norm=1.0))
-  tx = lm.lm_optimizer(optim, 4)
+  tx = optim_lib.lm_optimizer(optim, 4)
   task = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
   rules = sharding.rules_from_config(())
   # One batch three times: its loss must fall.
@@ -146,7 +147,7 @@ def test_sharded_fsdp_model_step_equals_one_device():
   for name, shape, devices in [("one", {"data": 1}, jax.devices()[:1]),
                                ("mesh", {"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])]:
     mesh = sharding.make_mesh(shape, devices)
-    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed=0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       step = jax.jit(task.make_step(model, tx, 4),
                      in_shardings=(shardings, sharding.batch_sharding(mesh)),

@@ -16,6 +16,7 @@ from laplax.data import text
 from laplax.data.builders import DataError
 from laplax.evals import bpb
 from laplax.models import gpt
+from laplax.train import restore
 from laplax.train import trainer
 
 
@@ -234,7 +235,7 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
   assert any("resumed from step 40" in l for l in lines) and results["step"] == 50
   # What eval.py and the geometry analysis load: the step-50 parameters and the tokenizer.
-  run = trainer.load_run(tmp_path / "run", log=lines.append)
+  run = restore.load_run(tmp_path / "run", log=lines.append)
   model, variables, tokenizer = run.model, {"params": run.params}, run.task.tokenizer
   assert sum(x.size for x in jax.tree.leaves(variables)) == results["params"]
   prompt = tokenizer.encode("ROMEO:")[None]

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import make_config
 from laplax.evals import run as eval_run
-from laplax.tasks import EvalOptions
 from laplax.train import trainer
+from laplax.train.task import EvalOptions
 
 pytestmark = pytest.mark.slow  # a training run and every LM task
 

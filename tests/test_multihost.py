@@ -8,7 +8,6 @@ the rerun (on 2 hosts or on 1) continues the uninterrupted run exactly, as after
 second run on a live job's workdir is refused on every host; a finished run is not rerun;
 independent trainers started together on one fresh cache all finish."""
 
-import json
 import pathlib
 import signal
 import subprocess

@@ -15,7 +15,7 @@ import optax
 
 from laplax import cli
 from laplax.models import layers, vit
-from laplax.train.state import decay_mask, make_optimizer
+from laplax.train.optim import decay_mask, make_optimizer
 
 
 def _optim(flatten: bool, clip_norm: float = 1.0) -> ml_collections.ConfigDict:

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, make_config
 from laplax.evals import run as eval_run
 from laplax.study import grid, stats
-from laplax.tasks import EvalOptions
+from laplax.train.task import EvalOptions
 
 
 def mini_study_config(cache):

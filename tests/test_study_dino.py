@@ -16,7 +16,7 @@ from laplax.evals import probes
 from laplax.evals import run as eval_run
 from laplax.geometry import dino as dino_geometry
 from laplax.study import grid
-from laplax.tasks import EvalOptions
+from laplax.train.task import EvalOptions
 
 
 def _load(name):

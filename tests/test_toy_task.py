@@ -13,8 +13,9 @@ import optax
 import pytest
 
 from configs import common
-from laplax import tasks
 from laplax.attention import MultiHeadAttention
+from laplax.train import restore
+from laplax.train import task as task_lib
 from laplax.train import trainer
 
 VOCAB, LENGTH = 4, 8
@@ -35,7 +36,7 @@ class FirstTokenModel(nn.Module):
     return nn.Dense(VOCAB)(x[:, 0] + x.mean(1))
 
 
-class FirstTokenTask(tasks.Task):
+class FirstTokenTask(task_lib.Task):
   name = "first_token"
   unit = "sequences"
 
@@ -84,9 +85,9 @@ def toy_config(steps=60) -> ml_collections.ConfigDict:
 
 @pytest.fixture
 def registered():
-  tasks.register("first_token", FirstTokenTask)
+  task_lib.register("first_token", FirstTokenTask)
   yield
-  del tasks.TASKS["first_token"]
+  del task_lib.TASKS["first_token"]
 
 
 def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
@@ -100,7 +101,7 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   lines = []
   more = trainer.train_and_evaluate(toy_config(90), tmp_path, log=lines.append)
   assert any("resumed from step 60" in l for l in lines) and more["step"] == 90
-  run = trainer.load_run(tmp_path, log=lambda m: None)
+  run = restore.load_run(tmp_path, log=lambda m: None)
   assert run.step == 90 and isinstance(run.task, FirstTokenTask)
   logits = run.model.apply({"params": run.params}, np.zeros((2, LENGTH), np.int32))
   assert logits.shape == (2, VOCAB)
@@ -108,7 +109,7 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
 
 def test_register_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a laplax.tasks.Task subclass"):
-    tasks.register("nope", dict)
+    task_lib.register("nope", dict)
 
 
 def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registered):

@@ -19,9 +19,10 @@ from laplax import sharding
 from laplax.data.images import load_image_data
 from laplax.models.vit import ViT
 from laplax.tasks.classification import ClassificationTask
+from laplax.train import state as state_lib
 from laplax.train import trainer
 from laplax.train.metrics import read_metrics
-from laplax.train.state import make_optimizer
+from laplax.train.optim import make_optimizer
 from laplax.train.steps import make_train_step
 
 
@@ -110,7 +111,7 @@ def test_sharded_step_equals_single_device(mesh_shape):
     mesh = sharding.make_mesh(shape, devices)
     rules = sharding.rules_from_config(())
     task = ClassificationTask(config)
-    state, shardings = trainer.create_state(task, model, tx, mesh, rules, seed=0)
+    state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed=0)
     step = make_train_step(task.loss_fn(model), tx, seed=0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       step = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh)),
@@ -134,7 +135,7 @@ def test_grad_accumulation_equals_one_big_batch():
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   rules = sharding.rules_from_config(())
   task = ClassificationTask(config)
-  state, _ = trainer.create_state(task, model, tx, mesh, rules, 0)
+  state, _ = state_lib.create_state(task, model, tx, mesh, rules, 0)
   batch = {"image": jax.random.normal(jax.random.key(1), (8, 28, 28, 1)),
            "label": jnp.arange(8) % 10}
   config.optim.label_smoothing = 0.0

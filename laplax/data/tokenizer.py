@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from etils import epath
+from laplax.data.builders import DataError
 
 # nanochat's variant of the GPT-4 pattern: digits in groups of 1-2 (not 1-3), which wastes fewer
 # tokens on numbers at small vocabularies; letters take at most one leading non-letter.
@@ -186,7 +187,6 @@ class Tokenizer:
   def load(cls, path: str | os.PathLike[str]) -> "Tokenizer":
     """The tokenizer saved at `path`; ValueError (one line, naming the file) if it is missing,
     corrupt or not a laplax BPE file."""
-    from laplax.data.builders import DataError
 
     path = as_path(path)
     try:

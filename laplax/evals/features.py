@@ -21,6 +21,7 @@ import numpy as np
 from laplax import sharding
 from laplax.data import builders, pipeline
 from laplax.models import dino as dino_lib
+from laplax.train import restore
 
 
 def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
@@ -97,8 +98,7 @@ class FrozenTeacher(NamedTuple):
 def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None) -> FrozenTeacher:
   """The teacher of a DINO workdir (latest good checkpoint, or `step`) on a one-device mesh,
   with the run's axis rules and its jitted feature_fn."""
-  from laplax.train import trainer
-  run = trainer.load_run(workdir, step=step, log=lambda s: None)
+  run = restore.load_run(workdir, step=step, log=lambda s: None)
   if run.task.name != "dino":
     raise ValueError(f"{workdir} holds a task={run.task.name!r} run, not 'dino'")
   size = run.config.multicrop.global_size

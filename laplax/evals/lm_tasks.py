@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from laplax.evals import generate as generate_lib
+from laplax.evals import sandbox
 
 LogprobFn = Callable[[Sequence[tuple[str, str]]], Sequence[float]]
 GenerateFn = Callable[[Sequence[str], int], Sequence[str]]
@@ -303,7 +305,6 @@ def humaneval_program(item: HumanEvalItem, completion: str) -> str:
 
 def sandbox_runner(timeout_s: float = 10.0, memory_mb: int = 1024) -> RunFn:
   """run_fn(program) -> passed, through laplax.evals.sandbox.run_python (own process, limits)."""
-  from laplax.evals import sandbox
 
   def run(program: str) -> bool:
     return sandbox.run_python(program, timeout_s=timeout_s, memory_mb=memory_mb).status \
@@ -431,7 +432,6 @@ def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size:
   import jax
   import jax.numpy as jnp
 
-  from laplax.evals import generate as generate_lib
 
   variables = {"params": params["params"] if "params" in params else params}
   bos = tokenizer.bos_id

@@ -10,25 +10,25 @@ from __future__ import annotations
 from etils import epath
 from typing import Any
 
-from laplax import tasks as tasks_lib
 from laplax.evals import export as export_lib
-from laplax.tasks.base import EvalOptions, Run
+from laplax.train import restore
+from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
+from laplax.train.task import EvalOptions, Run
 
 
 def load(workdir: epath.PathLike, *, log=print) -> Run:
   """A train.py workdir's latest good checkpoint, or an export directory, as a Run."""
-  from laplax.train import trainer
   workdir = workdir_lib.as_path(workdir)
   if not workdir.is_dir():
     raise ValueError(f"--workdir={workdir} does not exist")
   if export_lib.is_export(workdir):
-    config = trainer.read_config(workdir)
-    task = tasks_lib.for_config(config)
+    config = restore.read_config(workdir)
+    task = task_lib.for_config(config)
     meta, params = export_lib.load_export(workdir)
     return Run(workdir=workdir, config=config, task=task, model=task.build_model(),
                params=params, extra=None, step=meta.get("step"))
-  return trainer.load_run(workdir, log=log)
+  return restore.load_run(workdir, log=log)
 
 
 def run(workdir, out, options: EvalOptions = EvalOptions(), *, log=print) -> dict[str, Any]:

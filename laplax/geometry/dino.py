@@ -23,9 +23,10 @@ import numpy as np
 
 from laplax import geometry
 from laplax.data import pipeline
-from laplax.evals import pca as pca_lib
-from laplax.models import dino as dino_lib
 from laplax.evals import features as features_lib
+from laplax.evals import pca as pca_lib
+from laplax.geometry import plots
+from laplax.models import dino as dino_lib
 
 _update_cov = jax.jit(geometry.CovarianceStats.update)
 _finalize_cov = jax.jit(geometry.CovarianceStats.finalize)
@@ -86,7 +87,6 @@ def patch_spectra(model: dino_lib.DINO, params, images: np.ndarray, *,
 
 def write_spectra(spectra: dict[str, Any], out: pathlib.Path, name: str) -> pathlib.Path:
   """out/spectra.json and out/spectrum.png (plots.plot_spectrum) -> the JSON's path."""
-  from laplax.geometry import plots
   out.mkdir(parents=True, exist_ok=True)
   path = out / "spectra.json"
   tmp = path.with_suffix(".tmp")

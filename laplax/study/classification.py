@@ -13,10 +13,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from laplax import sharding
+from laplax.data.images import load_image_data
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
 from laplax.study import stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
+from laplax.train import checkpoint as ckpt_lib
+from laplax.train import restore
+from laplax.train import trainer
 
 FINISHED = ("results.json", "analysis.json", "curve.json")
 SCORES = [Score("test_accuracy", "test accuracy (%)")]
@@ -42,13 +47,11 @@ def label(key: str) -> str:
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   """Trains (or resumes) one cell and analyses it; returns {'results', 'analysis'}."""
-  from laplax.data.images import load_image_data
-  from laplax.train import trainer
   results_path, analysis_path = cell_dir / "results.json", cell_dir / "analysis.json"
   if not results_path.exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
   if not analysis_path.exists():
-    run = trainer.load_run(cell_dir, log=log)
+    run = restore.load_run(cell_dir, log=log)
     data = load_image_data(cfg.data)
     images, labels = data["test"]
     n = min(study.analysis_examples, len(labels))
@@ -72,19 +75,16 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
 def learning_curve(cell_dir: pathlib.Path, log) -> dict[str, float]:
   """{step: test accuracy} of every checkpoint the run kept (checkpoint.keep of them, every
   checkpoint.every_steps), read-only."""
-  from laplax import sharding
-  from laplax.train import checkpoint as ckpt_lib
-  from laplax.train import trainer
   reader = ckpt_lib.Checkpointer(cell_dir / "checkpoints", read_only=True, log=log)
   steps = reader.all_steps()
   reader.close()
-  first = trainer.load_run(cell_dir, log=log)
+  first = restore.load_run(cell_dir, log=log)
   first.task.load_data(cell_dir, log)
   mesh = sharding.make_mesh({"data": -1})
   rules = sharding.rules_from_config(first.config.get("axis_rules"))
   curve = {}
   for step in steps:
-    params = jax.device_put(trainer.load_run(cell_dir, step=step, log=log).params,
+    params = jax.device_put(restore.load_run(cell_dir, step=step, log=log).params,
                             sharding.replicated(mesh))
     curve[str(step)] = first.task.accuracy(first.model, params, "test", mesh=mesh,
                                            rules=rules)["accuracy"]

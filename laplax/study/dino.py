@@ -15,10 +15,15 @@ from typing import Any
 from laplax.data import builders
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
+from laplax.evals import features
 from laplax.evals import segmentation
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
-from laplax.study.grid import Claim, Score, cells_by_name, schedule_line, spec_name
+from laplax.study.cells import spec_name
+from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
+from laplax.train import restore
+from laplax.train import trainer
+from laplax.train.task import EvalOptions
 
 _SPECTRA = pathlib.Path("analysis") / "spectra.json"
 FINISHED = ("results.json", str(_SPECTRA))
@@ -50,12 +55,10 @@ def scale(key: str) -> tuple[float, int]:
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   """Trains (or resumes) one cell and measures its spectra; returns {'results', 'spectra'}."""
-  from laplax.tasks import EvalOptions
-  from laplax.train import trainer
   if not (cell_dir / "results.json").exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
   if not (cell_dir / _SPECTRA).exists():
-    run = trainer.load_run(cell_dir, log=log)
+    run = restore.load_run(cell_dir, log=log)
     run.task.evaluate_run(run, cell_dir, EvalOptions(
         analyze=True, photos="", analysis_examples=study.analysis_examples), log, probe=False)
   return {"results": json.loads((cell_dir / "results.json").read_text()),
@@ -154,7 +157,6 @@ def pca_figure(config, specs, done, names, workdir: pathlib.Path, path: pathlib.
   set) and the packaged photos (laplax.data.photos) at path's sibling pca_photos.png (when
   eval.photos is set); grey ones: the data set's first test images at path.
   -> {'seed', 'figures': [{'path', 'images', 'scores' (horses only)}]}."""
-  from laplax.evals import features
   base, lap = specs[0], specs[1]
   seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
   if not seeds:

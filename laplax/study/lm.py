@@ -13,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from laplax.evals import run as eval_run
 from laplax.geometry import plots
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
+from laplax.train import trainer
+from laplax.train.task import EvalOptions
 
 FINISHED = ("results.json", "eval.json")
 SCORES = [Score("val_bpb", "validation bits per byte", higher_is_better=False, scale=1.0,
@@ -42,9 +45,6 @@ def validate(config) -> None:
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   """Trains (or resumes) one cell and evaluates it; returns {'results', 'eval', 'analysis'}."""
-  from laplax.evals import run as eval_run
-  from laplax.tasks import EvalOptions
-  from laplax.train import trainer
   if not (cell_dir / "results.json").exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
   if not (cell_dir / "eval.json").exists():

@@ -26,7 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from laplax import cli
+from laplax.study import cells as cells_lib
 from laplax.train import loop
+from laplax.train import restore
 from laplax.train.metrics import format_seconds
 
 SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false"
@@ -123,20 +126,17 @@ def _main(argv: list[str]) -> None:
   core = os.environ.get("LAPLAX_STUDY_CORE")
   if core:  # before JAX starts its threads
     os.sched_setaffinity(0, {int(core)})
-  from laplax import cli
   cli.configure_xla()  # the parent passed its XLA_FLAGS; this adds laplax's if it has none
-  from laplax.study import grid
-  from laplax.train import trainer
   workdir, names = pathlib.Path(argv[1]), argv[2:]
 
   def run():
-    config = trainer.read_config(workdir)
-    _, section = grid.section_for(config)
-    cells = grid.grid_cells(config)
+    config = restore.read_config(workdir)
+    _, section = cells_lib.section_for(config)
+    cells = cells_lib.grid_cells(config)
     for cell in names:
       spec, seed = cells[cell]
       print(f"cell {cell}", flush=True)
-      section.run_cell(grid.cell_config(config, spec, seed), workdir / "cells" / cell,
+      section.run_cell(cells_lib.cell_config(config, spec, seed), workdir / "cells" / cell,
                        config.study, lambda m: print(m, flush=True))
 
   cli.run_main(run)

@@ -32,8 +32,10 @@ from laplax.data import builders, mixup as mixup_lib, pipeline, streaming
 from laplax.data.images import load_image_data
 from laplax.evals import accuracy
 from laplax.evals import export as export_lib
+from laplax.geometry import plots
+from laplax.geometry import vit as vit_geometry
 from laplax.models import vit
-from laplax.tasks.base import EvalOptions, Run, Task
+from laplax.train.task import EvalOptions, Run, Task
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -407,8 +409,6 @@ class ClassificationTask(Task):
           params, run.config, out, source=run.workdir, step=run.step, info=info,
           model=run.model))
     if options.analyze:
-      from laplax.geometry import plots
-      from laplax.geometry import vit as vit_geometry
       n = options.analysis_examples or 2000
       if self.streaming:  # the first n examples, decoded as evaluation sees them
         batches = list(self.eval_stream(split, min(n, 250), limit=n))

@@ -25,7 +25,6 @@ import math
 import pathlib
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -41,13 +40,14 @@ from laplax.data import pipeline
 from laplax.data.images import cache_dir, load_image_data
 from laplax.evals import features as features_lib
 from laplax.evals import probes
+from laplax.geometry import dino as dino_geometry
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
-from laplax.tasks.base import EvalOptions, Run, Task
 from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
+from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
-from laplax.train import state as state_lib
 from laplax.train.state import TrainState
+from laplax.train.task import EvalOptions, Run, Task
 
 Array = jax.Array
 
@@ -158,43 +158,6 @@ def feature_diagnostics(features_BxE: Array) -> dict[str, Array]:
           "effective_rank": geometry_metrics.effective_rank(jnp.linalg.eigvalsh(cov))}
 
 
-# --- The optimiser -------------------------------------------------------------------------
-
-
-def is_last_layer(path) -> bool:
-  """Whether a parameter's tree path lies in the head's last (prototype) layer."""
-  names = [getattr(p, "key", getattr(p, "name", "")) for p in path]
-  return any(a == "head" and b == "last_layer" for a, b in zip(names, names[1:]))
-
-
-def dino_optimizer(optim, total_steps: int, freeze_steps: int) -> optax.GradientTransformation:
-  """Clipping (laplax.train.state.gradient_clip), then AdamW (warm-up + cosine learning rate,
-  weight decay constant or cosine) with the head's last layer under its own AdamW, which makes
-  no update and keeps its state (moments and step count) untouched for the first freeze_steps
-  updates: on unfreezing, its bias correction starts at step 1 as in torch. Its learning rate
-  and weight decay schedules are shifted by freeze_steps, so they follow the global step."""
-  if optim.get("flatten", False):
-    raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
-                     "apart and cannot flatten; set optim.flatten=False")
-  lr = state_lib.learning_rate_schedule(optim, total_steps)
-  wd = state_lib.weight_decay_schedule(optim, total_steps)
-
-  def adamw(offset: int) -> optax.GradientTransformation:
-    shift = lambda f: (lambda count: f(count + offset)) if callable(f) else f
-    return optax.adamw(shift(lr), b1=optim.b1, b2=optim.b2, weight_decay=shift(wd),
-                       mask=state_lib.decay_mask)
-
-  last = optax.transforms.conditionally_mask(adamw(freeze_steps),
-                                             lambda count: count >= freeze_steps)
-  # A boxed (nn.Partitioned) parameter is one label, so that a masked-out one becomes a bare
-  # MaskedNode, not a box around one (the state's shardings come from the boxes).
-  labels = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: "last" if is_last_layer(path) else "rest", params,
-      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
-  return optax.chain(*state_lib.gradient_clip(optim),
-                     optax.multi_transform({"rest": adamw(0), "last": last}, labels))
-
-
 def freeze_steps(dino_config, steps_per_epoch: int) -> int:
   """Steps during which the head's last layer stays frozen."""
   return int(round(dino_config.freeze_last_layer_epochs * steps_per_epoch))
@@ -268,7 +231,7 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     # Out of the clip while frozen (torch: grad None); dino_optimizer keeps it in place.
     frozen = state.step < frozen_steps
     grads = jax.tree_util.tree_map_with_path(
-        lambda path, g: jnp.where(frozen, 0.0, g) if is_last_layer(path) else g, grads)
+        lambda path, g: jnp.where(frozen, 0.0, g) if optim_lib.is_last_layer(path) else g, grads)
     new_state = state.apply_gradients(grads, tx)
     params = new_state.params
     momentum = teacher_momentum(state.step, total_steps, d.momentum_teacher, 1.0)
@@ -409,8 +372,9 @@ class DinoTask(Task):
 
   def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     optim = self.config.optim
-    return (dino_optimizer(optim, total_steps, freeze_steps(self.config.dino, self._steps()[1])),
-            state_lib.learning_rate_schedule(optim, total_steps))
+    frozen = freeze_steps(self.config.dino, self._steps()[1])
+    return (optim_lib.dino_optimizer(optim, total_steps, frozen),
+            optim_lib.learning_rate_schedule(optim, total_steps))
 
   def make_step(self, model, tx, total_steps: int):
     info = self.info()
@@ -483,7 +447,6 @@ class DinoTask(Task):
     analysis_examples test images (analysis/spectra.json, analysis/spectrum.png) and, for RGB
     models, the PCA picture of photos (out/pca_photos.png; options.photos: 'builtin', a folder,
     '' to skip, None = the run's eval.photos). probe=False skips the probes (studies)."""
-    from laplax.geometry import dino as dino_geometry
     if options.export or options.tasks:
       raise ValueError(f"{run.workdir} is a dino run: --export and --tasks do not apply (its "
                        "checkpoint holds the teacher; probes are image classification)")

@@ -14,7 +14,6 @@ import pathlib
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -24,9 +23,13 @@ import optax
 from laplax import flops as flops_lib
 from laplax.data import text
 from laplax.evals import bpb as bpb_lib
+from laplax.evals import lm_tasks
+from laplax.geometry import lm as lm_geometry
+from laplax.geometry import plots
 from laplax.models import gpt
-from laplax.tasks.base import EvalOptions, Run, Task
-from laplax.train.state import decay_mask, gradient_clip, weight_decay_schedule
+from laplax.train import optim as optim_lib
+from laplax.train.task import EvalOptions, Run, Task
+
 
 
 def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPT:
@@ -42,180 +45,6 @@ def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) ->
     raise ValueError(f"model.vocab_multiple={multiple} must be >= 1")
   kw["vocab_size"] = -(-vocab_size // multiple) * multiple
   return gpt.GPT(gpt.GPTConfig.from_any(kw))
-
-
-OPTIMIZERS = ("adamw", "muon")
-
-
-def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
-  """Linear warm-up to `peak` (default `optim.lr`), constant, then a linear warm-down over the
-  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction` (nanochat's
-  get_lr_multiplier: with warmup_steps=0 step 0 is already at the peak)."""
-  peak = optim.lr if peak is None else peak
-  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
-  warmdown = min(int(round(optim.warmdown_fraction * total_steps)), total_steps - warmup)
-  flat = total_steps - warmup - warmdown
-  final = peak * optim.final_lr_fraction
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
-       optax.constant_schedule(peak),
-       optax.linear_schedule(peak, final, max(warmdown, 1))],
-      boundaries=[warmup, warmup + flat])
-
-
-def _names(path) -> list[str]:
-  """The dict keys of a tree path (a boxed nn.Partitioned leaf adds a `.value` attribute)."""
-  return [str(p.key) for p in path if isinstance(p, jax.tree_util.DictKey)]
-
-
-def param_group(path) -> str:
-  """'embedding', 'lm_head' or 'matrix' for a parameter's tree path."""
-  names = _names(path)
-  return names[-1] if names and names[-1] in ("embedding", "lm_head") else "matrix"
-
-
-def scale_by_group(scales: dict[str, float]) -> optax.GradientTransformation:
-  """Multiplies each update by scales[param_group(path)] (stateless)."""
-
-  def update_fn(updates, state, params=None):
-    del params
-    return jax.tree_util.tree_map_with_path(lambda p, u: u * scales[param_group(p)],
-                                            updates), state
-
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
-
-
-def lm_optimizer(optim, total_steps: int,
-                 width: int | None = None) -> optax.GradientTransformation:
-  """The LM optimiser named by `optim.name`: 'adamw' (default) or 'muon' (`muon_optimizer`;
-  needs `width`, the model's, for its learning-rate scaling).
-
-  'adamw': clipping (optim.clip_mode) + AdamW, with the embedding's and the unembedding's
-  learning rates scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by
-  an RMSNorm, so its scale is free and it needs a larger step; nanochat does the same) and
-  weight decay (constant or cosine) on the other matrices only."""
-  name = optim.get("name", "adamw")
-  if name == "muon":
-    if width is None:
-      raise ValueError("optim.name='muon' scales its AdamW lrs by the model width: pass width")
-    return muon_optimizer(optim, total_steps, width)
-  if name != "adamw":
-    raise ValueError(f"optim.name={name!r}; the lm task knows {OPTIMIZERS}")
-  mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda p, keep: keep and param_group(p) != "embedding", decay_mask(params))
-  parts = gradient_clip(optim)
-  parts += [optax.scale_by_adam(b1=optim.b1, b2=optim.b2),
-            optax.add_decayed_weights(weight_decay_schedule(optim, total_steps), mask=mask),
-            optax.scale_by_learning_rate(lr_schedule(optim, total_steps)),
-            scale_by_group({"embedding": optim.embed_lr_scale,
-                            "lm_head": optim.unembed_lr_scale, "matrix": 1.0})]
-  return optax.chain(*parts)
-
-
-def muon_group(path, leaf) -> str:
-  """Muon's parameter groups: 'embedding', 'lm_head', 'matrix' (every other >= 2-D tensor:
-  attention q/k/v/out, MLP; Muon) or 'scalar' (norm gains, biases, gates; AdamW)."""
-  group = param_group(path)
-  return "scalar" if group == "matrix" and leaf.ndim < 2 else group
-
-
-def muon_labels(params):
-  """muon_group of every leaf. A boxed leaf (nn.Partitioned, as the trainer's abstract init
-  passes) gets one label for the whole box: optax.partition then masks whole boxes, so the
-  masked-out leaves carry no sharding names."""
-  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
-  return jax.tree_util.tree_map_with_path(
-      lambda p, x: muon_group(p, nn.unbox(x) if is_box(x) else x), params, is_leaf=is_box)
-
-
-def muon_dimension_numbers(updates):
-  """Which axes of each Muon matrix are its input (reduction) and output axes; any other axis
-  (the (layers,) axis of scanned blocks) is a batch axis, orthogonalised per layer.
-
-  q/k/v kernels (..., embed, heads, head_dim) are one (embed, heads * head_dim) matrix, the
-  attention output (..., heads, head_dim, embed) one (heads * head_dim, embed) matrix (as
-  nanochat's c_q / c_proj Linear layers), MLP kernels (..., in, out)."""
-  mdn = optax.contrib.MuonDimensionNumbers
-
-  def dims(path, x):
-    name = _names(path)[-1]
-    if name in ("query", "key", "value") and x.ndim >= 3:
-      return mdn(reduction_axis=-3, output_axis=(-2, -1))
-    if name == "out" and x.ndim >= 3:
-      return mdn(reduction_axis=(-3, -2), output_axis=-1)
-    return mdn(reduction_axis=-2, output_axis=-1)
-
-  return jax.tree_util.tree_map_with_path(dims, updates)
-
-
-def scale_by_fan_ratio() -> optax.GradientTransformation:
-  """Multiplies each orthogonalised update by sqrt(max(1, fan_out / fan_in)) of its matrix
-  (muon_dimension_numbers; nanochat's Muon step, optax.contrib.muon's default shape scale,
-  which optax does not export)."""
-
-  def scale(x, d):
-    axes = lambda a: (a,) if isinstance(a, int) else tuple(a)
-    fan_in = math.prod(x.shape[a] for a in axes(d.reduction_axis))
-    fan_out = math.prod(x.shape[a] for a in axes(d.output_axis))
-    return x * math.sqrt(max(1.0, fan_out / fan_in))
-
-  def update_fn(updates, state, params=None):
-    del params
-    dims = muon_dimension_numbers(updates)
-    return jax.tree.map(scale, updates, dims,
-                        is_leaf=lambda d: isinstance(d, optax.contrib.MuonDimensionNumbers)
-                        ), state
-
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
-
-
-def muon_lrs(optim, width: int) -> dict[str, float]:
-  """Peak learning rate per muon_group: Muon's matrix lr as is, the AdamW ones times
-  (width / optim.muon.width_reference) ** -0.5 (nanochat's dmodel_lr_scale)."""
-  m = optim.muon
-  scale = (width / m.width_reference) ** -0.5
-  return {"matrix": m.matrix_lr, "embedding": m.embedding_lr * scale,
-          "lm_head": m.unembedding_lr * scale, "scalar": m.scalar_lr * scale}
-
-
-def muon_momentum(optim) -> optax.Schedule:
-  """Muon's momentum: linear from momentum_start to momentum over momentum_warmup_steps."""
-  m = optim.muon
-  return optax.linear_schedule(m.momentum_start, m.momentum, max(int(m.momentum_warmup_steps), 1))
-
-
-def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransformation:
-  """nanochat's optimiser: clipping (optim.clip_mode), then Muon for the hidden matrices and AdamW
-  for the embedding, the unembedding and vectors / scalars (muon_group), each group at its own
-  peak lr (muon_lrs) under one lr_schedule shape (warm-up, constant, linear warm-down).
-
-  Muon = optax.contrib.scale_by_muon (Nesterov momentum, 5 quintic Newton-Schulz steps on the
-  Frobenius-normalised momentum, per layer for scanned blocks: muon_dimension_numbers), then
-  scale_by_fan_ratio (sqrt(max(1, fan_out / fan_in)), as nanochat's Muon). The
-  momentum follows muon_momentum (inject_hyperparams). optax.contrib.muon itself is not used:
-  it gives every non-Muon leaf one Adam lr and Nesterov Adam, nanochat three lrs and AdamW.
-  Differences from nanochat's torch code: optax bias-corrects the momentum (only the first
-  steps' weighting of gradient vs momentum; the normalisation removes its scale) and iterates
-  in the parameter dtype (nanochat: bfloat16)."""
-  m = optim.muon
-  lrs = muon_lrs(optim, width)
-
-  def scale_by_muon(beta):  # inject_hyperparams rebuilds it each step with the scheduled beta
-    return optax.contrib.scale_by_muon(beta=beta, ns_steps=int(m.ns_steps),
-                                       weight_dimension_numbers=muon_dimension_numbers)
-
-  def adamw(group):
-    return optax.adamw(lr_schedule(optim, total_steps, lrs[group]), b1=m.adam_b1, b2=m.adam_b2,
-                       eps=m.adam_eps, weight_decay=weight_decay_schedule(optim, total_steps))
-
-  muon = optax.chain(optax.inject_hyperparams(scale_by_muon)(beta=muon_momentum(optim)),
-                     scale_by_fan_ratio(),
-                     optax.scale_by_learning_rate(lr_schedule(optim, total_steps, lrs["matrix"])))
-  parts = gradient_clip(optim)
-  parts.append(optax.partition({"matrix": muon, "embedding": adamw("embedding"),
-                                "lm_head": adamw("lm_head"), "scalar": adamw("scalar")},
-                               muon_labels))
-  return optax.chain(*parts)
 
 
 def text_cache_dir(data_config) -> pathlib.Path:
@@ -241,8 +70,8 @@ class LanguageModelTask(Task):
       if not (math.isfinite(c.optim[key]) and c.optim[key] > 0):
         raise ValueError(f"optim.{key}={c.optim[key]} must be a finite positive number")
     name = c.optim.get("name", "adamw")
-    if name not in OPTIMIZERS:
-      raise ValueError(f"optim.name={name!r}; the lm task knows {OPTIMIZERS}")
+    if name not in optim_lib.OPTIMIZERS:
+      raise ValueError(f"optim.name={name!r}; the lm task knows {optim_lib.OPTIMIZERS}")
     if name == "muon":
       m = c.optim.muon
       for key in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "width_reference",
@@ -320,13 +149,15 @@ class LanguageModelTask(Task):
     return self.config.total_steps
 
   def optimizer(self, total_steps: int):
-    """(lm_optimizer, the logged lr: optim.lr's schedule; Muon's matrix lr for 'muon')."""
+    """(optim.lm_optimizer, the logged lr: optim.lr's schedule; Muon's matrix lr for 'muon')."""
     optim = self.config.optim
     if optim.get("name", "adamw") != "muon":
-      return lm_optimizer(optim, total_steps), lr_schedule(optim, total_steps)
+      return (optim_lib.lm_optimizer(optim, total_steps),
+              optim_lib.lr_schedule(optim, total_steps))
     width = self.build_model().config.embed_dim
-    return (lm_optimizer(optim, total_steps, width),
-            lr_schedule(optim, total_steps, muon_lrs(optim, width)["matrix"]))
+    return (optim_lib.lm_optimizer(optim, total_steps, width),
+            optim_lib.lr_schedule(optim, total_steps,
+                                  optim_lib.muon_lrs(optim, width)["matrix"]))
 
   def loss_fn(self, model: gpt.GPT):
     """Mean next-token cross-entropy (nats). With model.loss_chunk > 0 it is computed in
@@ -386,9 +217,6 @@ class LanguageModelTask(Task):
   def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log):
     """Benchmark tasks (each accuracy next to its chance level); with options.analyze
     linguistic collapse + per-layer spectral decay (analysis/geometry.json, spectrum.png)."""
-    from laplax.evals import lm_tasks
-    from laplax.geometry import lm as lm_geometry
-    from laplax.geometry import plots
     if options.export:
       raise ValueError("--export is for image classifiers; an lm run's checkpoint is its export")
     if options.photos:

@@ -3,7 +3,7 @@ r"""Ahead-of-time fit check: a config's REAL train step compiled for a TPU topol
   python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot_gpt --aot=v5e:4x4
 
 No data is loaded and nothing is allocated: the train state is the trainer's abstract state
-(`trainer.abstract_state`), the batch the task's `abstract_batch` (ShapeDtypeStructs), the
+(`laplax.train.state.abstract_state`), the batch the task's `abstract_batch` (ShapeDtypeStructs), the
 devices those of `jax.experimental.topologies.get_topology_desc` (libtpu must be installed:
 `requirements-tpu.txt`; set JAX_PLATFORMS=cpu so that JAX itself stays on the CPU). The step is
 jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated),
@@ -25,8 +25,9 @@ import jax
 import ml_collections
 
 from laplax import sharding
-from laplax import tasks as tasks_lib
 from laplax.kernels import splash
+from laplax.train import state as state_lib
+from laplax.train import task as task_lib
 from laplax.train import trainer
 from laplax.train import workdir as workdir_lib
 
@@ -83,9 +84,9 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   argument_bytes, output_bytes, alias_bytes, temp_bytes (all per chip), flops_per_step (analytic,
   laplax.flops), fits, compile_seconds. A step the compiler itself rejects for memory gets
   fits False and `error`."""
-  if config.get("task") == "study":
+  if "study" in config:
     raise ValueError("--aot checks one run's step: pass a run config, not a study")
-  task = tasks_lib.for_config(config)
+  task = task_lib.for_config(config)
   capacity = hbm_bytes(topology)
   devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
@@ -95,7 +96,7 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   model = task.build_model()
   total_steps = config.get("total_steps", 0) or NOMINAL_STEPS
   tx, _ = task.optimizer(total_steps)
-  abstract, shardings = trainer.abstract_state(task, model, tx, mesh, rules)
+  abstract, shardings = state_lib.abstract_state(task, model, tx, mesh, rules)
   n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)

@@ -1,10 +1,10 @@
-"""The one trainer: `train_and_evaluate(config, workdir)` for every task, and `load_run`.
+"""The one trainer: `train_and_evaluate(config, workdir)` for every task.
 
-config -> task (laplax.tasks, by config.task) -> validation -> workdir (lock, config.json) ->
-data -> model -> state created in its sharded layout (or restored) -> the jitted, donated step
--> the step loop (laplax.train.loop: metrics, progress, evaluation, checkpoints) -> the task's
-final evaluation -> results.json. `run(config, workdir)` is what train.py calls: a study config
-(task 'study') runs its grid of ordinary runs (laplax.study), anything else one run.
+config -> task (laplax.train.task's registry, by config.task) -> validation -> workdir (lock,
+config.json) -> data -> model -> state created in its sharded layout (or restored) -> the
+jitted, donated step -> the step loop (laplax.train.loop: metrics, progress, evaluation,
+checkpoints) -> the task's final evaluation -> results.json. Reading a run back is
+laplax.train.restore; train.py dispatches a study (laplax.study) or one run.
 """
 
 from __future__ import annotations
@@ -24,42 +24,16 @@ import ml_collections
 
 from laplax import multihost
 from laplax import sharding
-from laplax import tasks as tasks_lib
-from laplax.tasks.base import Run, Task
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import loop
+from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import MetricsWriter
-from laplax.train.state import TrainState
+from laplax.train.state import abstract_state, create_state
+from laplax.train.task import Task
 
 # Sections whose change makes a workdir a different run (resuming it would mix two models).
 _IDENTITY = ("task", "model", "data.name", "seed")
-
-
-def run(config: ml_collections.ConfigDict, workdir, *, log=print) -> Any:
-  """train.py's entry: a study (config.task == 'study') or one training run."""
-  if config.get("task") == "study":
-    from laplax.study import grid
-    return grid.run_study(config, workdir, log=log)
-  return train_and_evaluate(config, workdir, log=log)
-
-
-def abstract_state(task: Task, model: nn.Module, tx, mesh, rules):
-  """(ShapeDtypeStructs carrying shardings, shardings) of the train state; computes nothing."""
-  boxed = jax.eval_shape(lambda rng: _init_state(task, model, tx, rng), jax.random.key(0))
-  shardings = sharding.logical_to_sharding(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          nn.unbox(boxed), shardings)
-  return abstract, shardings
-
-
-def create_state(task: Task, model: nn.Module, tx, mesh, rules, seed: int):
-  """Initialises the train state directly in its sharded layout -> (state, shardings)."""
-  _, shardings = abstract_state(task, model, tx, mesh, rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = jax.jit(lambda r: nn.unbox(_init_state(task, model, tx, r)),
-                    out_shardings=shardings)(jax.random.key(seed))
-  return state, shardings
 
 
 def jit_step(step_fn, shardings, mesh):
@@ -67,11 +41,6 @@ def jit_step(step_fn, shardings, mesh):
   data-parallel axes, state donated (laplax.train.aot compiles exactly this)."""
   return jax.jit(step_fn, in_shardings=(shardings, sharding.batch_sharding(mesh)),
                  out_shardings=(shardings, None), donate_argnums=(0,))
-
-
-def _init_state(task: Task, model: nn.Module, tx, rng) -> TrainState:
-  params = task.init_params(model, rng)
-  return TrainState.create(params, tx, extra=task.init_extra(params))
 
 
 def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
@@ -159,7 +128,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
 
   Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json and the task's files.
   """
-  task = tasks_lib.for_config(config)
+  task = task_lib.for_config(config)
   workdir = workdir_lib.as_path(workdir)  # gs://bucket/run stays a bucket path
   if config.get("compilation_cache_dir"):  # compiled steps persist across runs and restarts
     jax.config.update("jax_compilation_cache_dir", str(config.compilation_cache_dir))
@@ -255,40 +224,3 @@ def _finished_results(workdir: epath.Path, total_steps: int) -> dict[str, Any] |
   return results if isinstance(results, dict) and results.get("step") == total_steps else None
 
 
-def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
-  """A run's config.json (one-line errors for a missing or corrupt file)."""
-  path = workdir / "config.json"
-  if not path.exists():
-    raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
-  return ml_collections.ConfigDict(workdir_lib.read_json(path, "run config"))
-
-
-def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> Run:
-  """A run's config, task, model and latest good (or `step`'s) parameters on one device.
-
-  The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
-  state (DINO: the teacher and centre). Reading never writes into the workdir.
-  """
-  workdir = workdir_lib.as_path(workdir)
-  config = read_config(workdir)
-  task = tasks_lib.for_config(config)
-  task.load_assets(workdir)
-  model = task.build_model()
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  tx, _ = task.optimizer(max(int(config.get("total_steps", 0) or 1), 1))
-  abstract, _ = abstract_state(task, model, tx, mesh, rules)
-  if not (workdir / "checkpoints").is_dir():
-    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} does not exist: train first")
-  # Read-only: a reader never cleans up or writes inside a live run's checkpoints/.
-  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True, log=log)
-  try:
-    restored = checkpointer.restore(abstract, step)
-  finally:
-    checkpointer.close()
-  if restored is None:
-    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} holds no checkpoint yet: "
-                                   "train first")
-  step, state, _ = restored
-  return Run(workdir=workdir, config=config, task=task, model=model, params=state.params,
-             extra=state.extra, step=step)

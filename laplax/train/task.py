@@ -1,4 +1,7 @@
-"""The Task interface: all that differs between classification, language modelling and DINO.
+"""The Task interface the trainer drives, and the registry of tasks by name (config.task).
+
+A task is what differs between classification, language modelling and DINO; the tasks
+themselves live in laplax.tasks (one module each).
 
 The one trainer (`laplax.train.trainer.train_and_evaluate`) owns everything else: the workdir
 and its lock, config.json, the mesh, state creation in its sharded layout, resume, the step
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 import math
 import pathlib
 from collections.abc import Callable, Sequence
@@ -39,7 +43,7 @@ import numpy as np
 import optax
 
 from laplax import heads as heads_lib
-from laplax.train import state as state_lib
+from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 
 Log = Callable[[str], None]
@@ -59,7 +63,7 @@ class EvalOptions:
 
 @dataclasses.dataclass
 class Run:
-  """A trained run restored on one device (laplax.train.trainer.load_run)."""
+  """A trained run restored on one device (laplax.train.restore.load_run)."""
   workdir: pathlib.Path
   config: ml_collections.ConfigDict
   task: "Task"
@@ -99,9 +103,9 @@ class Task(abc.ABC):
       raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
     if c.data.get("eval_batch_size", 1) <= 0:
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must be positive")
-    if c.optim.get("clip_mode", "global") not in state_lib.CLIP_MODES:
+    if c.optim.get("clip_mode", "global") not in optim_lib.CLIP_MODES:
       raise ValueError(f"optim.clip_mode={c.optim.clip_mode!r}: use one of "
-                       f"{state_lib.CLIP_MODES}")
+                       f"{optim_lib.CLIP_MODES}")
     for key in ("lr", "weight_decay", "weight_decay_end", "warmup_steps", "final_lr_fraction",
                 "clip_norm"):
       value = c.optim.get(key)
@@ -181,9 +185,9 @@ class Task(abc.ABC):
     """Optimiser steps of the whole run."""
 
   def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(tx, learning-rate schedule); default AdamW + warm-up/cosine (laplax.train.state)."""
-    return (state_lib.make_optimizer(self.config.optim, total_steps),
-            state_lib.learning_rate_schedule(self.config.optim, total_steps))
+    """(tx, learning-rate schedule); default AdamW + warm-up/cosine (laplax.train.optim)."""
+    return (optim_lib.make_optimizer(self.config.optim, total_steps),
+            optim_lib.learning_rate_schedule(self.config.optim, total_steps))
 
   def loss_fn(self, model: nn.Module) -> steps_lib.LossFn:
     """loss_fn(params, batch, rng) -> (loss, metrics) for the default make_step."""
@@ -231,3 +235,39 @@ class Task(abc.ABC):
   # --- Studies -------------------------------------------------------------------------------
 
   study_section: ClassVar[str | None] = None  # module with the study's per-task report section
+
+
+# --- The registry ----------------------------------------------------------------------------
+# Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in
+# TASKS (or `register(name, cls)` at run time, e.g. from a notebook or a test).
+
+# name -> "module:Class", imported on first use (a run imports only its own task).
+TASKS: dict[str, str | type[Task]] = {
+    "classification": "laplax.tasks.classification:ClassificationTask",
+    "lm": "laplax.tasks.lm:LanguageModelTask",
+    "dino": "laplax.tasks.dino:DinoTask",
+}
+
+
+def register(name: str, cls: type[Task]) -> None:
+  """Adds (or replaces) a task class under `name`."""
+  if not (isinstance(cls, type) and issubclass(cls, Task)):
+    raise TypeError(f"{cls!r} is not a laplax.tasks.Task subclass")
+  TASKS[name] = cls
+
+
+def get(name: str) -> type[Task]:
+  """The Task class registered as `name` (one-line ValueError for an unknown name)."""
+  if name not in TASKS:
+    raise ValueError(f"config.task={name!r}; choose one of {sorted(TASKS)} (a study is a "
+                     "config with a `study` section)")
+  entry = TASKS[name]
+  if isinstance(entry, str):
+    module, _, attr = entry.partition(":")
+    entry = TASKS[name] = getattr(importlib.import_module(module), attr)
+  return entry
+
+
+def for_config(config) -> Task:
+  """The task object of a run's config (config.task, default 'classification')."""
+  return get(config.get("task", "classification"))(config)

@@ -1,0 +1,356 @@
+"""Every optimiser and learning-rate schedule laplax trains with (optax), in one place.
+
+  make_optimizer(optim, n)          AdamW, warm-up + cosine (classification; optim.flatten: one
+                                    raveled vector, faster on one CPU device)
+  lm_optimizer(optim, n, width)     optim.name 'adamw' (parameter groups: embedding, lm_head,
+                                    matrices) or 'muon' (nanochat's Muon + AdamW), with
+                                    lr_schedule's warm-up / constant / linear warm-down
+  dino_optimizer(optim, n, frozen)  AdamW with the DINO head's last layer frozen at first
+  learning_rate_schedule, lr_schedule, weight_decay_schedule, gradient_clip (optim.clip_mode)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+
+def decay_mask(params) -> Any:
+  """Weight decay on matrices only: not on biases, norms, LayerScale, tokens or position tables."""
+  def keep(path, leaf):
+    names = {getattr(p, "key", getattr(p, "name", "")) for p in path}
+    return leaf.ndim >= 2 and not names & {"pos_embedding", "cls"}
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
+  """Linear warm-up to `optim.lr`, then cosine decay to `optim.lr * optim.final_lr_fraction`."""
+  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=optim.lr, warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1),
+      end_value=optim.lr * optim.get("final_lr_fraction", 0.0))
+
+
+class FlatAdamWState(NamedTuple):
+  """count (): updates done; mu, nu (P,): Adam moments of all P parameters in one vector."""
+  count: jax.Array
+  mu: jax.Array
+  nu: jax.Array
+
+
+def flat_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
+               weight_decay: float, clip_norm: float = 0.0, eps: float = 1e-8,
+               mask=decay_mask) -> optax.GradientTransformation:
+  """optax.chain(clip_by_global_norm, adamw(mask=...)) on one raveled (P,) vector.
+
+  Same update as the chain, to float rounding, but as a few fused elementwise loops over one
+  vector instead of ~10 small ops per parameter leaf: the per-op launch cost of a ~100-leaf tree
+  dominated the CPU optimizer step. The moments are flat (P,) arrays with no logical axis names,
+  so they are replicated on a sharded mesh: meant for one device (the CPU configs).
+  """
+  lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+  def init(params):
+    flat, _ = ravel_pytree(params)
+    return FlatAdamWState(count=jnp.zeros((), jnp.int32), mu=jnp.zeros_like(flat),
+                          nu=jnp.zeros_like(flat))
+
+  def update(grads, state, params=None):
+    if params is None:
+      raise ValueError("flat_adamw needs params (weight decay)")
+    g, unravel = ravel_pytree(grads)
+    p, _ = ravel_pytree(params)
+    if clip_norm and clip_norm > 0:
+      norm = jnp.sqrt(jnp.sum(g * g))
+      g = jnp.where(norm < clip_norm, g, g / norm * clip_norm)
+    mu = b1 * state.mu + (1 - b1) * g
+    nu = b2 * state.nu + (1 - b2) * g * g
+    count = optax.safe_increment(state.count)
+    mu_hat = mu / (1 - b1 ** count.astype(mu.dtype))
+    nu_hat = nu / (1 - b2 ** count.astype(nu.dtype))
+    # The decay mask is static (from the tree's structure): a constant (P,) 0/1 vector.
+    decay = ravel_pytree(jax.tree.map(lambda m, x: jnp.full(x.shape, m, x.dtype),
+                                      mask(params), params))[0]
+    u = mu_hat / (jnp.sqrt(nu_hat) + eps) + weight_decay * decay * p
+    return unravel(-lr(state.count) * u), FlatAdamWState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
+CLIP_MODES = ("global", "per_tensor")
+
+
+def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:
+  """optim.weight_decay, constant; or, when optim.weight_decay_end is set (not None), a cosine
+  from weight_decay at step 0 to weight_decay_end at total_steps (DINO: 0.04 -> 0.4)."""
+  start, end = optim.weight_decay, optim.get("weight_decay_end")
+  if end is None:
+    return start
+  def schedule(count):
+    t = jnp.clip(jnp.asarray(count, jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+    return end + 0.5 * (start - end) * (1.0 + jnp.cos(jnp.pi * t))
+  return schedule
+
+
+def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales each gradient tensor whose L2 norm exceeds max_norm down to max_norm (DINO's
+  per-parameter `clip_gradients`, there with the norm + 1e-6 in the divisor)."""
+  def clip(g, _):
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    return (g * jnp.minimum(1.0, max_norm / (norm + 1e-6))).astype(g.dtype)
+  return optax.stateless_with_tree_map(clip)
+
+
+def gradient_clip(optim) -> list[optax.GradientTransformation]:
+  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (default; one norm over all
+  gradients) or 'per_tensor' (each parameter tensor's gradient clipped to clip_norm)."""
+  mode = optim.get("clip_mode", "global")
+  if mode not in CLIP_MODES:
+    raise ValueError(f"optim.clip_mode={mode!r}: use one of {CLIP_MODES}")
+  if not (optim.clip_norm and optim.clip_norm > 0):
+    return []
+  if mode == "per_tensor":
+    return [clip_by_tensor_norm(optim.clip_norm)]
+  return [optax.clip_by_global_norm(optim.clip_norm)]
+
+
+def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
+  """AdamW with warm-up + cosine, clipping (`gradient_clip`; clip_norm <= 0 disables it) and
+  weight decay constant or on a cosine (`weight_decay_schedule`).
+
+  optim.flatten (default False): the same update over one raveled parameter vector
+  (`flat_adamw`), faster on one CPU device; its optimizer state is not sharded. It clips
+  globally and keeps the weight decay constant.
+  """
+  schedule = learning_rate_schedule(optim, total_steps)
+  if optim.get("flatten", False):
+    if (optim.get("clip_mode", "global") != "global"
+        or optim.get("weight_decay_end") is not None):
+      raise ValueError("optim.flatten=True supports only clip_mode='global' and a constant "
+                       "weight decay (weight_decay_end=None); set optim.flatten=False")
+    return flat_adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
+                      clip_norm=optim.clip_norm)
+  return optax.chain(*gradient_clip(optim), optax.adamw(
+      schedule, b1=optim.b1, b2=optim.b2,
+      weight_decay=weight_decay_schedule(optim, total_steps), mask=decay_mask))
+
+
+# --- Language models: parameter groups, Muon ------------------------------------------------
+
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warm-up to `peak` (default `optim.lr`), constant, then a linear warm-down over the
+  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction` (nanochat's
+  get_lr_multiplier: with warmup_steps=0 step 0 is already at the peak)."""
+  peak = optim.lr if peak is None else peak
+  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
+  warmdown = min(int(round(optim.warmdown_fraction * total_steps)), total_steps - warmup)
+  flat = total_steps - warmup - warmdown
+  final = peak * optim.final_lr_fraction
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
+       optax.constant_schedule(peak),
+       optax.linear_schedule(peak, final, max(warmdown, 1))],
+      boundaries=[warmup, warmup + flat])
+
+
+def _names(path) -> list[str]:
+  """The dict keys of a tree path (a boxed nn.Partitioned leaf adds a `.value` attribute)."""
+  return [str(p.key) for p in path if isinstance(p, jax.tree_util.DictKey)]
+
+
+def param_group(path) -> str:
+  """'embedding', 'lm_head' or 'matrix' for a parameter's tree path."""
+  names = _names(path)
+  return names[-1] if names and names[-1] in ("embedding", "lm_head") else "matrix"
+
+
+def scale_by_group(scales: dict[str, float]) -> optax.GradientTransformation:
+  """Multiplies each update by scales[param_group(path)] (stateless)."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: u * scales[param_group(p)],
+                                            updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def lm_optimizer(optim, total_steps: int,
+                 width: int | None = None) -> optax.GradientTransformation:
+  """The LM optimiser named by `optim.name`: 'adamw' (default) or 'muon' (`muon_optimizer`;
+  needs `width`, the model's, for its learning-rate scaling).
+
+  'adamw': clipping (optim.clip_mode) + AdamW, with the embedding's and the unembedding's
+  learning rates scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by
+  an RMSNorm, so its scale is free and it needs a larger step; nanochat does the same) and
+  weight decay (constant or cosine) on the other matrices only."""
+  name = optim.get("name", "adamw")
+  if name == "muon":
+    if width is None:
+      raise ValueError("optim.name='muon' scales its AdamW lrs by the model width: pass width")
+    return muon_optimizer(optim, total_steps, width)
+  if name != "adamw":
+    raise ValueError(f"optim.name={name!r}; the lm task knows {OPTIMIZERS}")
+  mask = lambda params: jax.tree_util.tree_map_with_path(
+      lambda p, keep: keep and param_group(p) != "embedding", decay_mask(params))
+  parts = gradient_clip(optim)
+  parts += [optax.scale_by_adam(b1=optim.b1, b2=optim.b2),
+            optax.add_decayed_weights(weight_decay_schedule(optim, total_steps), mask=mask),
+            optax.scale_by_learning_rate(lr_schedule(optim, total_steps)),
+            scale_by_group({"embedding": optim.embed_lr_scale,
+                            "lm_head": optim.unembed_lr_scale, "matrix": 1.0})]
+  return optax.chain(*parts)
+
+
+def muon_group(path, leaf) -> str:
+  """Muon's parameter groups: 'embedding', 'lm_head', 'matrix' (every other >= 2-D tensor:
+  attention q/k/v/out, MLP; Muon) or 'scalar' (norm gains, biases, gates; AdamW)."""
+  group = param_group(path)
+  return "scalar" if group == "matrix" and leaf.ndim < 2 else group
+
+
+def muon_labels(params):
+  """muon_group of every leaf. A boxed leaf (nn.Partitioned, as the trainer's abstract init
+  passes) gets one label for the whole box: optax.partition then masks whole boxes, so the
+  masked-out leaves carry no sharding names."""
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: muon_group(p, nn.unbox(x) if is_box(x) else x), params, is_leaf=is_box)
+
+
+def muon_dimension_numbers(updates):
+  """Which axes of each Muon matrix are its input (reduction) and output axes; any other axis
+  (the (layers,) axis of scanned blocks) is a batch axis, orthogonalised per layer.
+
+  q/k/v kernels (..., embed, heads, head_dim) are one (embed, heads * head_dim) matrix, the
+  attention output (..., heads, head_dim, embed) one (heads * head_dim, embed) matrix (as
+  nanochat's c_q / c_proj Linear layers), MLP kernels (..., in, out)."""
+  mdn = optax.contrib.MuonDimensionNumbers
+
+  def dims(path, x):
+    name = _names(path)[-1]
+    if name in ("query", "key", "value") and x.ndim >= 3:
+      return mdn(reduction_axis=-3, output_axis=(-2, -1))
+    if name == "out" and x.ndim >= 3:
+      return mdn(reduction_axis=(-3, -2), output_axis=-1)
+    return mdn(reduction_axis=-2, output_axis=-1)
+
+  return jax.tree_util.tree_map_with_path(dims, updates)
+
+
+def scale_by_fan_ratio() -> optax.GradientTransformation:
+  """Multiplies each orthogonalised update by sqrt(max(1, fan_out / fan_in)) of its matrix
+  (muon_dimension_numbers; nanochat's Muon step, optax.contrib.muon's default shape scale,
+  which optax does not export)."""
+
+  def scale(x, d):
+    axes = lambda a: (a,) if isinstance(a, int) else tuple(a)
+    fan_in = math.prod(x.shape[a] for a in axes(d.reduction_axis))
+    fan_out = math.prod(x.shape[a] for a in axes(d.output_axis))
+    return x * math.sqrt(max(1.0, fan_out / fan_in))
+
+  def update_fn(updates, state, params=None):
+    del params
+    dims = muon_dimension_numbers(updates)
+    return jax.tree.map(scale, updates, dims,
+                        is_leaf=lambda d: isinstance(d, optax.contrib.MuonDimensionNumbers)
+                        ), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def muon_lrs(optim, width: int) -> dict[str, float]:
+  """Peak learning rate per muon_group: Muon's matrix lr as is, the AdamW ones times
+  (width / optim.muon.width_reference) ** -0.5 (nanochat's dmodel_lr_scale)."""
+  m = optim.muon
+  scale = (width / m.width_reference) ** -0.5
+  return {"matrix": m.matrix_lr, "embedding": m.embedding_lr * scale,
+          "lm_head": m.unembedding_lr * scale, "scalar": m.scalar_lr * scale}
+
+
+def muon_momentum(optim) -> optax.Schedule:
+  """Muon's momentum: linear from momentum_start to momentum over momentum_warmup_steps."""
+  m = optim.muon
+  return optax.linear_schedule(m.momentum_start, m.momentum, max(int(m.momentum_warmup_steps), 1))
+
+
+def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransformation:
+  """nanochat's optimiser: clipping (optim.clip_mode), then Muon for the hidden matrices and AdamW
+  for the embedding, the unembedding and vectors / scalars (muon_group), each group at its own
+  peak lr (muon_lrs) under one lr_schedule shape (warm-up, constant, linear warm-down).
+
+  Muon = optax.contrib.scale_by_muon (Nesterov momentum, 5 quintic Newton-Schulz steps on the
+  Frobenius-normalised momentum, per layer for scanned blocks: muon_dimension_numbers), then
+  scale_by_fan_ratio (sqrt(max(1, fan_out / fan_in)), as nanochat's Muon). The
+  momentum follows muon_momentum (inject_hyperparams). optax.contrib.muon itself is not used:
+  it gives every non-Muon leaf one Adam lr and Nesterov Adam, nanochat three lrs and AdamW.
+  Differences from nanochat's torch code: optax bias-corrects the momentum (only the first
+  steps' weighting of gradient vs momentum; the normalisation removes its scale) and iterates
+  in the parameter dtype (nanochat: bfloat16)."""
+  m = optim.muon
+  lrs = muon_lrs(optim, width)
+
+  def scale_by_muon(beta):  # inject_hyperparams rebuilds it each step with the scheduled beta
+    return optax.contrib.scale_by_muon(beta=beta, ns_steps=int(m.ns_steps),
+                                       weight_dimension_numbers=muon_dimension_numbers)
+
+  def adamw(group):
+    return optax.adamw(lr_schedule(optim, total_steps, lrs[group]), b1=m.adam_b1, b2=m.adam_b2,
+                       eps=m.adam_eps, weight_decay=weight_decay_schedule(optim, total_steps))
+
+  muon = optax.chain(optax.inject_hyperparams(scale_by_muon)(beta=muon_momentum(optim)),
+                     scale_by_fan_ratio(),
+                     optax.scale_by_learning_rate(lr_schedule(optim, total_steps, lrs["matrix"])))
+  parts = gradient_clip(optim)
+  parts.append(optax.partition({"matrix": muon, "embedding": adamw("embedding"),
+                                "lm_head": adamw("lm_head"), "scalar": adamw("scalar")},
+                               muon_labels))
+  return optax.chain(*parts)
+
+
+# --- DINO: the last layer frozen at first -----------------------------------------------------
+
+
+def is_last_layer(path) -> bool:
+  """Whether a parameter's tree path lies in the head's last (prototype) layer."""
+  names = [getattr(p, "key", getattr(p, "name", "")) for p in path]
+  return any(a == "head" and b == "last_layer" for a, b in zip(names, names[1:]))
+
+
+def dino_optimizer(optim, total_steps: int, freeze_steps: int) -> optax.GradientTransformation:
+  """Clipping (gradient_clip), then AdamW (warm-up + cosine learning rate,
+  weight decay constant or cosine) with the head's last layer under its own AdamW, which makes
+  no update and keeps its state (moments and step count) untouched for the first freeze_steps
+  updates: on unfreezing, its bias correction starts at step 1 as in torch. Its learning rate
+  and weight decay schedules are shifted by freeze_steps, so they follow the global step."""
+  if optim.get("flatten", False):
+    raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
+                     "apart and cannot flatten; set optim.flatten=False")
+  lr = learning_rate_schedule(optim, total_steps)
+  wd = weight_decay_schedule(optim, total_steps)
+
+  def adamw(offset: int) -> optax.GradientTransformation:
+    shift = lambda f: (lambda count: f(count + offset)) if callable(f) else f
+    return optax.adamw(shift(lr), b1=optim.b1, b2=optim.b2, weight_decay=shift(wd),
+                       mask=decay_mask)
+
+  last = optax.transforms.conditionally_mask(adamw(freeze_steps),
+                                             lambda count: count >= freeze_steps)
+  # A boxed (nn.Partitioned) parameter is one label, so that a masked-out one becomes a bare
+  # MaskedNode, not a box around one (the state's shardings come from the boxes).
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: "last" if is_last_layer(path) else "rest", params,
+      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return optax.chain(*gradient_clip(optim),
+                     optax.multi_transform({"rest": adamw(0), "last": last}, labels))

@@ -1,0 +1,57 @@
+"""A finished (or live) run read back: its config, task, model and parameters on one device.
+
+Evaluators, studies and eval.py read runs through here, never through the trainer. Reading
+never writes into the workdir (a live trainer may be saving next to the reader).
+"""
+
+from __future__ import annotations
+
+from etils import epath
+import jax
+import ml_collections
+
+from laplax import sharding
+from laplax.train import checkpoint as ckpt_lib
+from laplax.train import task as task_lib
+from laplax.train import workdir as workdir_lib
+from laplax.train.state import abstract_state
+from laplax.train.task import Run
+
+
+def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
+  """A run's config.json (one-line errors for a missing or corrupt file)."""
+  path = workdir / "config.json"
+  if not path.exists():
+    raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
+  return ml_collections.ConfigDict(workdir_lib.read_json(path, "run config"))
+
+
+def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> Run:
+  """A run's config, task, model and latest good (or `step`'s) parameters on one device.
+
+  The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
+  state (DINO: the teacher and centre). Reading never writes into the workdir.
+  """
+  workdir = workdir_lib.as_path(workdir)
+  config = read_config(workdir)
+  task = task_lib.for_config(config)
+  task.load_assets(workdir)
+  model = task.build_model()
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  tx, _ = task.optimizer(max(int(config.get("total_steps", 0) or 1), 1))
+  abstract, _ = abstract_state(task, model, tx, mesh, rules)
+  if not (workdir / "checkpoints").is_dir():
+    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} does not exist: train first")
+  # Read-only: a reader never cleans up or writes inside a live run's checkpoints/.
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True, log=log)
+  try:
+    restored = checkpointer.restore(abstract, step)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} holds no checkpoint yet: "
+                                   "train first")
+  step, state, _ = restored
+  return Run(workdir=workdir, config=config, task=task, model=model, params=state.params,
+             extra=state.extra, step=step)
