@@ -17,7 +17,7 @@ def get_config():
   c.optim = common.adamw(2e-3, warmup_steps=200)
   c.optim.label_smoothing = 0.1
   common.classification_loss(c)  # softmax cross-entropy, no mixup (common.deit3: DeiT-III's)
-  # One AdamW update over a raveled parameter vector (laplax.train.state.flat_adamw): the same
+  # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
   # update in fewer ops on the CPU; its moments are replicated on a sharded mesh.
   c.optim.flatten = True
   c.num_epochs = 3.0

@@ -100,7 +100,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.name = "adamw"  # 'adamw' (below) or 'muon' (optim.muon; laplax.tasks.lm.lm_optimizer)
+  c.optim.name = "adamw"  # 'adamw' (below) or 'muon' (optim.muon; laplax.train.optim.lm_optimizer)
   c.optim.lr = 3e-3  # AdamW's peak lr (unused by 'muon')
   c.optim.embed_lr_scale = 10.0
   c.optim.unembed_lr_scale = 1.0

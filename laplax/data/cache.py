@@ -22,6 +22,18 @@ import pathlib
 import re
 
 
+def try_flock(fd: int) -> bool:
+  """Takes an exclusive flock on the open file `fd` without waiting; False when another open
+  file holds it (the kernel frees a lock when its holder closes the file or dies)."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      raise
+    return False
+  return True
+
+
 def _is_local(path) -> bool:
   return "://" not in os.fspath(path)
 
@@ -38,11 +50,7 @@ def entry_lock(root: str | os.PathLike[str], name: str, *, log=None) -> Iterator
   path = locks / (re.sub(r"[^\w.-]+", "_", name) + ".lock")
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise
+    if not try_flock(fd):
       if log is not None:
         log(f"waiting for another process that prepares {name} in {root}")
       fcntl.flock(fd, fcntl.LOCK_EX)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import contextlib
-import errno
 import fcntl
 import json
 import math
@@ -45,6 +44,7 @@ import uuid
 from etils import epath
 
 from laplax import multihost
+from laplax.data.cache import try_flock
 
 LOCK_NAME = ".lock"
 
@@ -97,14 +97,10 @@ def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None
   # O_RDWR without O_TRUNC: truncating before holding the lock would erase the holder's pid.
   fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise
+    if not try_flock(fd):
       raise WorkdirLocked(
           f"workdir {workdir} is in use by {_holder(lock_path)}; wait for it to finish,"
-          " stop it, or use another --workdir") from None
+          " stop it, or use another --workdir")
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
     if run_id is not None:
