@@ -92,6 +92,10 @@ def host_block(mesh: Mesh, global_batch: int) -> tuple[int, int]:
   held = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
                  for idx in batch_sharding(mesh).addressable_devices_indices_map(
                      (global_batch,)).values()})
+  if not held:
+    raise ValueError(f"process {jax.process_index()} holds no device of the mesh "
+                     f"{dict(mesh.shape)}: every host needs devices in it (mesh axes of -1 "
+                     "use all of them)")
   start, stop = held[0][0], held[-1][1]
   contiguous = all(a[1] >= b[0] for a, b in zip(held, held[1:]))
   if not contiguous or stop - start != rows or start % rows:
