@@ -106,14 +106,15 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, cache):
-  """The uninterrupted run: one process, 8 devices, 40 steps."""
+  """The uninterrupted run: one process, 8 devices, 100 steps (long enough that a second run
+  started next to a 2-host one still finds it alive)."""
   tmp = tmp_path_factory.mktemp("reference")
   _single(_vit_args(tmp / "run", cache), tmp)
   return _losses(tmp / "run")
 
 
 def _vit_args(workdir, cache, *extra):
-  return hosts.train_args("vit", workdir, cache, "--config.total_steps=40",
+  return hosts.train_args("vit", workdir, cache, "--config.total_steps=100",
                           "--config.checkpoint.every_steps=1000", *VIT, *extra)
 
 
