@@ -8,7 +8,7 @@ key-value store and barriers, with explicit timeouts), and do nothing in a singl
   share(name, value)         process 0's string, on every process
   agree(name, problem)       every process's problem (or None); all raise the first one
   process_0_first(name)      process 0 runs the block first, the others after it succeeded
-                             (one line naming process 0's error when it failed)
+                             (one line naming the error of whichever process failed)
 
 Every process of a job makes the same calls in the same order (the trainer is one program on
 all hosts), so the n-th call has the same key everywhere: keys carry that call number, and
@@ -101,7 +101,8 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
   For work that must happen once but whose result every host needs, e.g. preparing a data set
   in a shared cache (the others then find it ready; on hosts with their own disks each
   prepares its own copy, one after the other). If process 0's block raises, the others raise
-  PeerFailed naming its error instead of running theirs."""
+  PeerFailed naming its error instead of running theirs; if another process's block raises,
+  every process raises ValueError naming it (no host is left waiting in a collective)."""
   if not is_multiprocess():
     yield
     return
@@ -109,12 +110,22 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
     try:
       yield
     except BaseException as e:
-      message = " ".join(str(e).split())[:300] or type(e).__name__
-      share(f"{name}/done", f"{_FAILED} {message}")
+      share(f"{name}/done", f"{_FAILED} {_one_line(e)}")
       raise
     share(f"{name}/done", "ok")
+    agree(f"{name}/others", None, timeout_s=timeout_s)
     return
   status = share(f"{name}/done", "", timeout_s=timeout_s)
   if status.startswith(_FAILED):
     raise PeerFailed(f"process 0 {status}")
-  yield
+  try:
+    yield
+  except BaseException as e:
+    agree(f"{name}/others", f"process {jax.process_index()} failed: {_one_line(e)}",
+          timeout_s=timeout_s)
+    raise
+  agree(f"{name}/others", None, timeout_s=timeout_s)
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+  return " ".join(str(e).split())[:limit] or type(e).__name__

@@ -237,3 +237,25 @@ def test_data_that_fails_on_process_0_stops_every_host_with_one_line(tmp_path, c
   assert errors[1][0].startswith("error: process 0 failed:") and \
       errors[0][0][len("error: "):] in errors[1][0], errors
   assert "Traceback" not in job.output()
+
+
+def test_data_that_fails_on_another_process_stops_every_host_with_one_line(tmp_path, cache):
+  """Process 1's cache path is a file (as a host with a broken disk): process 0 prepared its
+  data, then both stop with process 1's error instead of process 0 waiting in a collective."""
+  (tmp_path / "not_a_dir").write_text("")
+  port = hosts.free_port()
+  logs, procs = [], []
+  for i, c in enumerate((cache, tmp_path / "not_a_dir" / "cache")):
+    cluster = ["--multihost", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+               f"--process_id={i}"]
+    logs.append(tmp_path / f"host{i}.log")
+    with open(logs[-1], "w") as f:
+      procs.append(subprocess.Popen(hosts.train_args("vit", tmp_path / "run", c) + cluster,
+                                    cwd=REPO, env=hosts.env(4), stdout=f,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+  job = hosts.Job(procs, logs)
+  assert job.wait(300) == [1, 1], job.output()
+  for i in range(2):
+    errors = [l for l in job.output(i).splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: process 1 failed:"), job.output(i)
+    assert "Traceback" not in job.output(i)
