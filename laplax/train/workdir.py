@@ -107,7 +107,8 @@ def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None
       info["run"] = run_id
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
-    os.fsync(fd)  # other hosts read it (a network file system shows it after the flush)
+    with contextlib.suppress(OSError):  # best effort: some FUSE file systems refuse fsync
+      os.fsync(fd)  # other hosts read it (a network file system shows it after the flush)
     try:
       yield lock_path
     finally:
