@@ -64,7 +64,8 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest():
   assert len(flat) == 12 and set(flat.values()) == {"matrix"}, flat
   # Boxed (the trainer's abstract init): one label per box, same groups.
   boxed = gpt.GPT(TINY).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-  assert jax.tree.leaves(optim_lib.muon_labels(boxed)) == jax.tree.leaves(optim_lib.muon_labels(_params()))
+  assert (jax.tree.leaves(optim_lib.muon_labels(boxed))
+          == jax.tree.leaves(optim_lib.muon_labels(_params())))
 
   # Behaviour: one update at width 32. AdamW's first step is lr * sign(g) on every entry;
   # a Muon (orthogonalised) update has singular values near one, not the gradient's spread.

@@ -89,7 +89,8 @@ class HostBlock(grain.MapDataset):
     return self._parent[self._parent_index(index)]
 
   def _getitems(self, indices):
-    return self._parent._getitems([self._parent_index(i) for i in indices])  # pylint: disable=protected-access
+    parent_indices = [self._parent_index(i) for i in indices]
+    return self._parent._getitems(parent_indices)  # pylint: disable=protected-access
 
   def __str__(self) -> str:
     return f'HostBlock(rows={self._rows}, offset={self._offset}, global={self._global})'

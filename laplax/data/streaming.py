@@ -9,9 +9,9 @@ ArrayRecord index, so host memory does not grow with the data set.
 Training stream (`train_dataset`): the same global stream as the in-memory pipeline
 (`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
 are concatenated and cut into global batches of `batch_size * process_count`; host p reads only
-its contiguous block of each global batch (`pipeline.HostBlock`). The per-record augmentation is drawn from (seed,
-position in the global stream), so it does not depend on the number of hosts, worker processes
-or threads, and a restored iterator continues the stream exactly.
+its contiguous block of each global batch (`pipeline.HostBlock`). The per-record augmentation is
+drawn from (seed, position in the global stream), so it does not depend on the number of hosts,
+worker processes or threads, and a restored iterator continues the stream exactly.
 
 Per-record training ops: a crop (`CROPS`: torchvision's random-resized crop, or DeiT-III's
 simple random crop), then the ops named by `data.record_ops`, looked up in `RECORD_OPS`
