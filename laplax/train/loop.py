@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 
 from laplax import flops as flops_lib
+from laplax import multihost
 from laplax import sharding
 from laplax.train.checkpoint import Checkpointer
 from laplax.train.metrics import MetricsWriter, Progress, interval_summary
@@ -112,7 +113,13 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         batch = next(train_iter)
         if batch_keys is not None:
           batch = {k: batch[k] for k in batch_keys}
-        state, metrics = step_fn(state, sharding.host_batch_to_global(batch, mesh))
+        global_batch = sharding.host_batch_to_global(batch, mesh)
+        if step == start_step and multihost.is_multiprocess():
+          # Compile first, then meet: hosts compile at different speeds, and gloo (JAX's CPU
+          # collectives) gives up the first collective's rendezvous after 30 s.
+          step_fn = step_fn.lower(state, global_batch).compile()
+          multihost.agree("compiled_step", None)
+        state, metrics = step_fn(state, global_batch)
         step += 1
         if tracing and step + 1 >= profile[0] + profile[1]:
           jax.block_until_ready(state)
