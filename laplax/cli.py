@@ -10,6 +10,7 @@ and printed one line each only if main then succeeds. Set LAPLAX_DEBUG=1 to see 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -18,6 +19,8 @@ import sys
 import threading
 import traceback
 from typing import Callable, Iterator
+
+import jax
 
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
@@ -69,7 +72,6 @@ def drop_native_lines(pattern: bytes = GLOO_LINES, fd: int = 1) -> None:
   """Drops the lines that fully match `pattern` from file descriptor `fd` (output of native
   code that Python cannot silence) for the rest of the process. The lines pass through a pipe
   read by a thread; at exit what is left is drained."""
-  import atexit
   read_end, write_end = os.pipe()
   original = os.dup(fd)
   sys.stdout.flush()
@@ -115,7 +117,6 @@ def initialize_distributed(coordinator_address: str | None = None,
   if coordinator_address is not None and not re.fullmatch(r"\[?[\w.:-]+\]?:\d+",
                                                           coordinator_address):
     raise ValueError(f"--coordinator_address={coordinator_address!r}: use host:port")
-  import jax
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
   except (ValueError, RuntimeError) as e:  # RuntimeError: no coordinator reached in time

@@ -19,7 +19,7 @@ hosts must not make the keys differ, or the hosts would wait for each other for 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 import itertools
 
 import jax
@@ -53,16 +53,14 @@ def _key(name: str) -> str:
   return f"laplax/{next(_calls)}/{name}"
 
 
-def share(name: str, value: Callable[[], str] | str, *,
-          timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-  """Process 0's `value` (a string, or a callable process 0 alone calls) on every process."""
+def share(name: str, value: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+  """Process 0's `value` on every process (the others' `value` is ignored)."""
   if not is_multiprocess():
-    return value() if callable(value) else value
+    return value
   client, key = _client(), _key(name)
   if jax.process_index() == 0:
-    text = value() if callable(value) else value
-    client.key_value_set(key, text, allow_overwrite=True)
-    return text
+    client.key_value_set(key, value, allow_overwrite=True)
+    return value
   return client.blocking_key_value_get(key, int(timeout_s * 1000))
 
 
@@ -99,8 +97,9 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
   """Process 0 runs the block; the other processes wait for it, then run it too.
 
   For work that must happen once but whose result every host needs, e.g. preparing a data set
-  in a shared cache (the others then find it ready; on hosts with their own disks each
-  prepares its own copy, one after the other). If process 0's block raises, the others raise
+  in a shared cache: the others then find it ready. (Image caches on hosts with their own
+  disks are prepared by each host after process 0; the LM's text cache must be shared, as
+  laplax.data.text.prepare says.) If process 0's block raises, the others raise
   PeerFailed naming its error instead of running theirs; if another process's block raises,
   every process raises ValueError naming it (no host is left waiting in a collective)."""
   if not is_multiprocess():

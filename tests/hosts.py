@@ -90,9 +90,8 @@ def start(args: list[str], num_processes: int, logdir: pathlib.Path, *, devices:
   return Job(procs, logs)
 
 
-def run_single(args: list[str], logdir: pathlib.Path, *, devices: int = 8,
-               tag: str = "single", timeout: float = 600) -> subprocess.CompletedProcess:
+def run_single(args: list[str], *, devices: int = 8,
+               timeout: float = 600) -> subprocess.CompletedProcess:
   """`args` as one ordinary process with `devices` fake devices."""
-  logdir.mkdir(parents=True, exist_ok=True)
   return subprocess.run(args, cwd=REPO, env=env(devices), capture_output=True, text=True,
                         timeout=timeout, stdin=subprocess.DEVNULL)

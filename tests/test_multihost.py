@@ -39,8 +39,8 @@ def _assert_same_losses(got: dict[int, float], want: dict[int, float]) -> None:
   assert worst <= TOL, (worst, got, want)
 
 
-def _single(args, tmp_path, tag="single"):
-  out = hosts.run_single(args, tmp_path / "logs", tag=tag)
+def _single(args):
+  out = hosts.run_single(args)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
   return out
 
@@ -80,7 +80,7 @@ def cache(data_cache):
 def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
   args = lambda work, c: hosts.train_args(kind, work, c, "--config.total_steps=6", *extra)
   one = tmp_path / "one"
-  _single(args(one, cache), tmp_path)
+  _single(args(one, cache))
   # Two hosts on one shared workdir and a cold cache of their own: process 0 prepares the
   # data, the other waits for it.
   two, cold = tmp_path / "two", tmp_path / "cold_cache"
@@ -109,7 +109,7 @@ def reference(tmp_path_factory, cache):
   """The uninterrupted run: one process, 8 devices, 100 steps (long enough that a second run
   started next to a 2-host one still finds it alive)."""
   tmp = tmp_path_factory.mktemp("reference")
-  _single(_vit_args(tmp / "run", cache), tmp)
+  _single(_vit_args(tmp / "run", cache))
   return _losses(tmp / "run")
 
 
@@ -157,7 +157,7 @@ def test_sigterm_to_one_host_stops_both_and_one_host_continues(tmp_path, cache, 
   step = {_preempted(job, i) for i in range(2)}
   assert len(step) == 1
   # The 2-host checkpoint continues in one process with 8 devices.
-  out = _single(_vit_args(work, cache), tmp_path, tag="continue")
+  out = _single(_vit_args(work, cache))
   assert f"resumed from step {step.pop()}" in out.stdout + out.stderr
   _assert_same_losses(_losses(work), reference)
 

@@ -3,7 +3,8 @@ r"""Ahead-of-time fit check: a config's REAL train step compiled for a TPU topol
   python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot_gpt --aot=v5e:4x4
 
 No data is loaded and nothing is allocated: the train state is the trainer's abstract state
-(`laplax.train.state.abstract_state`), the batch the task's `abstract_batch` (ShapeDtypeStructs), the
+(`laplax.train.state.abstract_state`), the batch the task's `abstract_batch`
+(ShapeDtypeStructs), the
 devices those of `jax.experimental.topologies.get_topology_desc` (libtpu must be installed:
 `requirements-tpu.txt`; set JAX_PLATFORMS=cpu so that JAX itself stays on the CPU). The step is
 jitted as the trainer jits it (`trainer.jit_step`: sharded in and out, state donated),
