@@ -1,8 +1,9 @@
-r"""Evaluates, exports and analyses a train.py run; what it measures depends on the run's task.
+r"""Runs a train.py run's evaluators (its config.evals) on its latest checkpoint or an export.
 
-  python eval.py --workdir=runs/fmnist                 # test accuracy of the latest checkpoint
+  python eval.py --workdir=runs/fmnist                 # the `final` evaluators: val, test accuracy
   python eval.py --workdir=runs/fmnist --export        # + export.npz / export.json (NumPy-only)
-  python eval.py --workdir=runs/fmnist --analyze       # + analysis/geometry.json and plots
+  python eval.py --workdir=runs/fmnist --analyze       # + the `analysis` ones: geometry, plots
+  python eval.py --workdir=runs/fmnist --evals=test    # exactly the evaluators named
 
 `--workdir` may also be a directory made by --export.
 
@@ -13,7 +14,7 @@ linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
       --limit=50 --analyze
 
 DINO runs (task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and test and on
-the run's eval.transfer data sets; with --analyze the per-layer spectral decay of its patch
+the run's transfer data sets; with --analyze the per-layer spectral decay of its patch
 tokens (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of photos
 (pca_photos.png; --photos=DIR for your own):
 
@@ -31,15 +32,16 @@ import sys
 from absl import app, flags
 
 from laplax import cli
-from laplax.data.shared import shared_data_dir
-from laplax.evals import run
-from laplax.train.task import EvalOptions
+from laplax.evals import offline
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
 flags.DEFINE_bool("export", False, "Write export.npz (flat parameter arrays), export.json and "
                   "config.json.")
-flags.DEFINE_bool("analyze", False, "Per-layer token geometry, with plots.")
+flags.DEFINE_list("evals", [], "Run exactly these evaluators of the run's config.evals "
+                  "(default: its `final` ones).")
+flags.DEFINE_bool("analyze", False, "Also the evaluators marked `analysis` (per-layer token "
+                  "geometry, spectra, with plots).")
 flags.DEFINE_integer("analysis_examples", None, "Examples used for the geometry analysis "
                      "(default: 2000 test images; 256 validation windows for lm runs).")
 flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
@@ -50,7 +52,7 @@ flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (defau
                     "$LAPLAX_SHARED_DATA or ../shared/data).")
 flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
                     "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
-                    "of .jpg / .png photos; '' skips it (default: the run's eval.photos).")
+                    "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -60,14 +62,15 @@ def main(argv):
   cli.configure_xla()
 
   def work():
-    options = EvalOptions(export=FLAGS.export, analyze=FLAGS.analyze,
-                          analysis_examples=FLAGS.analysis_examples, tasks=tuple(FLAGS.tasks),
-                          limit=FLAGS.limit, data_dir=FLAGS.data_dir or str(shared_data_dir()),
-                          photos=FLAGS.photos)
+    options = offline.EvalOptions(evals=tuple(FLAGS.evals), export=FLAGS.export,
+                                  analyze=FLAGS.analyze,
+                                  analysis_examples=FLAGS.analysis_examples,
+                                  tasks=tuple(FLAGS.tasks), limit=FLAGS.limit,
+                                  data_dir=FLAGS.data_dir, photos=FLAGS.photos)
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
     log = lambda message: print(message, file=sys.stderr)
-    print(json.dumps(run.run(FLAGS.workdir, pathlib.Path(FLAGS.out or FLAGS.workdir), options,
-                             log=log), indent=2))
+    out = pathlib.Path(FLAGS.out or FLAGS.workdir)
+    print(json.dumps(offline.evaluate_workdir(FLAGS.workdir, out, options, log=log), indent=2))
 
   cli.run_main(work)
 

@@ -7,6 +7,7 @@
   vit(preset)            a DeiT-III-style ViT
   adamw(lr)              AdamW + warm-up / cosine + clipping
   classification_loss()  loss, mixup / cutmix (off by default) for the classification task
+  evaluator(type)        one config.evals section (laplax.train.evaluator); *_evals(): a task's
   deit3(c)               DeiT-III's training recipe applied to a classification config
   study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
 """
@@ -35,7 +36,6 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.seed = 0
   c.total_steps = total_steps  # > 0 overrides num_epochs where the task has epochs
   c.log_every = log_every
-  c.eval_every = 0  # 0 = only at the end
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = every_steps
   c.checkpoint.keep = 2
@@ -46,6 +46,32 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.profile = ()  # (first step, number of steps): a jax.profiler trace in workdir/profile
   c.compilation_cache_dir = ""  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps
   return c
+
+
+def evaluator(type_: str, **keys) -> ml_collections.ConfigDict:
+  """A config.evals section: its `type`, and what differs from the evaluator's defaults
+  (`every`, `at_init`, `final`, `analysis` and its own keys; laplax.train.evaluator)."""
+  return ml_collections.ConfigDict({"type": type_, **keys})
+
+
+def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections.ConfigDict:
+  """Val accuracy (every `every` steps and at the end), test accuracy at the end (`test`), and
+  the per-layer geometry for eval.py --analyze."""
+  e = ml_collections.ConfigDict({"val": evaluator("accuracy", split="val", every=every)})
+  if test:
+    e.test = evaluator("accuracy", split="test")
+  e.geometry = evaluator("vit_geometry", split="test" if test else "val", final=False,
+                         analysis=True)
+  return e
+
+
+def lm_evals(*, every: int) -> ml_collections.ConfigDict:
+  """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks and
+  the geometry for eval.py (--tasks, --analyze)."""
+  return ml_collections.ConfigDict({
+      "val": evaluator("bpb", every=every),
+      "lm_tasks": evaluator("lm_tasks", final=False),
+      "geometry": evaluator("lm_geometry", final=False, analysis=True)})
 
 
 def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,

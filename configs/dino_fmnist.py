@@ -22,7 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.source_dir = ""  # the Debian package's /usr/share/datasets/fashion-mnist
   c.multicrop.global_size = 28
   c.multicrop.local_size = 12
-  c.eval.horse_dir = ""
-  c.eval.photos = ""
-  c.eval.transfer = ml_collections.ConfigDict({"cifar10": str(common.SHARED / "cifar10")})
+  del c.evals["horse"], c.evals["photos"]  # a grey model cannot read RGB photos
+  c.evals.transfer.data = {"cifar10": str(common.SHARED / "cifar10")}
   return c

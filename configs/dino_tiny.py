@@ -6,12 +6,12 @@ r"""DINO self-supervised pretraining on CIFAR-10, CPU-sized: baseline (k=0) or L
 
 Tiny ViT (width 64, depth 4, 4 heads, patch 4), 2 global crops of 32 px + 4 local crops of
 16 px, head out_dim 1024. data.source_dir: the CIFAR-10 JPEG zip (or its folder), default
-$LAPLAX_SHARED_DATA/cifar10 (../shared/data/cifar10); eval.horse_dir likewise for the Weizmann
-horses ('' skips them). results.json: k-NN (k = 10, 20, 100, on the class token) and
-linear-probe accuracy ('linear_cls': class token; 'linear_last': last 4 class tokens) of the
-frozen teacher on val / test, 'init': the same before training, 'transfer': the same probes on
-Fashion-MNIST (eval.transfer), 'horse': segmentation-probe and PCA-mask IoU, 'photos': the PCA
-picture of the packaged photos (pca_photos.png; pca_horses.png for the horses).
+$LAPLAX_SHARED_DATA/cifar10 (../shared/data/cifar10); evals.horse.dir likewise for the Weizmann
+horses. results.json, one entry per evaluator: 'probes': k-NN (k = 10, 20, 100, on the class
+token) and linear-probe accuracy ('linear_cls': class token; 'linear_last': last 4 class
+tokens) of the frozen teacher on val / test ('init': the same before training), 'transfer':
+the same probes on Fashion-MNIST, 'horse': segmentation-probe and PCA-mask IoU, 'photos': the
+PCA picture of the packaged photos (pca_photos.png; pca_horses.png for the horses).
 
 Measured (before k = 100 and the transfer probes were added; seed 0, 300 steps = 0.85
 epoch; two runs sharing 2 busy CPU cores at about 36 images/s each, about 25 min each with the
@@ -67,38 +67,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay_end = 0.4  # DINO's cosine 0.04 -> 0.4
   c.optim.clip_mode = "per_tensor"  # DINO clips each parameter's gradient norm to 3.0
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.at_init = True  # probes of the untrained teacher too (the floor to beat)
-  c.eval.probe_train_size = 10000  # linear-probe training examples (0 = all); the k-NN bank
-  # is always the whole training split
-  c.eval.knn_ks = (10, 20, 100)  # DINO reports 10, 20, 100, 200
-  c.eval.knn_temperature = 0.07
-  c.eval.probe_epochs = 30
-  c.eval.probe_lr = 1e-3
-  c.eval.probe_weight_decay = 1e-4
-  c.eval.last_layers = 4
-  # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
-  # DINO's protocol on augmented crops (linear_dino: SGD + momentum, lr scaled by batch / 256).
-  c.eval.linear_probe = "fast"
-  c.eval.dino_probe_epochs = 100
-  c.eval.dino_probe_batch_size = 256
-  c.eval.dino_probe_lr = 1e-3
-  c.eval.horse_dir = str(common.SHARED / "weizmann_horse")  # '' = skip the horse evaluations
-  c.eval.horse_size = 64  # photos resized to 64x64: a 16x16 patch grid
-  c.eval.seg_epochs = 20
-  # ADE20K linear segmentation probe (laplax.evals.probes.ade20k_scores): the official
-  # ADEChallengeData2016 folder, '' = skip; photos resized to ade20k_size (a multiple of the
-  # patch size); first N training / validation images (0 = all).
-  c.eval.ade20k_dir = ""
-  c.eval.ade20k_size = 64
-  c.eval.ade20k_train_images = 0
-  c.eval.ade20k_val_images = 0
-  c.eval.pca_images = 6
+  # The frozen teacher's evaluations (laplax.evals.dino: each section's other keys keep the
+  # evaluator's defaults, e.g. the probe protocol's 10,000 linear-probe training examples).
+  c.evals = ml_collections.ConfigDict()
+  # k-NN and linear probes, of the untrained teacher too (the floor to beat)
+  c.evals.probes = common.evaluator("dino_probes", at_init=True)
+  # Probes on other labelled data sets too, {name: source_dir} ('' = the builder's default
+  # place): images converted to this model's channels and crop size.
+  c.evals.transfer = common.evaluator("dino_transfer", data={"fashion_mnist": ""})
+  # Weizmann horses resized to 64x64 (a 16x16 patch grid): segmentation probe, PCA mask.
+  c.evals.horse = common.evaluator("horse", dir=str(common.SHARED / "weizmann_horse"), size=64)
   # PCA picture of the photos shipped in scikit-image / scikit-learn / matplotlib
-  # (laplax.data.photos): 'builtin', a folder of .jpg / .png, or '' to skip.
-  c.eval.photos = "builtin"
-  c.eval.photo_size = 64
-  # Probes of the frozen teacher on other labelled data sets too, {name: source_dir} ('' = the
-  # builder's default place): images converted to this model's channels and crop size.
-  c.eval.transfer = ml_collections.ConfigDict({"fashion_mnist": ""})
+  # (laplax.data.photos): 'builtin' or a folder of .jpg / .png.
+  c.evals.photos = common.evaluator("photo_pca", photos="builtin", size=64)
+  # ADE20K's linear segmentation probe: add common.evaluator("ade20k", dir=...) (the official
+  # ADEChallengeData2016 folder; configs/pod/dino_vit_s16.py).
+  c.evals.spectra = common.evaluator("dino_spectra", final=False, analysis=True)
   return c

@@ -21,4 +21,5 @@ def get_config():
   # update in fewer ops on the CPU; its moments are replicated on a sharded mesh.
   c.optim.flatten = True
   c.num_epochs = 3.0
+  c.evals = common.classification_evals()
   return c

@@ -63,7 +63,7 @@ def muon_section() -> ml_collections.ConfigDict:
 
 def get_config() -> ml_collections.ConfigDict:
   c = common.run("lm_tiny", "lm", total_steps=400, log_every=25, every_steps=100)
-  c.eval_every = 100
+  c.evals = common.lm_evals(every=100)
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "text"

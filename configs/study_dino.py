@@ -43,10 +43,10 @@ def get_config(data: str | None = None) -> ml_collections.ConfigDict:
   b.optim.warmup_steps = 10
   b.log_every = 20
   b.checkpoint.every_steps = 100
-  b.eval.at_init = False
-  b.eval.probe_train_size = 4000
-  b.eval.probe_epochs = 10
-  b.eval.seg_epochs = 10
+  b.evals.probes.update(at_init=False, probe_train_size=4000, probe_epochs=10)
+  b.evals.transfer.update(probe_train_size=4000, probe_epochs=10)
+  if "horse" in b.evals:
+    b.evals.horse.seg_epochs = 10
   c = common.study("study_dino" if data == "cifar10" else f"study_dino_{data}", b, specs=(0, 3))
   c.study.analysis_examples = 1000  # test images for the patch-token spectra
   c.study.pca_images = 6  # rows of the PCA figure

@@ -71,7 +71,7 @@ def lm() -> ml_collections.ConfigDict:
   c.optim.warmup_steps = 5
   c.total_steps = 40
   c.log_every = 10
-  c.eval_every = 20
+  c.evals.val.every = 20
   c.checkpoint.every_steps = 40  # only the final save (tests resume from it)
   return c
 
@@ -103,13 +103,9 @@ def dino() -> ml_collections.ConfigDict:
   c.dino.freeze_last_layer_epochs = 0.0
   c.optim.lr = 1e-3
   c.optim.warmup_steps = 5
-  c.eval.at_init = False
-  c.eval.probe_train_size = 512
-  c.eval.probe_epochs = 10
-  c.eval.last_layers = 2
-  c.eval.horse_dir = ""  # a grey Fashion-MNIST model cannot read RGB photos
-  c.eval.photos = ""
-  c.eval.transfer = ml_collections.ConfigDict()  # tests add {'cifar10': ...} where needed
+  c.evals.probes.update(at_init=False, probe_train_size=512, probe_epochs=10, last_layers=2)
+  # A grey Fashion-MNIST model cannot read RGB photos; tests add transfer sets where needed.
+  del c.evals["horse"], c.evals["photos"], c.evals["transfer"]
   c.total_steps = 40
   c.log_every = 10
   c.checkpoint.every_steps = 20
@@ -131,14 +127,12 @@ def dino_rgb() -> ml_collections.ConfigDict:
   c.multicrop.global_size = 32
   c.multicrop.local_size = 16
   c.multicrop.num_local = 0
-  c.eval.horse_dir = str(common.SHARED / "weizmann_horse")
-  c.eval.horse_size = 32
-  c.eval.seg_epochs = 2
-  c.eval.photos = "builtin"
-  c.eval.photo_size = 32
-  c.eval.transfer = ml_collections.ConfigDict({"fashion_mnist": ""})
-  c.eval.probe_train_size = 128
-  c.eval.probe_epochs = 1
+  c.evals.horse = common.evaluator("horse", dir=str(common.SHARED / "weizmann_horse"), size=32,
+                                   seg_epochs=2)
+  c.evals.photos = common.evaluator("photo_pca", photos="builtin", size=32)
+  c.evals.transfer = common.evaluator("dino_transfer", data={"fashion_mnist": ""},
+                                      probe_train_size=128, probe_epochs=1, last_layers=2)
+  c.evals.probes.update(probe_train_size=128, probe_epochs=1)
   c.mesh.data = 1
   c.checkpoint.async_save = False
   c.total_steps = 2
@@ -167,7 +161,7 @@ def study_lm() -> ml_collections.ConfigDict:
   b.data.sources = (str(common.SHARED / "text" / "tinyshakespeare" / "input.txt"),)
   b.data.tokenizer_train_chars = 20_000
   b.total_steps = 3
-  b.eval_every = 0
+  b.evals.val.every = 0
   b.checkpoint.every_steps = 3
   c = common.study("test_study_lm", b, specs=(0, 2), seeds=(0, 1))
   c.study.eval_tasks = ["arc_easy"]

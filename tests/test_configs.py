@@ -10,6 +10,7 @@ import pytest
 
 from laplax import cli
 from laplax.data import builders
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import task as task_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -47,14 +48,17 @@ def test_config_is_valid(name):
   run = config.base if "study" in config else config  # a study's cells are runs of base
   task = task_lib.for_config(run)
   task.validate(dp=1, hosts=1)
-  for data_set in run.get("eval", {}).get("transfer", {}):
-    builders.dataset_info(data_set)
+  evaluator_lib.check(run, task)
+  for section in evaluator_lib.sections(run).values():
+    for data_set in section.get("data", {}) if section.type == "dino_transfer" else ():
+      builders.dataset_info(data_set)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(("study", "test:st"))])
 def test_per_layer_head_list_from_the_command_line(name):
   task = task_lib.for_config(_load(name))
-  _, heads, depth = task.head_layout(task.build_model())
+  model = task.build_model()
+  heads, depth = model.num_heads, model.depth
   spec = "(" + ",".join(str(i % (heads + 1)) for i in range(depth)) + ")"
   config = _parse(name, f"--config.model.laplacian_heads={spec}")
   task = task_lib.for_config(config)
@@ -77,18 +81,30 @@ def test_pod_config_flags(name):
   task_lib.for_config(config).validate(dp=16, hosts=4)
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"eval.knn_ks": (0, 20)}, "eval.knn_ks=\\(0, 20\\) must be >= 1"),
-    ({"optim.clip_mode": "layer"}, "optim.clip_mode='layer': use one of"),
-    ({"optim.weight_decay_end": -0.4}, "optim.weight_decay_end=-0.4 must be a finite"),
-    ({"eval.photos": "builtin", "eval.photo_size": 30},
-     "eval.photo_size=30 is not divisible by model.patch_size=7"),
-    ({"total_steps": -5}, "total_steps=-5 must be >= 0"),
+@pytest.mark.parametrize("name, override, message", [
+    ("test:dino", {"evals.probes.knn_ks": (0, 20)},
+     "evals.probes: knn_ks=\\(0, 20\\) must be >= 1"),
+    ("test:dino", {"optim.clip_mode": "layer"}, "optim.clip_mode='layer': use one of"),
+    ("test:dino", {"optim.weight_decay_end": -0.4}, "optim.weight_decay_end=-0.4 must be a finite"),
+    ("test:dino_rgb", {"evals.photos.size": 30},
+     "evals.photos: size=30 is not divisible by model.patch_size=8"),
+    ("test:dino", {"total_steps": -5}, "total_steps=-5 must be >= 0"),
+    ("test:vit", {"evals.test.split": "dev"}, "evals.test: split='dev'; use one of"),
+    ("test:lm", {"evals.lm_tasks.tasks": ("nope",)}, "evals.lm_tasks: unknown task 'nope'"),
 ])
-def test_dino_config_errors_before_training(override, message):
-  config = _load("test:dino")
+def test_config_errors_before_training(name, override, message):
+  config = _load(name)
   config.update_from_flattened_dict(override)
+  task = task_lib.for_config(config)
   with pytest.raises(ValueError, match=message):
+    task.validate(dp=1, hosts=1)
+    evaluator_lib.check(config, task)
+
+
+def test_keys_of_older_configs_say_how_they_are_written_now():
+  config = _load("test:vit")
+  config.eval_every = 10
+  with pytest.raises(ValueError, match="config.eval_every is gone: an evaluator's `every`"):
     task_lib.for_config(config).validate(dp=1, hosts=1)
 
 

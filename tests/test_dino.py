@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from configs import common
 from conftest import make_config
 from laplax import sharding
 from laplax.data import multicrop as mc
@@ -378,12 +379,12 @@ def test_ade20k_probe_runs_on_the_teacher(initial_state, tmp_path):
   _write_ade20k(root, [(12, 20)] * 2, split="validation", start=10)
   config = _task().config
   config.data.cache_dir = str(tmp_path / "cache")
-  config.eval.update(ade20k_dir=str(root), ade20k_size=SIZE, ade20k_train_images=0,
-                     ade20k_val_images=0, seg_epochs=2)
+  section = common.evaluator("ade20k", dir=str(root), size=SIZE, train_images=0, val_images=0,
+                             seg_epochs=2)
   mesh = sharding.make_mesh({"data": 8})
   feature_fn = features.make_feature_fn(_tiny_model(), (2, 2), mesh, sharding.DEFAULT_RULES, 1)
   info = dino_task.DinoTask(config).info()
-  out = probes.ade20k_scores(feature_fn, initial_state.params, config, info, mesh=mesh,
+  out = probes.ade20k_scores(feature_fn, initial_state.params, config, section, info, mesh=mesh,
                              rules=sharding.DEFAULT_RULES, predict_batch=1)
   assert (out["train_images"], out["val_images"]) == (3, 2)
   assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
@@ -503,7 +504,7 @@ def test_tiny_dino_run_learns_without_collapse(tmp_path, fashion_mnist_dir, data
     assert 0.1 * log_k < r["teacher_entropy"] < 0.9 * log_k, r
     assert r["feature_std"] > 0.01 and r["effective_rank"] > 1.5
   for split in ("val", "test"):
-    s = results[split]
+    s = results["probes"][split]
     assert set(s) >= {"knn_top1_k10", "knn_top1_k20", "linear_cls", "linear_last"}
     assert all(0.2 < s[k] <= 1.0 for k in ("knn_top1_k10", "knn_top1_k20", "linear_cls"))
   assert json.loads((tmp_path / "results.json").read_text())["step"] == config.total_steps

@@ -225,8 +225,8 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   # below that, and keep falling.
   assert val[0]["loss"] < math.log(vocab) - 1.0
   assert val[1]["loss"] < val[0]["loss"]
-  assert results["val_bpb"] == pytest.approx(val[1]["bpb"])
-  assert 0 < results["val_bpb"] < val[0]["bpb"]
+  assert results["val"]["bpb"] == pytest.approx(val[1]["bpb"])
+  assert 0 < results["val"]["bpb"] < val[0]["bpb"]
   assert (tmp_path / "run" / "tokenizer.json").exists()
   assert json.loads((tmp_path / "run" / "results.json").read_text())["step"] == 40
   # Resume: 10 more steps from the step-40 checkpoint, not from scratch.

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from conftest import make_config
-from laplax.evals import run as eval_run
+from laplax.evals import offline
 from laplax.train import trainer
-from laplax.train.task import EvalOptions
+from laplax.evals.offline import EvalOptions
 
 pytestmark = pytest.mark.slow  # a training run and every LM task
 
@@ -20,7 +20,7 @@ def lm_run(tmp_path_factory, shared_data):
   config.data.cache_dir = str(tmp / "cache")
   config.data.tokenizer_train_chars = 20_000
   config.total_steps = 4
-  config.eval_every = 0
+  config.evals.val.every = 0
   config.checkpoint.every_steps = 4
   trainer.train_and_evaluate(config, tmp / "run", log=lambda m: None)
   return tmp / "run"
@@ -28,15 +28,17 @@ def lm_run(tmp_path_factory, shared_data):
 
 def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
-  res = eval_run.run(lm_run, tmp_path / "out", EvalOptions(
+  res = offline.evaluate_workdir(lm_run, tmp_path / "out", EvalOptions(
       tasks=tasks, limit=2, data_dir=str(shared_data), analyze=True, analysis_examples=16),
                      log=lambda m: None)
   saved = json.loads((tmp_path / "out" / "eval.json").read_text())
-  assert saved["tasks"].keys() == res["tasks"].keys()
-  assert set(res["tasks"]) == {"arc_easy/letter", "arc_easy/loglik", "arc_challenge/letter",
+  assert saved["lm_tasks"].keys() == res["lm_tasks"].keys()
+  assert 0 < res["val"]["bpb"] == saved["val"]["bpb"]  # the final evaluators run too
+  assert res["geometry"]["collapse"] == saved["geometry"]["collapse"]
+  assert set(res["lm_tasks"]) == {"arc_easy/letter", "arc_easy/loglik", "arc_challenge/letter",
                                "arc_challenge/loglik", "mmlu/letter", "mmlu/loglik", "gsm8k",
                                "humaneval", "lambada"}
-  for key, r in res["tasks"].items():
+  for key, r in res["lm_tasks"].items():
     assert r["num_items"] == 2 and 0.0 <= r["accuracy"] <= 1.0
     assert r["chance"] == (0.25 if key.split("/")[0] in ("arc_easy", "arc_challenge", "mmlu")
                            else 0.0)
@@ -49,8 +51,13 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
 
 def test_eval_lm_errors(lm_run, tmp_path):
   with pytest.raises(ValueError, match="unknown task 'nope'"):
-    eval_run.run(lm_run, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
-  with pytest.raises(ValueError, match="data_dir"):
-    eval_run.run(lm_run, tmp_path, EvalOptions(tasks=["gsm8k"]))
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
+  with pytest.raises(ValueError, match="gsm8k"):  # no task data there
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["gsm8k"],
+                                                           data_dir=str(tmp_path / "none")))
+  with pytest.raises(ValueError, match="--photos is for photo_pca evaluators, but this run's"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
+  with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
   with pytest.raises(ValueError, match="--export is for image classifiers"):
-    eval_run.run(lm_run, tmp_path, EvalOptions(export=True))
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(export=True))

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, make_config
-from laplax.evals import run as eval_run
+from laplax.evals import offline
 from laplax.study import grid, stats
-from laplax.train.task import EvalOptions
+from laplax.evals.offline import EvalOptions
+from laplax.train.metrics import read_metrics
 
 
 def mini_study_config(cache):
@@ -41,10 +42,11 @@ def test_report_has_every_section_and_plot(finished_study):
   assert "paired diff." in verdict and "directions hold with intervals excluding 0" in verdict
   assert "## Learning curve" in text and "| 6 |" in text and "| 12 |" in text
   for cell in ("k0_s0", "k1-0_s1"):  # the curve's last point is the final test accuracy
-    curve = json.loads((workdir / "cells" / cell / "curve.json").read_text())
+    curve = {r["step"]: r["accuracy"] for r in read_metrics(
+        workdir / "cells" / cell / "metrics.jsonl") if r["split"] == "test"}
     final = json.loads((workdir / "cells" / cell / "results.json").read_text())["test"]
-    assert sorted(curve, key=int) == ["6", "12"]
-    assert curve["12"] == pytest.approx(final["accuracy"])
+    assert sorted(curve) == [6, 12]  # the test evaluator runs at every checkpoint step
+    assert curve[12] == final["accuracy"]
   for png in ("accuracy.png", "learning_curve.png", "variance.png", "collapse.png",
               "smoothing.png"):
     assert f"({png})" in text
@@ -57,7 +59,7 @@ def test_report_has_every_section_and_plot(finished_study):
   assert base["scores"]["test_accuracy"] == accs[:2] and lap["scores"]["test_accuracy"] == accs[2:]
   mean, lo, hi = lap["paired_difference"]["test_accuracy"]
   assert mean == pytest.approx((accs[2] - accs[0] + accs[3] - accs[1]) / 2) and lo <= mean <= hi
-  geo = json.loads((workdir / "cells" / "k1-0_s0" / "analysis.json").read_text())
+  geo = json.loads((workdir / "cells" / "k1-0_s0" / "results.json").read_text())["geometry"]
   assert len(geo["layers"]) == 3  # embedding + 2 blocks
   for layer in geo["layers"]:
     total = layer["within_sequence"] + layer["between_sequence"] + layer["between_class"]
@@ -80,11 +82,10 @@ def test_unfinished_cell_resumes_from_its_checkpoint(finished_study, tmp_path, d
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k0_s1"
   (cell / "results.json").unlink()
-  (cell / "analysis.json").unlink()
   logs = []
   grid.run_study(mini_study_config(data_cache), workdir, log=logs.append)
   assert any("resumed from step 12" in line for line in logs), logs
-  assert (cell / "analysis.json").exists()
+  assert json.loads((cell / "results.json").read_text())["geometry"]["layers"]
 
 
 def test_paired_difference_interval():
@@ -99,14 +100,14 @@ def test_paired_difference_interval():
 def test_eval_export_and_analysis(finished_study, tmp_path):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k1-0_s0"
-  res = eval_run.run(cell, tmp_path / "out", EvalOptions(export=True, analyze=True,
+  res = offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(export=True, analyze=True,
                                                         analysis_examples=100),
                      log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["test"]["accuracy"] == pytest.approx(trained["test"]["accuracy"])
   assert (tmp_path / "out" / "analysis" / "geometry.json").exists()
   assert (tmp_path / "out" / "analysis" / "variance.png").exists()
-  again = eval_run.run(tmp_path / "out", tmp_path / "out2", log=lambda m: None)  # from export
+  again = offline.evaluate_workdir(tmp_path / "out", tmp_path / "out2", log=lambda m: None)  # from export
   assert again["test"]["accuracy"] == pytest.approx(res["test"]["accuracy"])
   # The export is self-contained: config, head table, input normalisation, classes, step.
   meta = json.loads((tmp_path / "out" / "export.json").read_text())
@@ -116,10 +117,10 @@ def test_eval_export_and_analysis(finished_study, tmp_path):
   # Exporting another run into the same --out is refused (it would pair the wrong config).
   other = workdir / "cells" / "k0_s0"
   with pytest.raises(ValueError, match="holds the export of another run"):
-    eval_run.run(other, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
+    offline.evaluate_workdir(other, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
   assert json.loads((tmp_path / "out" / "export.json").read_text()) == meta
   # Re-exporting the same run replaces its own files.
-  eval_run.run(cell, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
+  offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
 
 
 def test_eval_cli_reports_missing_run_plainly(tmp_path):

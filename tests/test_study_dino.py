@@ -13,10 +13,10 @@ from conftest import make_config
 from laplax.data.images import load_image_data
 from laplax.evals import features
 from laplax.evals import probes
-from laplax.evals import run as eval_run
+from laplax.evals import offline
 from laplax.geometry import dino as dino_geometry
 from laplax.study import grid
-from laplax.train.task import EvalOptions
+from laplax.evals.offline import EvalOptions
 
 
 def _load(name):
@@ -26,7 +26,7 @@ def _load(name):
 @pytest.fixture(scope="module")
 def finished_dino_study(tmp_path_factory, shared_data, fashion_mnist_dir, data_cache):
   config = make_config("study_dino", data_cache)
-  config.base.eval.transfer = {"fashion_mnist": str(fashion_mnist_dir)}
+  config.base.evals.transfer.data = {"fashion_mnist": str(fashion_mnist_dir)}
   workdir = tmp_path_factory.mktemp("study_dino")
   lines = []
   report = grid.run_study(config, workdir, log=lines.append)
@@ -104,23 +104,23 @@ def test_patch_spectra_match_numpy(finished_dino_study):
 def test_eval_dino_mode(finished_dino_study, tmp_path):
   _, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k0_s0"
-  res = eval_run.run(cell, tmp_path / "out", EvalOptions(analyze=True, analysis_examples=48),
+  res = offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(analyze=True, analysis_examples=48),
                      log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["task"] == "dino"
   for key in ("knn_top1_k10", "knn_top1_k20", "linear_cls", "linear_last"):
-    assert res["test"][key] == pytest.approx(trained["test"][key]), key
+    assert res["probes"]["test"][key] == pytest.approx(trained["probes"]["test"][key]), key
     assert res["transfer"]["fashion_mnist"]["test"][key] == pytest.approx(
         trained["transfer"]["fashion_mnist"]["test"][key]), key
   assert res["photos"] == trained["photos"]
   assert len(res["photos"]["names"]) == 9
   assert (tmp_path / "out" / "pca_photos.png").stat().st_size > 0
   spectra = json.loads((tmp_path / "out" / "analysis" / "spectra.json").read_text())
-  assert spectra["layers"] == res["spectra"]
+  assert spectra == res["spectra"] == trained["spectra"]
   assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
-  with pytest.raises(ValueError, match="dino run"):
-    eval_run.run(cell, tmp_path / "out2", EvalOptions(export=True))
+  with pytest.raises(ValueError, match="--export is for image classifiers; .* is a 'dino' run"):
+    offline.evaluate_workdir(cell, tmp_path / "out2", EvalOptions(export=True))
 
 
 def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_dir, data_cache):
@@ -128,8 +128,7 @@ def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_d
   config.data.source_dir = str(shared_data / "cifar10")
   config.data.cache_dir = str(data_cache)
   config.data.eval_subset = 10
-  config.eval.probe_train_size = 20
-  data = probes.transfer_data(config, "fashion_mnist", str(fashion_mnist_dir))
+  data = probes.transfer_data(config, "fashion_mnist", str(fashion_mnist_dir), 20)
   info = data["info"]
   assert info.name == "fashion_mnist" and info.num_classes == 10
   assert info.image_shape == (32, 32, 3) and info.mean == (0.4914, 0.4822, 0.4465)

@@ -1,6 +1,8 @@
-"""Adding a task is one Task subclass, one config and one registry line: a toy task (predict
-the first token of a random sequence with one Laplacian attention layer) registered at run
-time trains through the one trainer, resumes, and loads back with load_run."""
+"""Adding a task is one Task subclass, one config and one registry line, and so is adding an
+evaluator: a toy task (predict the first token of a random sequence with one Laplacian
+attention layer) and a toy evaluator registered at run time train through the one trainer,
+evaluate periodically and at the end, resume, load back with load_run and evaluate again in
+eval.py's offline path."""
 
 import json
 
@@ -14,6 +16,8 @@ import pytest
 
 from configs import common
 from laplax.attention import MultiHeadAttention
+from laplax.evals import offline
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import trainer
@@ -68,10 +72,18 @@ class FirstTokenTask(task_lib.Task):
           .map(lambda idx: {"tokens": tokens[np.asarray(idx)]}))
     return iter(ds.to_iter_dataset())
 
-  def final_results(self, model, state, *, mesh, rules, workdir, log):
-    logits = model.apply({"params": state.params}, self.tokens)
-    acc = float((np.asarray(logits).argmax(-1) == self.tokens[:, 0]).mean())
-    return {"accuracy": acc}, {"accuracy": acc}, f"accuracy {acc:.3f}"
+
+
+class FirstTokenAccuracy(evaluator_lib.Evaluator):
+  """Accuracy on the task's sequences, with the first `n` of them (0: all)."""
+  type = "first_token_accuracy"
+  defaults = {"n": 0}
+
+  def run(self, weights, step):
+    tokens = self.ctx.task.tokens[:self.config.n or None]
+    logits = self.ctx.model.apply({"params": weights.params}, tokens)
+    return {"accuracy": float((np.asarray(logits).argmax(-1) == tokens[:, 0]).mean()),
+            "count": len(tokens)}
 
 
 def toy_config(steps=60) -> ml_collections.ConfigDict:
@@ -80,24 +92,40 @@ def toy_config(steps=60) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict({"laplacian_heads": common.laplacian_heads(1)})
   c.optim = common.adamw(1e-2, warmup_steps=5)
   c.mesh.data = 1
+  c.evals = ml_collections.ConfigDict({
+      "acc": common.evaluator("first_token_accuracy", every=30),
+      "few": common.evaluator("first_token_accuracy", n=64, final=False, analysis=True)})
   return c
 
 
 @pytest.fixture
 def registered():
   task_lib.register("first_token", FirstTokenTask)
+  evaluator_lib.register("first_token_accuracy", FirstTokenAccuracy)
   yield
-  del task_lib.TASKS["first_token"]
+  del task_lib.TASKS["first_token"], evaluator_lib.TYPES["first_token_accuracy"]
 
 
 def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   results = trainer.train_and_evaluate(toy_config(60), tmp_path, log=lambda m: None)
   assert results["task"] == "first_token" and results["step"] == 60
-  assert results["accuracy"] > 0.9  # chance is 0.25
+  assert results["acc"]["accuracy"] > 0.9 and results["acc"]["count"] == 512  # chance: 0.25
+  assert "few" not in results  # final=False: eval.py only
   assert results["laplacian_heads"] == "k=1"
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in rows if r["split"] == "train"]
   assert train[-1]["loss"] < train[0]["loss"] - 0.5
+  # every=30: a row at step 30 and one at the end; the final row prefixes the evaluator's name
+  acc = [r for r in rows if r["split"] == "acc"]
+  assert [r["step"] for r in acc] == [30, 60] and acc[-1]["accuracy"] == results["acc"]["accuracy"]
+  assert [r for r in rows if r["split"] == "final"][0]["acc_accuracy"] == acc[-1]["accuracy"]
+  out = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(analyze=True),
+                                 log=lambda m: None)
+  assert out["acc"] == results["acc"] and out["few"]["count"] == 64
+  assert json.loads((tmp_path / "eval" / "eval.json").read_text())["few"] == out["few"]
+  named = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(
+      evals=("few",)), log=lambda m: None)
+  assert set(named) == {"task", "step", "few"}
   lines = []
   more = trainer.train_and_evaluate(toy_config(90), tmp_path, log=lines.append)
   assert any("resumed from step 60" in l for l in lines) and more["step"] == 90
@@ -110,6 +138,23 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
 def test_register_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a laplax.tasks.Task subclass"):
     task_lib.register("nope", dict)
+  with pytest.raises(TypeError, match="not a laplax.train.evaluator.Evaluator subclass"):
+    evaluator_lib.register("nope", dict)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"type": "nope"}, "evals.acc: evaluator type 'nope'; choose one of"),
+    ({"every": 3}, "evals.acc must be a section with a `type`"),
+    ({"type": "first_token_accuracy", "m": 3}, "has no key 'm'; its keys:"),
+    ({"type": "first_token_accuracy", "every": -1}, "every=-1 must be an integer >= 0"),
+])
+def test_bad_evaluator_sections_fail_before_anything_is_written(tmp_path, registered, section,
+                                                                 message):
+  config = toy_config(8)
+  config.evals = ml_collections.ConfigDict({"acc": section})
+  with pytest.raises(ValueError, match=message.replace("(", "\\(")):
+    trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
+  assert not (tmp_path / "config.json").exists()
 
 
 def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registered):

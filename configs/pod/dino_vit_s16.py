@@ -55,12 +55,10 @@ def get_config() -> ml_collections.ConfigDict:
                          clip_norm=3.0)
   c.optim.weight_decay_end = 0.4
   c.optim.clip_mode = "per_tensor"
-  c.eval.at_init = False
-  c.eval.horse_dir = ""
+  c.evals = ml_collections.ConfigDict()
+  c.evals.probes = common.evaluator("dino_probes")
   # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210
   # training and 2,000 validation images; the folder must exist on every host.
-  c.eval.ade20k_dir = str(common.SHARED / "ade20k")
-  c.eval.ade20k_size = 224
-  c.eval.photos = ""
-  c.eval.transfer = ml_collections.ConfigDict()
+  c.evals.ade20k = common.evaluator("ade20k", dir=str(common.SHARED / "ade20k"), size=224)
+  c.evals.spectra = common.evaluator("dino_spectra", final=False, analysis=True)
   return c

@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.name = "gpt_d20"
   c.total_steps = 21_400  # about 11.2B tokens: nanochat's d20 budget (20 tokens / parameter)
   c.log_every = 50
-  c.eval_every = 1000
+  c.evals.val.every = 1000
   c.checkpoint.every_steps = 1000
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.data.sources = ()  # set to the pretraining corpus (files, globs, gs:// paths)

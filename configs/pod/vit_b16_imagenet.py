@@ -51,4 +51,5 @@ def get_config():
   c.optim.label_smoothing = 0.0
   common.deit3(c, crop="rrc")
   c.sweep_laplacian_heads = (0, 1, 3, 6, 9, 11, 12)  # the study's k values (documentation)
+  c.evals = common.classification_evals(test=False)  # ImageNet's validation split only
   return c

@@ -40,4 +40,5 @@ def get_config():
   c.optim = common.adamw(1e-3, warmup_steps=2000, weight_decay=0.05)
   c.optim.label_smoothing = 0.0
   common.deit3(c, crop="src")
+  c.evals = common.classification_evals()
   return c

@@ -95,9 +95,11 @@ class FrozenTeacher(NamedTuple):
                             rules=self.rules, keys=keys)
 
 
-def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None) -> FrozenTeacher:
+def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None, *,
+                   last_layers: int = 4) -> FrozenTeacher:
   """The teacher of a DINO workdir (latest good checkpoint, or `step`) on a one-device mesh,
-  with the run's axis rules and its jitted feature_fn."""
+  with the run's axis rules and its jitted feature_fn ('last': the last `last_layers` blocks'
+  class tokens)."""
   run = restore.load_run(workdir, step=step, log=lambda s: None)
   if run.task.name != "dino":
     raise ValueError(f"{workdir} holds a task={run.task.name!r} run, not 'dino'")
@@ -105,7 +107,7 @@ def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None) -> Froz
   base_grid = dino_lib.patch_grid(run.model, (size, size))
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
   rules = sharding.rules_from_config(run.config.get("axis_rules"))
-  feature_fn = make_feature_fn(run.model, base_grid, mesh, rules, run.config.eval.last_layers)
+  feature_fn = make_feature_fn(run.model, base_grid, mesh, rules, last_layers)
   return FrozenTeacher(run.model, run.extra["teacher"], run.config,
                        builders.dataset_info(run.config.data.name), base_grid, mesh, rules,
                        feature_fn)

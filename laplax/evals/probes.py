@@ -28,15 +28,16 @@ from laplax.evals.features import extract_features
 
 
 def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collections.ConfigDict,
-                 *, mesh, rules) -> dict[str, dict[str, float]]:
+                 e: ml_collections.ConfigDict, *, mesh, rules) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
   eval.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`).
 
   The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
-  devices, laplax.evals.knn); the linear probes train on its first eval.probe_train_size
-  examples (0: all). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  devices, laplax.evals.knn); the linear probes train on its first e.probe_train_size examples
+  (0: all). `config`: the run's; `e`: the probe protocol (a dino_probes evaluator section,
+  laplax.evals.dino). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
-  info, e = data["info"], config.eval
+  info = data["info"]
   train_x, train_y = data["train"]
   cap = min(e.probe_train_size or len(train_x), len(train_x))
   kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
@@ -138,11 +139,11 @@ def dino_linear_probe(feature_fn, params, train: tuple[np.ndarray, np.ndarray],
   return out
 
 
-def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
-                  ) -> dict[str, Any]:
+def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str,
+                  probe_train_size: int) -> dict[str, Any]:
   """Another labelled data set (e.g. Fashion-MNIST for a CIFAR-10 model) prepared for the
   frozen model of `config`: the same val_size / eval_subset, the training split capped at
-  eval.probe_train_size, images converted to the training set's channels and global-crop size,
+  probe_train_size (0: all), images converted to the training set's channels and global-crop size,
   and the info's mean / std replaced by the training set's (the model's input statistics).
   -> load_data's dict ({'info', 'train', 'val', 'test'})."""
   target = ml_collections.ConfigDict(config.to_dict())
@@ -150,7 +151,7 @@ def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
   data = load_image_data(target.data)
   own = builders.dataset_info(config.data.name)
   size, channels = config.multicrop.global_size, own.image_shape[-1]
-  cap = config.eval.probe_train_size or None
+  cap = probe_train_size or None
   out = {"info": dataclasses.replace(data["info"], image_shape=(size, size, channels),
                                      mean=own.mean, std=own.std)}
   for split in ("train", "val", "test"):
@@ -161,40 +162,41 @@ def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str
   return out
 
 
-def load_transfer(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
-  """transfer_data for every data set of eval.transfer ({name: source_dir}); loaded before
-  training, so that missing data stops the run before the work, not after it."""
-  return {name: transfer_data(config, name, source_dir)
-          for name, source_dir in dict(config.eval.get("transfer", {})).items()}
+def load_transfer(config: ml_collections.ConfigDict, e: ml_collections.ConfigDict
+                  ) -> dict[str, dict[str, Any]]:
+  """transfer_data for every data set of e.data ({name: source_dir})."""
+  return {name: transfer_data(config, name, source_dir, e.probe_train_size)
+          for name, source_dir in dict(e.data).items()}
 
 
 def transfer_scores(feature_fn, params, config: ml_collections.ConfigDict,
-                    datasets: dict[str, dict[str, Any]], *, mesh, rules, log=print
+                    e: ml_collections.ConfigDict, datasets: dict[str, dict[str, Any]], *, mesh,
+                    rules, log=print
                     ) -> dict[str, dict[str, dict[str, float]]]:
   """probe_scores on every data set of load_transfer -> {name: {'val': ..., 'test': ...}}."""
   out = {}
   for name, data in datasets.items():
-    scores = probe_scores(feature_fn, params, data, config, mesh=mesh, rules=rules)
+    scores = probe_scores(feature_fn, params, data, config, e, mesh=mesh, rules=rules)
     log(f"transfer to {name}: {summary_line({'test': scores['test']})}")
     out[name] = scores
   return out
 
 
-def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *, mesh, rules,
+def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
+                 e: ml_collections.ConfigDict, info, *, mesh, rules,
                  figure_path: pathlib.Path | None = None) -> dict[str, Any]:
   """Weizmann Horse evaluations of the frozen model's last-block patch tokens.
 
   'probe': the linear per-patch segmentation probe (laplax.evals.segmentation) trained on the
   fixed train split, scored on the test split at full mask resolution; 'pca_mask': the first
   principal component of the test photos' patch tokens thresholded at 0 (sign: border rule,
-  laplax.evals.pca) scored against the test masks. Photos are resized to eval.horse_size and
+  laplax.evals.pca) scored against the test masks. Photos are resized to e.size and
   normalised with the training data set's mean / std. Writes the PCA picture of the first
-  eval.pca_images test photos to figure_path when given.
+  e.pca_images test photos to figure_path when given (e: a horse evaluator section).
   """
-  e = config.eval
   kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
             rules=rules, keys=("patches",))
-  splits = {split: segmentation.load_weizmann_horse(e.horse_dir, e.horse_size, split)
+  splits = {split: segmentation.load_weizmann_horse(e.dir, e.size, split)
             for split in ("train", "test")}
   feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]
            for split, d in splits.items()}
@@ -202,7 +204,7 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *,
   probe = segmentation.train_patch_probe(
       feats["train"], segmentation.patch_labels(splits["train"].masks, grid, 2), 2,
       epochs=e.seg_epochs, seed=config.seed)
-  pred = segmentation.predict_masks(probe, feats["test"], mask_size=(e.horse_size,) * 2)
+  pred = segmentation.predict_masks(probe, feats["test"], mask_size=(e.size,) * 2)
   test_masks = splits["test"].masks
   out = {"probe": segmentation.segmentation_scores(np.asarray(pred), test_masks, 2)}
   rgb, mask, pca = pca_lib.pca_panel(feats["test"])
@@ -215,21 +217,19 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *,
   return out
 
 
-def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict, info, *, mesh, rules,
-                  predict_batch: int = 32) -> dict[str, Any]:
+def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict,
+                  e: ml_collections.ConfigDict, info, *, mesh, rules, predict_batch: int = 32) -> dict[str, Any]:
   """ADE20K linear segmentation probe of the frozen model's last-block patch tokens.
 
   The per-patch probe (laplax.evals.segmentation, unlabelled patches left out) trains on the
-  first eval.ade20k_train_images (0: all) of the training split and is scored on the first
-  eval.ade20k_val_images of the validation split at full mask resolution: mIoU over the 150
-  classes and pixel accuracy, unlabelled pixels ignored. Photos resized to eval.ade20k_size and
-  normalised with the training data set's mean / std."""
-  e = config.eval
+  first e.train_images (0: all) of the training split and is scored on the first
+  e.val_images of the validation split at full mask resolution: mIoU over the 150 classes and
+  pixel accuracy, unlabelled pixels ignored. Photos resized to e.size and normalised with the
+  training data set's mean / std (e: an ade20k evaluator section)."""
   num_classes = builders.ADE20K_NUM_CLASSES + 1  # class 0 (unlabelled) is never a target
   cache = images_lib.cache_dir(config.data)
-  splits = {split: segmentation.load_ade20k(e.ade20k_dir, cache, split, e.ade20k_size, limit)
-            for split, limit in (("train", e.ade20k_train_images),
-                                 ("validation", e.ade20k_val_images))}
+  splits = {split: segmentation.load_ade20k(e.dir, cache, split, e.size, limit)
+            for split, limit in (("train", e.train_images), ("validation", e.val_images))}
   kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
             rules=rules, keys=("patches",))
   feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]

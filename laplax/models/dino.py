@@ -89,6 +89,19 @@ class DINO(nn.Module):
   backbone: vit_lib.ViT
   head: DINOHead
 
+  # The head layout every laplax model exposes: the backbone's.
+  @property
+  def laplacian_heads(self):
+    return self.backbone.laplacian_heads
+
+  @property
+  def num_heads(self) -> int:
+    return self.backbone.num_heads
+
+  @property
+  def depth(self) -> int:
+    return self.backbone.depth
+
   def __call__(self, images: Array, *, train: bool = False) -> tuple[Array, Array]:
     _, out = self.backbone(images, train=train, return_tokens=True)
     features = out["pre_logits"]

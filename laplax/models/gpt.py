@@ -199,6 +199,19 @@ class GPT(nn.Module):
     object.__setattr__(self, "config", GPTConfig.from_any(self.config))
     super().__post_init__()
 
+  # The head layout every laplax model exposes (tasks and evaluators read it by these names).
+  @property
+  def laplacian_heads(self) -> Any:
+    return self.config.laplacian_heads
+
+  @property
+  def num_heads(self) -> int:
+    return self.config.num_heads
+
+  @property
+  def depth(self) -> int:
+    return self.config.depth
+
   @nn.compact
   def __call__(self, tokens: Array, *, train: bool = False, decode: bool = False,
                return_hidden: bool = False, return_features: bool = False):

@@ -1,7 +1,7 @@
 """The classification study's section: test accuracy and per-layer token geometry of each cell.
 
-A cell trains (laplax.train.trainer) and then measures the geometry of its final model on the
-first study.analysis_examples test images (laplax.geometry.vit) into analysis.json.
+A cell is an ordinary run (laplax.train.trainer) whose evaluators also measure the geometry
+of its final model (laplax.evals.classification) and test accuracy at every checkpoint step.
 """
 
 from __future__ import annotations
@@ -10,20 +10,15 @@ import json
 import pathlib
 from typing import Any
 
-import jax
 import numpy as np
 
-from laplax import sharding
-from laplax.data.images import load_image_data
 from laplax.geometry import plots
-from laplax.geometry import vit as vit_geometry
 from laplax.study import stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
-from laplax.train import checkpoint as ckpt_lib
-from laplax.train import restore
 from laplax.train import trainer
+from laplax.train.metrics import read_metrics
 
-FINISHED = ("results.json", "analysis.json", "curve.json")
+FINISHED = ("results.json",)
 SCORES = [Score("test_accuracy", "test accuracy (%)")]
 # Last-layer geometry; the paper: Laplacian heads shrink the within-sequence variance, grow the
 # between-class variance and make the spectrum decay faster.
@@ -46,49 +41,20 @@ def label(key: str) -> str:
 
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
-  """Trains (or resumes) one cell and analyses it; returns {'results', 'analysis'}."""
-  results_path, analysis_path = cell_dir / "results.json", cell_dir / "analysis.json"
+  """Trains (or resumes) one cell -> {'results', 'analysis', 'curve'}, all read from its run:
+  the geometry of the final model on the first study.analysis_examples test images (the
+  cell's `geometry` evaluator, results.json) and the learning curve {step: test accuracy} at
+  every checkpoint step (its `test` evaluator, metrics.jsonl)."""
+  with cfg.unlocked():  # a config from the command line is locked
+    cfg.evals.geometry.update(final=True, examples=int(study.analysis_examples))
+    cfg.evals.test.every = int(cfg.checkpoint.every_steps)
+  results_path = cell_dir / "results.json"
   if not results_path.exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
-  if not analysis_path.exists():
-    run = restore.load_run(cell_dir, log=log)
-    data = load_image_data(cfg.data)
-    images, labels = data["test"]
-    n = min(study.analysis_examples, len(labels))
-    info = data["info"]
-    geo = vit_geometry.analyze_vit(run.model, run.params, images[:n], labels[:n],
-                                   num_classes=info.num_classes, batch_size=250,
-                                   mean=info.mean, std=info.std)
-    tmp = analysis_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(geo, indent=2))
-    tmp.replace(analysis_path)
-  curve_path = cell_dir / "curve.json"
-  if not curve_path.exists():
-    tmp = curve_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(learning_curve(cell_dir, log), indent=2))
-    tmp.replace(curve_path)
-  return {"results": json.loads(results_path.read_text()),
-          "analysis": json.loads(analysis_path.read_text()),
-          "curve": json.loads(curve_path.read_text())}
-
-
-def learning_curve(cell_dir: pathlib.Path, log) -> dict[str, float]:
-  """{step: test accuracy} of every checkpoint the run kept (checkpoint.keep of them, every
-  checkpoint.every_steps), read-only."""
-  reader = ckpt_lib.Checkpointer(cell_dir / "checkpoints", read_only=True, log=log)
-  steps = reader.all_steps()
-  reader.close()
-  first = restore.load_run(cell_dir, log=log)
-  first.task.load_data(cell_dir, log)
-  mesh = sharding.make_mesh({"data": -1})
-  rules = sharding.rules_from_config(first.config.get("axis_rules"))
-  curve = {}
-  for step in steps:
-    params = jax.device_put(restore.load_run(cell_dir, step=step, log=log).params,
-                            sharding.replicated(mesh))
-    curve[str(step)] = first.task.accuracy(first.model, params, "test", mesh=mesh,
-                                           rules=rules)["accuracy"]
-  return curve
+  results = json.loads(results_path.read_text())
+  curve = {str(r["step"]): r["accuracy"] for r in read_metrics(cell_dir / "metrics.jsonl")
+           if r.get("split") == "test"}
+  return {"results": results, "analysis": results["geometry"], "curve": curve}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """The DINO study's section: probe scores of the frozen teachers, patch-token spectra, PCA.
 
-A cell pretrains with DINO (laplax.train.trainer; results.json holds its k-NN / linear /
-transfer / horse-segmentation scores), then the per-layer patch-token spectra of its teacher
-are measured (analysis/spectra.json). The report adds the spectra table and figure and PCA
+A cell pretrains with DINO (laplax.train.trainer); its evaluators (laplax.evals.dino) write
+everything the report reads into results.json: k-NN / linear / transfer / horse-segmentation
+scores and the per-layer patch-token spectra of its teacher. The report adds the spectra table and figure and PCA
 pictures of the baseline and the first Laplacian spec for the first seed that has both.
 """
 
@@ -21,12 +21,10 @@ from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
 from laplax.study.cells import spec_name
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
-from laplax.train import restore
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import trainer
-from laplax.train.task import EvalOptions
 
-_SPECTRA = pathlib.Path("analysis") / "spectra.json"
-FINISHED = ("results.json", str(_SPECTRA))
+FINISHED = ("results.json",)
 SCORES = [Score("knn_top1_k20", "k-NN top-1, k = 20 (%)"),
           Score("linear_last", "linear probe, last class tokens (%)")]
 # The paper: patch-token spectra decay faster with Laplacian heads.
@@ -54,21 +52,20 @@ def scale(key: str) -> tuple[float, int]:
 
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
-  """Trains (or resumes) one cell and measures its spectra; returns {'results', 'spectra'}."""
+  """Trains (or resumes) one cell -> {'results', 'spectra'} (its spectra evaluator measures
+  the first study.analysis_examples test images at the end)."""
+  with cfg.unlocked():  # a config from the command line is locked
+    cfg.evals.spectra.update(final=True, examples=int(study.analysis_examples))
   if not (cell_dir / "results.json").exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
-  if not (cell_dir / _SPECTRA).exists():
-    run = restore.load_run(cell_dir, log=log)
-    run.task.evaluate_run(run, cell_dir, EvalOptions(
-        analyze=True, photos="", analysis_examples=study.analysis_examples), log, probe=False)
-  return {"results": json.loads((cell_dir / "results.json").read_text()),
-          "spectra": json.loads((cell_dir / _SPECTRA).read_text())}
+  results = json.loads((cell_dir / "results.json").read_text())
+  return {"results": results, "spectra": results["spectra"]}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   """Test k-NN / linear probes, horse IoUs, transfer probes, last-layer spectrum."""
   results = cell["results"]
-  out = {k: float(v) for k, v in results["test"].items() if k != "count"}
+  out = {k: float(v) for k, v in results["probes"]["test"].items() if k != "count"}
   horse = results.get("horse")
   if horse:
     out["horse_probe_fg_iou"] = float(horse["probe"]["fg_iou"])
@@ -92,7 +89,7 @@ def setup(config) -> str:
           f"out_dim {b.head.out_dim}, crops 2 x {b.multicrop.global_size} px + "
           f"{b.multicrop.num_local} x {b.multicrop.local_size} px; {schedule_line(config)} "
           f"Probes on the frozen teacher (k-NN bank: all training images; linear-probe "
-          f"training set: {b.eval.probe_train_size or 'all'}); spectra over "
+          f"training set: {b.evals.probes.get('probe_train_size', 'default') or 'all'}); spectra over "
           f"{config.study.analysis_examples} test images.")
 
 
@@ -153,9 +150,10 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
 def pca_figure(config, specs, done, names, workdir: pathlib.Path, path: pathlib.Path
                ) -> dict[str, Any]:
   """PCA pictures of the baseline and the first Laplacian spec for the first seed that has
-  both. RGB models: the horse test photos at path (with PCA-mask IoU, when eval.horse_dir is
-  set) and the packaged photos (laplax.data.photos) at path's sibling pca_photos.png (when
-  eval.photos is set); grey ones: the data set's first test images at path.
+  both. RGB models: the horse test photos at path (with PCA-mask IoU, when the base config
+  has a horse evaluator) and the packaged photos (laplax.data.photos) at path's sibling
+  pca_photos.png (when it has a photo_pca one); grey ones: the data set's first test images at
+  path.
   -> {'seed', 'figures': [{'path', 'images', 'scores' (horses only)}]}."""
   base, lap = specs[0], specs[1]
   seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
@@ -172,18 +170,21 @@ def pca_figure(config, specs, done, names, workdir: pathlib.Path, path: pathlib.
     images = load_image_data(b.data)["test"][0][:config.study.pca_fit_images]
     dino_geometry.pca_comparison(teachers, images, path, num_images=n, **kw)
     figures.append({"path": path.name, "images": f"{b.data.name} test images"})
-  if b.eval.get("horse_dir"):
-    test = segmentation.load_weizmann_horse(b.eval.horse_dir, b.eval.horse_size, "test")
+  by_type = {e.type: e for e in evaluator_lib.sections(b).values()}
+  if "horse" in by_type:
+    horse = by_type["horse"]
+    test = segmentation.load_weizmann_horse(horse.dir, horse.size, "test")
     scores = dino_geometry.pca_comparison(teachers, test.images, path, masks=test.masks,
                                           num_images=n, row_labels=test.names, **kw)
     figures.append({"path": path.name, "images": "Weizmann horse test photos",
                     "scores": scores})
-  if b.eval.get("photos"):
-    photo_names, photos = photos_lib.load_photos(b.eval.photo_size, b.eval.photos)
+  if "photo_pca" in by_type:
+    chosen = by_type["photo_pca"]
+    photo_names, photos = photos_lib.load_photos(chosen.size, chosen.photos)
     other = path.with_name("pca_photos.png")
     dino_geometry.pca_comparison(teachers, photos, other, num_images=len(photos),
                                  row_labels=photo_names, per_image=True, **kw)
     figures.append({"path": other.name, "images": "photos shipped with scikit-image, "
-                    "scikit-learn and matplotlib" if b.eval.photos == "builtin"
-                    else f"the photos in {b.eval.photos}", "per_image": True})
+                    "scikit-learn and matplotlib" if chosen.photos == "builtin"
+                    else f"the photos in {chosen.photos}", "per_image": True})
   return {"seed": seed, "figures": figures}

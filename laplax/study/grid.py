@@ -61,7 +61,8 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
                      "baseline first, then at least one Laplacian spec")
   if not config.study.seeds:
     raise ValueError("study.seeds is empty")
-  _, num_heads, depth = task.head_layout(task.build_model())
+  model = task.build_model()
+  num_heads, depth = model.num_heads, model.depth
   for s in specs:  # fail fast on a bad spec, before hours of training
     heads_lib.head_table(s, num_heads, depth)
   if hasattr(section, "validate"):

@@ -1,8 +1,8 @@
 """The LM study's section: validation bits per byte, benchmarks, linguistic collapse, spectra.
 
-A cell trains a GPT (laplax.train.trainer), then eval.py's LM evaluation of it runs
-(eval.json: benchmark accuracies next to chance; analysis/geometry.json: linguistic collapse
-and per-layer spectra).
+A cell trains a GPT (laplax.train.trainer); its evaluators (laplax.evals.lm) write what the
+report reads into results.json: validation bits per byte, benchmark accuracies next to chance,
+linguistic collapse and per-layer spectra.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from laplax.evals import run as eval_run
 from laplax.geometry import plots
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import trainer
-from laplax.train.task import EvalOptions
 
-FINISHED = ("results.json", "eval.json")
+FINISHED = ("results.json",)
 SCORES = [Score("val_bpb", "validation bits per byte", higher_is_better=False, scale=1.0,
                 digits=4)]
 # The paper: all-Laplacian GPTs need 21 % fewer components for 99 % of the variance.
@@ -44,22 +42,22 @@ def validate(config) -> None:
 
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
-  """Trains (or resumes) one cell and evaluates it; returns {'results', 'eval', 'analysis'}."""
+  """Trains (or resumes) one cell -> {'results', 'analysis'}: its evaluators run the study's
+  benchmark tasks and the geometry of study.analysis_windows windows at the end."""
+  with cfg.unlocked():  # a config from the command line is locked
+    cfg.evals.lm_tasks.update(final=True, tasks=tuple(study.eval_tasks),
+                              limit=int(study.eval_limit or 0), data_dir=study.data_dir)
+    cfg.evals.geometry.update(final=True, examples=int(study.analysis_windows))
   if not (cell_dir / "results.json").exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
-  if not (cell_dir / "eval.json").exists():
-    eval_run.run(cell_dir, cell_dir, EvalOptions(
-        tasks=tuple(study.eval_tasks), limit=study.eval_limit or None, data_dir=study.data_dir,
-        analyze=True, analysis_examples=study.analysis_windows), log=log)
-  return {"results": json.loads((cell_dir / "results.json").read_text()),
-          "eval": json.loads((cell_dir / "eval.json").read_text()),
-          "analysis": json.loads((cell_dir / "analysis" / "geometry.json").read_text())}
+  results = json.loads((cell_dir / "results.json").read_text())
+  return {"results": results, "analysis": results["geometry"]}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
-  out = {"val_bpb": cell["results"]["val_bpb"],
+  out = {"val_bpb": cell["results"]["val"]["bpb"],
          "train_time_s": cell["results"].get("train_time_s", float("nan"))}
-  out.update({f"task/{k}": v["accuracy"] for k, v in cell["eval"].get("tasks", {}).items()})
+  out.update({f"task/{k}": v["accuracy"] for k, v in cell["results"]["lm_tasks"].items()})
   out["cdnv"] = float(cell["analysis"]["collapse"]["cdnv"])
   out["components_99"] = float(cell["analysis"]["layers"][-1]["components_99"])
   return out
@@ -82,7 +80,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   groups = cells_by_name(specs, done, summary, "analysis")
   plots.plot_spectrum(groups, workdir / "spectrum.png")
   lines = []
-  first = done[(specs[0], summary["rows"][0]["seeds"][0])]["eval"].get("tasks", {})
+  first = done[(specs[0], summary["rows"][0]["seeds"][0])]["results"]["lm_tasks"]
   if first:
     keys = list(first)
     lines += ["## Benchmarks (accuracy %, mean over seeds; first row: chance)", "",

@@ -6,17 +6,15 @@ Loss (`config.loss`): 'softmax_xent' (cross-entropy with label smoothing) or 'si
 (DeiT-III's binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss;
 with `config.bce_binary_targets` the mixed targets become 1 wherever they are > 0, as DeiT-III's
 `targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
-(`config.mixup`, laplax.data.mixup) run on the device in the step. Validation accuracy during
-training, val and test accuracy at the end. eval.py: test accuracy, a self-contained export
-(laplax.evals.export), per-layer token geometry with plots (laplax.geometry.vit).
+(`config.mixup`, laplax.data.mixup) run on the device in the step. Its evaluators
+(accuracy, per-layer geometry) are laplax.evals.classification, picked by config.evals; eval.py
+also writes a self-contained export (laplax.evals.export).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pathlib
 from typing import Any
 
 import jax
@@ -27,15 +25,10 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax import sharding
 from laplax.data import builders, mixup as mixup_lib, pipeline, streaming
 from laplax.data.images import load_image_data
-from laplax.evals import accuracy
-from laplax.evals import export as export_lib
-from laplax.geometry import plots
-from laplax.geometry import vit as vit_geometry
 from laplax.models import vit
-from laplax.train.task import EvalOptions, Run, Task
+from laplax.train.task import Task
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -336,7 +329,7 @@ class ClassificationTask(Task):
     return {"num_workers": workers, "num_threads": d.get("num_threads", 1),
             "prefetch": d.get("prefetch", 2)}
 
-  def _params_for_eval(self, model: vit.ViT, params):
+  def params_for_eval(self, model: vit.ViT, params):
     """Streamed data: params with the position table resized from the training grid
     (data.image_size) to the evaluation grid (data.eval_crop)."""
     p, (_, crop) = model.patch_size, eval_geometry(self.config.data)
@@ -351,80 +344,3 @@ class ClassificationTask(Task):
         self.data[split], batch_size=batch_size, resize=resize, crop=crop,
         process_index=jax.process_index(), process_count=jax.process_count(),
         limit=d.get("eval_subset", 0) if limit is None else limit, **self._loader_options())
-
-  def accuracy(self, model, params, split: str, *, mesh, rules) -> dict[str, float]:
-    """Accuracy and mean loss of params on a split ('val' / 'test'); the jitted eval
-    step is reused for the same model and mesh."""
-    key = (id(model), id(mesh))
-    info = self.data["info"]
-    if getattr(self, "_eval_key", None) != key:
-      self._eval_fn = accuracy.make_eval_fn(model, mesh, rules, mean=info.mean, std=info.std)
-      self._eval_key = key
-    if self.streaming:
-      # Evaluated at data.eval_crop, trained at data.image_size (DeiT-III: 224 / 192): the
-      # position table is resized to the evaluation grid (bicubic).
-      params = self._params_for_eval(model, params)
-      n, cap = len(self.data[split]), self.config.data.get("eval_subset", 0)
-      # No batch larger than the split (a small data set would be mostly padding).
-      size = min(self.config.data.eval_batch_size, min(n, cap) if cap else n)
-      batches = self.eval_stream(split, accuracy.host_batch_size(size, mesh))
-      return accuracy.evaluate_batches(self._eval_fn, params, batches, mesh=mesh, rules=rules)
-    return accuracy.evaluate(self._eval_fn, params, *self.data[split],
-                             batch_size=self.config.data.eval_batch_size,
-                             info=self.data["info"], mesh=mesh, rules=rules)
-
-  def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
-    return self.accuracy(model, state.params, "val", mesh=mesh, rules=rules)
-
-  def final_results(self, model, state, *, mesh, rules, workdir, log):
-    val = self.accuracy(model, state.params, "val", mesh=mesh, rules=rules)
-    if "test" not in self.data:  # a streamed data set without data.test_split (ImageNet)
-      return ({"val": val}, {"val_accuracy": val["accuracy"]},
-              f"val accuracy {val['accuracy']:.4f}")
-    test = self.accuracy(model, state.params, "test", mesh=mesh, rules=rules)
-    return ({"val": val, "test": test},
-            {"val_accuracy": val["accuracy"], "test_accuracy": test["accuracy"]},
-            f"val accuracy {val['accuracy']:.4f}, test accuracy {test['accuracy']:.4f}")
-
-  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log):
-    """Test accuracy (a streamed data set without data.test_split: its eval split's); with
-    options.export a self-contained export; with options.analyze the per-layer geometry of the
-    first analysis_examples of those images (+ plots)."""
-    if options.photos:
-      raise ValueError(f"--photos is for DINO runs, but {run.workdir} is a classification run")
-    if options.tasks:
-      raise ValueError(f"tasks={list(options.tasks)} are LM benchmarks, but {run.workdir} is "
-                       "a classification run")
-    self.load_data(run.workdir, log)
-    info = self.data["info"]
-    mesh = sharding.make_mesh({"data": -1})
-    rules = sharding.rules_from_config(run.config.get("axis_rules"))
-    params = jax.device_put(run.params, sharding.replicated(mesh))
-    split = "test" if "test" in self.data else "val"
-    result: dict[str, Any] = {"step": run.step, split: self.accuracy(
-        run.model, params, split, mesh=mesh, rules=rules)}
-    out.mkdir(parents=True, exist_ok=True)
-    if options.export:
-      result["export"] = str(export_lib.export_params(
-          params, run.config, out, source=run.workdir, step=run.step, info=info,
-          model=run.model))
-    if options.analyze:
-      n = options.analysis_examples or 2000
-      if self.streaming:  # the first n examples, decoded as evaluation sees them
-        batches = list(self.eval_stream(split, min(n, 250), limit=n))
-        mask = np.concatenate([b["mask"] for b in batches])
-        images = np.concatenate([b["image"] for b in batches])[mask]
-        labels = np.concatenate([b["label"] for b in batches])[mask]
-        params = self._params_for_eval(run.model, params)
-      else:
-        images, labels = self.data["test"]
-      n = min(n, len(labels))
-      geo = vit_geometry.analyze_vit(run.model, jax.device_get(params), images[:n], labels[:n],
-                                     num_classes=info.num_classes, batch_size=250,
-                                     mean=info.mean, std=info.std)
-      adir = out / "analysis"
-      adir.mkdir(exist_ok=True)
-      (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
-      plots.plot_run(geo, adir, title=run.config.get("name", "run"))
-      result["analysis"] = str(adir / "geometry.json")
-    return result

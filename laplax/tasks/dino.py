@@ -2,9 +2,9 @@
 
 data (TFDS + grain, labels unused) -> multi-crop inside the jitted step -> student / EMA
 teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
--> DINO loss with centring and sharpening -> collapse diagnostics in the metrics -> k-NN and
-linear probes of the frozen teacher, transfer probes, horse and ADE20K segmentation, PCA pictures
-(laplax.evals.probes). eval.py: the same probes, patch-token spectra (laplax.geometry.dino).
+-> DINO loss with centring and sharpening -> collapse diagnostics in the metrics. Its evaluators
+(laplax.evals.dino, by config.evals) measure the frozen teacher: k-NN and linear probes,
+transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectra.
 
 As in the DINO code (Caron et al. 2021, main_dino.py): `dino_optimizer` clips per tensor
 (optim.clip_mode='per_tensor') or globally, decays weights on a cosine (optim.weight_decay ->
@@ -20,9 +20,7 @@ Choices that differ from the DINO code, on purpose:
 
 from __future__ import annotations
 
-import json
 import math
-import pathlib
 from typing import Any
 
 import jax
@@ -32,22 +30,17 @@ import numpy as np
 import optax
 
 from laplax import flops as flops_lib
-from laplax import sharding
 from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
-from laplax.data import photos as photos_lib
 from laplax.data import pipeline
-from laplax.data.images import cache_dir, load_image_data
-from laplax.evals import features as features_lib
-from laplax.evals import probes
-from laplax.geometry import dino as dino_geometry
+from laplax.data.images import load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
-from laplax.train.task import EvalOptions, Run, Task
+from laplax.train.task import Task
 
 Array = jax.Array
 
@@ -273,19 +266,7 @@ class DinoTask(Task):
     for name in ("momentum_teacher", "centre_momentum"):
       if not 0 <= d[name] <= 1:  # NaN fails this too
         raise ValueError(f"dino.{name}={d[name]} must lie in [0, 1]")
-    ks = tuple(config.eval.knn_ks)
-    if not ks or min(ks) < 1:  # and <= the training split: load_data
-      raise ValueError(f"eval.knn_ks={ks} must be >= 1")
-    if config.eval.get("probe_train_size", 0) < 0:
-      raise ValueError(f"eval.probe_train_size={config.eval.probe_train_size} must be >= 0 "
-                       "(0: all)")
     p = self.build_model().backbone.patch_size
-    for name, used in (("horse_size", config.eval.get("horse_dir")),
-                       ("photo_size", config.eval.get("photos")),
-                       ("ade20k_size", config.eval.get("ade20k_dir"))):
-      if used and config.eval[name] % p:
-        raise ValueError(f"eval.{name}={config.eval[name]} is not divisible by "
-                         f"model.patch_size={p}")
     crops = multicrop_config(config)
     for name in ("global_size", "local_size"):
       if getattr(crops, name) % p:
@@ -294,31 +275,12 @@ class DinoTask(Task):
     channels = self.info().image_shape[-1]
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
-    if config.eval.get("linear_probe", "fast") not in ("fast", "dino"):
-      raise ValueError(f"eval.linear_probe={config.eval.linear_probe!r}: use 'fast' or 'dino'")
-    for name in ("ade20k_train_images", "ade20k_val_images"):
-      if config.eval.get(name, 0) < 0:
-        raise ValueError(f"eval.{name}={config.eval[name]} must be >= 0 (0: all)")
-    for name in ("horse_dir", "photos", "ade20k_dir"):
-      if config.eval.get(name) and channels != 3:
-        raise ValueError(f"eval.{name} is set but {config.data.name} is grey: a model trained "
-                         f"on it cannot read RGB photos; set --config.eval.{name}=''")
 
   def info(self) -> builders.ImageDatasetInfo:
     return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
     self.data = load_image_data(self.config.data)
-    bank, ks = len(self.data["train"][0]), tuple(self.config.eval.knn_ks)
-    if max(ks) > bank:
-      raise ValueError(f"eval.knn_ks={ks} must lie in [1, {bank}] (the k-NN memory bank: the "
-                       "training split)")
-    # Loaded before training, so that missing data stops the run before the work.
-    self.transfer_sets = probes.load_transfer(self.config)
-    if self.config.eval.get("ade20k_dir"):  # prepared (and checked) now, not after training
-      builders.ade20k_source(self.config.eval.ade20k_dir, cache_dir(self.config.data), "train")
-    self.photos = (photos_lib.load_photos(self.config.eval.photo_size, self.config.eval.photos)
-                   if self.config.eval.get("photos") else None)
 
   def build_model(self) -> dino_lib.DINO:
     return dino_from_config(self.config)
@@ -330,10 +292,6 @@ class DinoTask(Task):
   def init_extra(self, params):
     return {"teacher": params,
             "centre": jnp.zeros((self.config.head.out_dim,), jnp.float32)}
-
-  def head_layout(self, model: dino_lib.DINO):
-    b = model.backbone
-    return b.laplacian_heads, b.num_heads, b.depth
 
   def describe_model(self, model, num_params: int) -> str:
     crops = multicrop_config(self.config)
@@ -394,93 +352,3 @@ class DinoTask(Task):
   def describe(self, m: dict[str, float]) -> str:
     return (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  KL {m['kl']:.3f}  "
             f"rank {m['effective_rank']:.1f}")
-
-  def _feature_fn(self, model, mesh, rules):
-    key = (id(model), id(mesh))
-    if getattr(self, "_features_key", None) != key:
-      size = self.config.multicrop.global_size
-      self._features = features_lib.make_feature_fn(
-          model, dino_lib.patch_grid(model, (size, size)), mesh, rules,
-          self.config.eval.last_layers)
-      self._features_key = key
-    return self._features
-
-  def before_training(self, model, state, *, mesh, rules, workdir, writer, log) -> None:
-    if not self.config.eval.at_init:
-      return
-    scores = probes.probe_scores(self._feature_fn(model, mesh, rules), state.extra["teacher"],
-                                 self.data, self.config, mesh=mesh, rules=rules)
-    (workdir / "init_eval.json").write_text(json.dumps(scores, indent=2))
-    writer.write(0, "init", probes.flat_scores(scores))
-    log(f"at init: {probes.summary_line(scores)}")
-
-  def final_results(self, model, state, *, mesh, rules, workdir, log):
-    feature_fn, teacher = self._feature_fn(model, mesh, rules), state.extra["teacher"]
-    kw = dict(mesh=mesh, rules=rules)
-    scores = probes.probe_scores(feature_fn, teacher, self.data, self.config, **kw)
-    results: dict[str, Any] = dict(scores)
-    if (workdir / "init_eval.json").exists():
-      results["init"] = json.loads((workdir / "init_eval.json").read_text())
-    transfer = probes.transfer_scores(feature_fn, teacher, self.config, self.transfer_sets,
-                                      log=log, **kw)
-    if transfer:
-      results["transfer"] = transfer
-    info = self.info()
-    if self.config.eval.get("horse_dir"):
-      results["horse"] = probes.horse_scores(feature_fn, teacher, self.config, info,
-                                             figure_path=workdir / "pca_horses.png", **kw)
-      log(f"horses: probe fg IoU {results['horse']['probe']['fg_iou']:.4f}, PCA mask fg IoU "
-          f"{results['horse']['pca_mask']['fg_iou']:.4f}")
-    if self.config.eval.get("ade20k_dir"):
-      results["ade20k"] = probes.ade20k_scores(feature_fn, teacher, self.config, info, **kw)
-      log(f"ADE20K: probe mIoU {results['ade20k']['miou']:.4f}, pixel accuracy "
-          f"{results['ade20k']['pixel_acc']:.4f}")
-    if self.photos is not None:
-      results["photos"] = probes.photo_pca(feature_fn, teacher, self.photos, self.config, info,
-                                           figure_path=workdir / "pca_photos.png", **kw)
-    return results, probes.flat_scores(scores), probes.summary_line(scores)
-
-  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log,
-                   *, probe: bool = True):
-    """The frozen teacher's k-NN / linear probes on val and test and on the transfer data sets
-    of eval.transfer; with options.analyze, per-layer patch-token spectra of the first
-    analysis_examples test images (analysis/spectra.json, analysis/spectrum.png) and, for RGB
-    models, the PCA picture of photos (out/pca_photos.png; options.photos: 'builtin', a folder,
-    '' to skip, None = the run's eval.photos). probe=False skips the probes (studies)."""
-    if options.export or options.tasks:
-      raise ValueError(f"{run.workdir} is a dino run: --export and --tasks do not apply (its "
-                       "checkpoint holds the teacher; probes are image classification)")
-    config, info = run.config, self.info()
-    size = config.multicrop.global_size
-    base_grid = dino_lib.patch_grid(run.model, (size, size))
-    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    rules = sharding.rules_from_config(config.get("axis_rules"))
-    feature_fn = self._feature_fn(run.model, mesh, rules)
-    teacher = run.extra["teacher"]
-    self.data = load_image_data(config.data)
-    result: dict[str, Any] = {"task": "dino", "step": run.step}
-    kw = dict(mesh=mesh, rules=rules)
-    if probe:
-      result.update(probes.probe_scores(feature_fn, teacher, self.data, config, **kw))
-      log("test probes: " + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()
-                                      if k != "count"))
-      transfer = probes.transfer_scores(feature_fn, teacher, config,
-                                        probes.load_transfer(config), log=log, **kw)
-      if transfer:
-        result["transfer"] = transfer
-    out.mkdir(parents=True, exist_ok=True)
-    if options.analyze:
-      n = options.analysis_examples or 2000
-      spectra = dino_geometry.patch_spectra(run.model, teacher, self.data["test"][0][:n],
-                                            base_grid=base_grid, mean=info.mean, std=info.std,
-                                            batch_size=250)
-      path = dino_geometry.write_spectra(spectra, out / "analysis", config.get("name", "run"))
-      result["analysis"] = str(path)
-      result["spectra"] = spectra["layers"]
-      photos = config.eval.get("photos", "") if options.photos is None else options.photos
-      if photos and info.image_shape[-1] == 3:
-        result["photos"] = probes.photo_pca(
-            feature_fn, teacher, photos_lib.load_photos(config.eval.get("photo_size", 64),
-                                                        photos),
-            config, info, figure_path=out / "pca_photos.png", **kw)
-    return result

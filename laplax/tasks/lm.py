@@ -1,14 +1,13 @@
 """Language-model pretraining: a nanochat-style GPT on local text.
 
 documents -> BPE tokenizer (saved as workdir/tokenizer.json) -> token shards (cached) -> grain
-windows -> GPT -> next-token cross-entropy -> validation loss and bits per byte
-(laplax.evals.bpb). eval.py: benchmark tasks next to their chance level
-(laplax.evals.lm_tasks), linguistic collapse and per-layer spectra (laplax.geometry.lm).
+windows -> GPT -> next-token cross-entropy. Its evaluators (laplax.evals.lm, by config.evals):
+validation loss and bits per byte, benchmark tasks next to their chance level, linguistic
+collapse and per-layer spectra.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import time
@@ -22,14 +21,9 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax.data import text
-from laplax.evals import bpb as bpb_lib
-from laplax.evals import lm_tasks
-from laplax.geometry import lm as lm_geometry
-from laplax.geometry import plots
 from laplax.models import gpt
 from laplax.train import optim as optim_lib
-from laplax.train.task import EvalOptions, Run, Task
-
+from laplax.train.task import Task
 
 
 def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) -> gpt.GPT:
@@ -137,9 +131,6 @@ class LanguageModelTask(Task):
                                        attn_dim=c.num_heads * c.head_dim,
                                        sequences=self.config.data.batch_size)
 
-  def head_layout(self, model: gpt.GPT):
-    return model.config.laplacian_heads, model.config.num_heads, model.config.depth
-
   def describe_model(self, model: gpt.GPT, num_params: int) -> str:
     c = model.config
     return (f"GPT depth {c.depth} width {c.embed_dim} {c.num_heads} heads, {c.describe()}, "
@@ -187,70 +178,13 @@ class LanguageModelTask(Task):
   def describe(self, m: dict[str, float]) -> str:
     return f"loss {m['loss']:.4f}  {m['tokens_per_s']:,.0f} tok/s"
 
-  def _val_batches(self):
+  def val_batches(self):
+    """This host's share of the validation windows (data.eval_windows), in masked batches."""
     hosts = jax.process_count()
     return text.eval_batches(self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
                              max_windows=self.config.data.eval_windows,
                              process_index=jax.process_index(), process_count=hosts)
 
-  def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
-    key = (id(model), id(mesh))
-    if getattr(self, "_eval_key", None) != key:
-      self._eval_fn = bpb_lib.make_eval_fn(model, self.tokenizer.token_byte_lengths(), mesh,
-                                           rules)
-      self._eval_key = key
-    step = int(state.step)
-    if getattr(self, "_last_eval", (None,))[0] != step:  # the final step is evaluated once
-      self._last_eval = (step, bpb_lib.evaluate(self._eval_fn, state.params,
-                                                self._val_batches(), mesh, rules))
-    return self._last_eval[1]
-
-  def final_results(self, model, state, *, mesh, rules, workdir, log):
-    val = self.evaluate(model, state, mesh=mesh, rules=rules)
-    step = int(state.step)
-    return ({"val": val, "val_bpb": val["bpb"], "val_loss": val["loss"],
-             "vocab_size": self.tokenizer.vocab_size,
-             "tokens_seen": step * self.items_per_step(), "corpus": self.corpus},
-            {"val_bpb": val["bpb"], "val_loss": val["loss"]},
-            f"val loss {val['loss']:.4f}, val bpb {val['bpb']:.4f}")
-
-  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log):
-    """Benchmark tasks (each accuracy next to its chance level); with options.analyze
-    linguistic collapse + per-layer spectral decay (analysis/geometry.json, spectrum.png)."""
-    if options.export:
-      raise ValueError("--export is for image classifiers; an lm run's checkpoint is its export")
-    if options.photos:
-      raise ValueError(f"--photos is for DINO runs, but {run.workdir} is an lm run")
-    names = [t for t in options.tasks if t]
-    for t in names:
-      lm_tasks.get_task(t)  # an unknown name fails before any work
-    if names and options.data_dir is None:
-      raise ValueError("LM tasks need data_dir= (--data_dir): the folder with arc/, mmlu/, "
-                       "gsm8k/, humaneval/, llmfoundry_extra/")
-    variables = {"params": run.params}
-    batch_size = 8
-    result: dict[str, Any] = {"task": "lm", "step": run.step, "limit": options.limit}
-    if names:
-      logprob_fn, generate_fn = lm_tasks.make_model_fns(
-          run.model, variables, self.tokenizer, max_len=max(run.config.data.seq_len, 256),
-          batch_size=batch_size)
-      result["tasks"] = lm_tasks.run_tasks(names, options.data_dir, logprob_fn=logprob_fn,
-                                           generate_fn=generate_fn, limit=options.limit, log=log)
-    out.mkdir(parents=True, exist_ok=True)
-    if options.analyze:
-      _, token_dir = text.prepare(run.config.data, text_cache_dir(run.config.data),
-                                  tokenizer_path=run.workdir / "tokenizer.json", log=log)
-      shards = text.TokenShards(token_dir, "val", run.config.data.seq_len)
-      batches = text.eval_batches(shards, batch_size=batch_size,
-                                  max_windows=options.analysis_examples or 256)
-      windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
-      geo = lm_geometry.analyze_lm(run.model, variables, windows, batch_size=batch_size)
-      adir = out / "analysis"
-      adir.mkdir(exist_ok=True)
-      (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
-      name = run.config.get("name", "run")
-      plots.plot_spectrum({name: geo}, adir / "spectrum.png", title=f"Spectral decay: {name}")
-      result["analysis"] = str(adir / "geometry.json")
-      result["collapse"] = geo["collapse"]
-    return result
-
+  def results_info(self, step: int) -> dict[str, Any]:
+    return {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),
+            "corpus": self.corpus}

@@ -75,7 +75,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               writer: MetricsWriter, *, mesh, rules, start_step: int, total_steps: int,
               log_every: int, items_per_step: int, unit: str, schedule: Callable[[int], Any],
               name: str, describe: Callable[[dict[str, float]], str],
-              evaluate: Callable[[Any, int], None] | None = None, eval_every: int = 0,
+              evaluate: Callable[[Any, int], bool] | None = None,
               batch_keys: Sequence[str] | None = None,
               max_consecutive_skips: int = 10,
               stop_requested: Callable[[int], bool] | None = None,
@@ -85,8 +85,9 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
 
   Every log_every steps (and at the end): the interval's mean metrics and throughput
   (items_per_step `unit`s per step) go to writer as 'train' and to the progress line
-  (describe(summary) -> text). Every eval_every steps before the last, evaluate(state, step)
-  runs (its time is left out of the throughput). After every step the checkpointer decides
+  (describe(summary) -> text). After every step before the last, evaluate(state, step) runs
+  the evaluators due then and says whether any ran (their time is left out of the
+  throughput). After every step the checkpointer decides
   whether to save the state with the iterator's state (always at the last step); it is closed
   at the end. batch_keys: the batch entries the step takes (None: all).
   Raises NonFiniteError (after finishing any save in flight) when a step's loss or grad_norm
@@ -140,8 +141,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               f"  {last['tflops_per_chip']:.1f} TFLOP/s/chip  MFU {last['mfu']:.1%}"
               if "mfu" in last else ""))
           pending, t_last = [], now
-        if evaluate is not None and eval_every and step % eval_every == 0 and step < total_steps:
-          evaluate(state, step)
+        if evaluate is not None and step < total_steps and evaluate(state, step):
           t_last = time.time()
         stop = stop_requested is not None and stop_requested(step) and step < total_steps
         force = step == total_steps or stop

@@ -19,12 +19,11 @@ asked, in this order:
   make_step(model, tx, n)    step(state, batch) -> (state, metrics) (default: loss_fn +
                              laplax.train.steps.make_train_step)
   train_iterator()           a checkpointable grain iterator of host batches
-  before_training(...)       optional (DINO: probes at initialisation)
-  evaluate(...)              periodic validation -> flat metrics
-  final_results(...)         results.json's task part, after training
+  results_info(step)         facts for results.json (the LM: corpus, tokens seen)
 
-eval.py asks `load_assets(workdir)` (files build_model needs besides the config) and then
-`evaluate_run(run, out, options)`. A study asks `study_section()` for its report section.
+A task measures nothing: evaluators do (laplax.train.evaluator, picked by config.evals), reading
+the task's data. eval.py asks `load_assets(workdir)` (files build_model needs besides the
+config). A study reads its report section from the module `study_section` names.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import dataclasses
 import importlib
 import math
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -49,16 +48,13 @@ from laplax.train import steps as steps_lib
 Log = Callable[[str], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalOptions:
-  """What eval.py asks of a finished run (each task rejects the options it cannot honour)."""
-  export: bool = False
-  analyze: bool = False
-  analysis_examples: int | None = None  # None: the task's default
-  tasks: Sequence[str] = ()
-  limit: int | None = None
-  data_dir: str | None = None
-  photos: str | None = None
+# Keys of older laplax configs, and how they are written now.
+_GONE = {
+    "eval_every": "an evaluator's `every` does it, e.g. --config.evals.val.every=500 "
+                  "(laplax.train.evaluator)",
+    "eval": "DINO's evaluations are config.evals sections (laplax.evals.dino), e.g. "
+            "--config.evals.probes.probe_epochs=10",
+}
 
 
 @dataclasses.dataclass
@@ -121,8 +117,9 @@ class Task(abc.ABC):
       raise ValueError(f"num_epochs={c.num_epochs} must be positive")
     if c.get("log_every", 1) < 1:
       raise ValueError(f"log_every={c.log_every} must be >= 1")
-    if c.get("eval_every", 0) < 0:
-      raise ValueError(f"eval_every={c.eval_every} must be >= 0 (0: only at the end)")
+    for old, now in _GONE.items():
+      if old in c:
+        raise ValueError(f"config.{old} is gone: {now}")
     ck = c.get("checkpoint")
     if ck is not None and (ck.every_steps < 1 or ck.keep < 1):
       raise ValueError(f"checkpoint.every_steps={ck.every_steps} and checkpoint.keep={ck.keep} "
@@ -168,12 +165,9 @@ class Task(abc.ABC):
     del params
     return None
 
-  def head_layout(self, model: nn.Module) -> tuple[Any, int, int]:
-    """(laplacian_heads spec, heads per layer, depth) of the model's attention layers."""
-    return model.laplacian_heads, model.num_heads, model.depth
-
   def describe_heads(self, model: nn.Module) -> str:
-    return heads_lib.describe(*self.head_layout(model))
+    """Every model exposes laplacian_heads, num_heads and depth (its attention layers)."""
+    return heads_lib.describe(model.laplacian_heads, model.num_heads, model.depth)
 
   def describe_model(self, model: nn.Module, num_params: int) -> str:
     return f"{type(model).__name__} {self.describe_heads(model)}, {num_params:,} parameters"
@@ -212,25 +206,10 @@ class Task(abc.ABC):
     """The progress line's task part."""
     return f"loss {metrics['loss']:.4f}"
 
-  # --- Evaluation ----------------------------------------------------------------------------
-
-  def before_training(self, model, state, *, mesh, rules, workdir: pathlib.Path, writer,
-                      log: Log) -> None:
-    """Called once after state creation on a fresh start (default: nothing)."""
-
-  def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
-    """Periodic validation -> flat metrics for the 'val' rows (default: none)."""
+  def results_info(self, step: int) -> dict[str, Any]:
+    """Facts of the run for results.json besides the evaluators' results (default: none)."""
+    del step
     return {}
-
-  @abc.abstractmethod
-  def final_results(self, model, state, *, mesh, rules, workdir: pathlib.Path, log: Log
-                    ) -> tuple[dict[str, Any], dict[str, float], str]:
-    """After training: (results.json's task part, flat 'final' metrics, one summary line)."""
-
-  def evaluate_run(self, run: Run, out: pathlib.Path, options: EvalOptions, log: Log
-                   ) -> dict[str, Any]:
-    """eval.py's work on a finished run; returns what goes to out/eval.json."""
-    raise ValueError(f"eval.py does not know how to evaluate a {self.name!r} run")
 
   # --- Studies -------------------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 config -> task (laplax.train.task's registry, by config.task) -> validation -> workdir (lock,
 config.json) -> data -> model -> state created in its sharded layout (or restored) -> the
-jitted, donated step -> the step loop (laplax.train.loop: metrics, progress, evaluation,
-checkpoints) -> the task's final evaluation -> results.json. Reading a run back is
-laplax.train.restore; train.py dispatches a study (laplax.study) or one run.
+jitted, donated step -> the step loop (laplax.train.loop: metrics, progress, checkpoints) with
+the evaluators of config.evals (laplax.train.evaluator) at init, periodically and at the end ->
+results.json. Reading a run back is laplax.train.restore; train.py dispatches a study
+(laplax.study) or one run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import ml_collections
 from laplax import multihost
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import loop
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -34,6 +36,7 @@ from laplax.train.task import Task
 
 # Sections whose change makes a workdir a different run (resuming it would mix two models).
 _IDENTITY = ("task", "model", "data.name", "seed")
+_INIT_EVAL = "init_eval.json"
 
 
 def jit_step(step_fn, shardings, mesh):
@@ -135,6 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   mesh = sharding.make_mesh(config.mesh.to_dict())
   rules = sharding.rules_from_config(config.get("axis_rules"))
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
+  evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   with workdir_lib.lock_run(workdir):  # one run per workdir, on all its hosts
     return _train(task, config, workdir, mesh, rules, log)
@@ -152,10 +156,16 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
     log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
     return finished
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
-  if lead:
-    write_config(workdir, config)
   name = config.get("name", task.name)
   model = task.build_model()
+  # The evaluators load their own data (transfer sets, ADE20K, photos): missing data stops a
+  # fresh start before config.json too. Those that run only in eval.py are not built.
+  context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
+  with multihost.process_0_first("evaluators"):
+    evaluators = evaluator_lib.build(config, context, [
+        n for n, s in evaluator_lib.sections(config).items() if s.every or s.at_init or s.final])
+  if lead:
+    write_config(workdir, config)
   tx, schedule = task.optimizer(total_steps)
   abstract, shardings = abstract_state(task, model, tx, mesh, rules)
   n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
@@ -173,18 +183,22 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
   writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
   if state is abstract:
     state, _ = create_state(task, model, tx, mesh, rules, config.seed)
-    task.before_training(model, state, mesh=mesh, rules=rules, workdir=workdir, writer=writer,
-                         log=log)
+    _evaluate_at_init(evaluators, state, workdir, writer, lead, log)
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     step_fn = jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
 
-  def validate(state, step):
-    val = task.evaluate(model, state, mesh=mesh, rules=rules)
-    if val:
-      writer.write(step, "val", val)
-      log(f"[{name}] step {step}: " + ", ".join(
-          f"val {k} {v:.4f}" for k, v in val.items() if isinstance(v, float)))
+  periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+
+  def evaluate(state, step, done=None) -> bool:
+    """Runs the periodic evaluators due at `step` (rows of kind `name`; `done`: results
+    already measured); True if any ran."""
+    done = done or {n: periodic[n].run(state, step) for n in periodic
+                    if step % periodic[n].config.every == 0}
+    for n, result in done.items():
+      writer.write(step, n, evaluator_lib.flat(result))
+      log(f"[{name}] step {step}: {periodic[n].summary(result)}")
+    return bool(done)
 
   t0 = time.time()
   # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
@@ -195,24 +209,39 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
         state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
         start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
         items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
-        describe=task.describe, evaluate=validate, eval_every=config.get("eval_every", 0),
+        describe=task.describe, evaluate=evaluate if periodic else None,
         batch_keys=task.batch_keys, stop_requested=stop_requested,
         profile=_profile_window(config, workdir),
         flops_per_step=task.flops_per_step(model, abstract.params))
   step, train_time = int(state.step), time.time() - t0
-  if config.get("eval_every", 0):  # the val curve ends at the last step
-    validate(state, step)
-
-  task_results, final, summary = task.final_results(model, state, mesh=mesh, rules=rules,
-                                                    workdir=workdir, log=log)
-  results = {"task": task.name, "step": step, **task_results, "params": n_params,
-             "laplacian_heads": task.describe_heads(model), "last_train_metrics": last,
-             "train_time_s": train_time}
+  evaluated, final, summary = evaluator_lib.run_all(
+      {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
+  # Every periodic curve ends at the last step (a final result is not measured twice).
+  evaluate(state, step, {n: evaluated[n] if n in evaluated else periodic[n].run(state, step)
+                         for n in periodic})
+  results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
+             "params": n_params, "laplacian_heads": task.describe_heads(model),
+             "last_train_metrics": last, "train_time_s": train_time}
+  if (workdir / _INIT_EVAL).exists():
+    results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
   writer.write(step, "final", final)
   if lead:
     workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
   log(f"done: {summary}")
   return results
+
+
+def _evaluate_at_init(evaluators, state, workdir: epath.Path, writer: MetricsWriter, lead: bool,
+                      log) -> None:
+  """The `at_init` evaluators on a fresh start: workdir/init_eval.json, an 'init' row."""
+  at_init = {n: ev for n, ev in evaluators.items() if ev.config.at_init}
+  if not at_init:
+    return
+  results, row, summary = evaluator_lib.run_all(at_init, state, 0)
+  if lead:
+    workdir_lib.write_json_atomic(workdir / _INIT_EVAL, results, indent=2)
+  writer.write(0, "init", row)
+  log(f"at init: {summary}")
 
 
 def _finished_results(workdir: epath.Path, total_steps: int) -> dict[str, Any] | None:

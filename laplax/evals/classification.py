@@ -1,0 +1,108 @@
+"""The image classifier's evaluators: accuracy on a split, per-layer token geometry.
+
+  evals.val = {'type': 'accuracy', 'split': 'val', 'every': 500}
+  evals.geometry = {'type': 'vit_geometry', 'examples': 2000, 'final': False, 'analysis': True}
+
+Both read the task's data (laplax.tasks.classification): in memory, or streamed when
+`data.tfds_name` is set (then at `data.eval_crop` through the resized position table).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import numpy as np
+
+from laplax.evals import accuracy
+from laplax.geometry import plots
+from laplax.geometry import vit as vit_geometry
+from laplax.train.evaluator import Evaluator
+
+_SPLITS = ("train", "val", "test")
+
+
+def _check_split(config, task) -> None:
+  if config.split not in _SPLITS:
+    raise ValueError(f"split={config.split!r}; use one of {_SPLITS}")
+  if task.streaming and config.split == "test" and not task.config.data.get("test_split"):
+    raise ValueError("split='test' of a streamed data set needs data.test_split")
+
+
+class Accuracy(Evaluator):
+  """Accuracy, mean loss and count of a split (sharded over the mesh) -> {'accuracy', 'loss',
+  'count'}."""
+
+  type = "accuracy"
+  defaults = {"split": "val"}
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    _check_split(config, task)
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    info = ctx.task.data["info"]
+    self._eval_fn = accuracy.make_eval_fn(ctx.model, ctx.mesh, ctx.rules, mean=info.mean,
+                                          std=info.std)
+
+  def run(self, weights, step) -> dict[str, Any]:
+    task, split, (mesh, rules) = self.ctx.task, self.config.split, (self.ctx.mesh, self.ctx.rules)
+    params = weights.params
+    if task.streaming:
+      # Evaluated at data.eval_crop, trained at data.image_size (DeiT-III: 224 / 192): the
+      # position table is resized to the evaluation grid (bicubic).
+      params = task.params_for_eval(self.ctx.model, params)
+      n, cap = len(task.data[split]), task.config.data.get("eval_subset", 0)
+      # No batch larger than the split (a small data set would be mostly padding).
+      size = min(task.config.data.eval_batch_size, min(n, cap) if cap else n)
+      batches = task.eval_stream(split, accuracy.host_batch_size(size, mesh))
+      return accuracy.evaluate_batches(self._eval_fn, params, batches, mesh=mesh, rules=rules)
+    return accuracy.evaluate(self._eval_fn, params, *task.data[split],
+                             batch_size=task.config.data.eval_batch_size,
+                             info=task.data["info"], mesh=mesh, rules=rules)
+
+  def summary(self, result) -> str:
+    return f"{self.name} accuracy {result['accuracy']:.4f}"
+
+
+class VitGeometry(Evaluator):
+  """Every geometry metric at every layer (laplax.geometry.vit) of the first `examples` images
+  of a split, plus NC3 / NC4 of the final class token; writes analysis/geometry.json and the
+  per-layer figures into the context's out directory -> the geometry dict."""
+
+  type = "vit_geometry"
+  defaults = {"split": "test", "examples": 2000}
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    _check_split(config, task)
+    if not isinstance(config.examples, int) or config.examples < 1:
+      raise ValueError(f"examples={config.examples} must be a positive integer")
+
+  def run(self, weights, step) -> dict[str, Any]:
+    task, n, split = self.ctx.task, self.config.examples, self.config.split
+    info, params = task.data["info"], weights.params
+    if task.streaming:  # the first n examples, decoded as evaluation sees them
+      batches = list(task.eval_stream(split, min(n, 250), limit=n))
+      mask = np.concatenate([b["mask"] for b in batches])
+      images = np.concatenate([b["image"] for b in batches])[mask]
+      labels = np.concatenate([b["label"] for b in batches])[mask]
+      params = task.params_for_eval(self.ctx.model, params)
+    else:
+      images, labels = task.data[split]
+    n = min(n, len(labels))
+    geo = vit_geometry.analyze_vit(self.ctx.model, jax.device_get(params), images[:n],
+                                   labels[:n], num_classes=info.num_classes, batch_size=250,
+                                   mean=info.mean, std=info.std)
+    adir = self.ctx.out / "analysis"
+    adir.mkdir(parents=True, exist_ok=True)
+    (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
+    plots.plot_run(geo, adir, title=task.config.get("name", "run"))
+    return geo
+
+  def summary(self, result) -> str:
+    last = result["layers"][-1]
+    return (f"{self.name}: last layer within-sequence {last['within_sequence']:.3f}, "
+            f"between-class {last['between_class']:.3f}")

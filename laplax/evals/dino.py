@@ -1,0 +1,243 @@
+"""DINO's evaluators, all of the frozen teacher (state.extra['teacher']; laplax.evals.probes):
+
+  evals.probes = {'type': 'dino_probes', 'at_init': True}        k-NN and linear probes
+  evals.transfer = {'type': 'dino_transfer', 'data': {'fashion_mnist': ''}}
+  evals.horse = {'type': 'horse', 'dir': '.../weizmann_horse'}    segmentation + PCA mask IoU
+  evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016', 'size': 224}
+  evals.photos = {'type': 'photo_pca', 'photos': 'builtin'}      PCA picture (pca_photos.png)
+  evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}
+
+Each section's keys and defaults are its class's `defaults`. Features come from the teacher's
+backbone at the global-crop grid (laplax.evals.features).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from laplax.data import builders
+from laplax.data import photos as photos_lib
+from laplax.data.images import cache_dir
+from laplax.evals import features as features_lib
+from laplax.evals import probes
+from laplax.geometry import dino as dino_geometry
+from laplax.models import dino as dino_lib
+from laplax.train.evaluator import Evaluator
+
+# The probe protocol (DINO's k-NN: 20-NN at temperature 0.07 and more k; AdamW probes on fixed
+# features; DINO's own linear protocol when linear_probe='dino').
+PROBE_PROTOCOL = {
+    "probe_train_size": 10000,  # linear-probe training examples (0: all); the k-NN bank is
+    # always the whole training split
+    "knn_ks": (10, 20, 100),  # DINO reports 10, 20, 100, 200
+    "knn_temperature": 0.07,
+    "probe_epochs": 30,
+    "probe_lr": 1e-3,
+    "probe_weight_decay": 1e-4,
+    "last_layers": 4,  # 'last': the last n blocks' class tokens, concatenated
+    # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
+    # DINO's protocol on augmented crops (linear_dino: SGD + momentum, lr scaled by batch / 256).
+    "linear_probe": "fast",
+    "dino_probe_epochs": 100,
+    "dino_probe_batch_size": 256,
+    "dino_probe_lr": 1e-3,
+}
+
+
+def _grey(task) -> bool:
+  return task.info().image_shape[-1] != 3
+
+
+class _TeacherEvaluator(Evaluator):
+  """Jitted features of the teacher (its own, per evaluator) at the global-crop grid."""
+
+  last_layers_key = None  # the section key that sets the 'last' feature's depth, if any
+  needs_rgb = False  # photos: a grey model cannot read them
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    if cls.needs_rgb and _grey(task):
+      raise ValueError(f"{cls.type} needs RGB images, but {task.config.data.name} is grey: "
+                       "drop this evaluator (or set its final=False)")
+    size = config.get("size")
+    p = task.build_model().backbone.patch_size
+    if size is not None and size % p:
+      raise ValueError(f"size={size} is not divisible by model.patch_size={p}")
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    size = ctx.task.config.multicrop.global_size
+    last = config[self.last_layers_key] if self.last_layers_key else 4
+    self.feature_fn = features_lib.make_feature_fn(
+        ctx.model, dino_lib.patch_grid(ctx.model, (size, size)), ctx.mesh, ctx.rules, last)
+    self.kw = dict(mesh=ctx.mesh, rules=ctx.rules)
+
+
+def _check_protocol(config, task) -> None:
+  ks = tuple(config.knn_ks)
+  if not ks or min(ks) < 1:  # and <= the training split: Probes.__init__
+    raise ValueError(f"knn_ks={ks} must be >= 1")
+  if config.probe_train_size < 0:
+    raise ValueError(f"probe_train_size={config.probe_train_size} must be >= 0 (0: all)")
+  if config.linear_probe not in ("fast", "dino"):
+    raise ValueError(f"linear_probe={config.linear_probe!r}: use 'fast' or 'dino'")
+
+
+class Probes(_TeacherEvaluator):
+  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen teacher on the run's
+  val and test splits -> {'val': {...}, 'test': {...}} (probes.probe_scores)."""
+
+  type = "dino_probes"
+  defaults = dict(PROBE_PROTOCOL)
+  last_layers_key = "last_layers"
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    super().check(config, task)
+    _check_protocol(config, task)
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    bank, ks = len(ctx.task.data["train"][0]), tuple(config.knn_ks)
+    if max(ks) > bank:
+      raise ValueError(f"evals.{name}.knn_ks={ks} must lie in [1, {bank}] (the k-NN memory "
+                       "bank: the training split)")
+
+  def run(self, weights, step) -> dict[str, Any]:
+    return probes.probe_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.data,
+                               self.ctx.task.config, self.config, **self.kw)
+
+  def summary(self, result) -> str:
+    return probes.summary_line(result)
+
+
+class Transfer(_TeacherEvaluator):
+  """Probes of the frozen teacher on other labelled data sets ({name: source_dir}, '': the
+  builder's default place), converted to this model's channels and crop size ->
+  {name: {'val': ..., 'test': ...}}. Loaded at construction: missing data stops a run before
+  its first step."""
+
+  type = "dino_transfer"
+  defaults = {**PROBE_PROTOCOL, "data": {}}
+  last_layers_key = "last_layers"
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    super().check(config, task)
+    _check_protocol(config, task)
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    self.sets = probes.load_transfer(ctx.task.config, config)
+
+  def run(self, weights, step) -> dict[str, Any]:
+    return probes.transfer_scores(self.feature_fn, weights.extra["teacher"],
+                                  self.ctx.task.config, self.config, self.sets,
+                                  log=self.ctx.log, **self.kw)
+
+  def summary(self, result) -> str:
+    return ", ".join(f"{self.name} {n}: " + probes.summary_line({"test": s["test"]})
+                     for n, s in result.items())
+
+
+class Horse(_TeacherEvaluator):
+  """Weizmann Horse: the linear per-patch segmentation probe and the first principal
+  component's mask, both as foreground IoU (probes.horse_scores); writes pca_horses.png."""
+
+  type = "horse"
+  defaults = {"dir": "", "size": 64, "seg_epochs": 20, "pca_images": 6}
+  needs_rgb = True
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    super().check(config, task)
+    if not config.dir:
+      raise ValueError("dir='' : set it to the Weizmann Horse folder")
+
+  def run(self, weights, step) -> dict[str, Any]:
+    self.ctx.out.mkdir(parents=True, exist_ok=True)
+    return probes.horse_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.config,
+                               self.config, self.ctx.task.info(),
+                               figure_path=self.ctx.out / "pca_horses.png", **self.kw)
+
+  def summary(self, result) -> str:
+    return (f"horses: probe fg IoU {result['probe']['fg_iou']:.4f}, PCA mask fg IoU "
+            f"{result['pca_mask']['fg_iou']:.4f}")
+
+
+class Ade20k(_TeacherEvaluator):
+  """ADE20K linear segmentation probe (mIoU over 150 classes, pixel accuracy) of the official
+  ADEChallengeData2016 folder `dir`, prepared (and checked) at construction."""
+
+  type = "ade20k"
+  defaults = {"dir": "", "size": 64, "train_images": 0, "val_images": 0, "seg_epochs": 20}
+  needs_rgb = True
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    super().check(config, task)
+    if not config.dir:
+      raise ValueError("dir='' : set it to the ADEChallengeData2016 folder")
+    for key in ("train_images", "val_images"):
+      if config[key] < 0:
+        raise ValueError(f"{key}={config[key]} must be >= 0 (0: all)")
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    builders.ade20k_source(config.dir, cache_dir(ctx.task.config.data), "train")
+
+  def run(self, weights, step) -> dict[str, Any]:
+    return probes.ade20k_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.config,
+                                self.config, self.ctx.task.info(), **self.kw)
+
+  def summary(self, result) -> str:
+    return f"ADE20K: probe mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"
+
+
+class PhotoPca(_TeacherEvaluator):
+  """PCA picture of the teacher's patch tokens on photos ('builtin': those shipped with
+  scikit-image / scikit-learn / matplotlib, or a folder of .jpg / .png) -> pca_photos.png."""
+
+  type = "photo_pca"
+  defaults = {"photos": "builtin", "size": 64}
+  needs_rgb = True
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    self.photos = photos_lib.load_photos(config.size, config.photos)
+
+  def run(self, weights, step) -> dict[str, Any]:
+    self.ctx.out.mkdir(parents=True, exist_ok=True)
+    return probes.photo_pca(self.feature_fn, weights.extra["teacher"], self.photos,
+                            self.ctx.task.config, self.ctx.task.info(),
+                            figure_path=self.ctx.out / "pca_photos.png", **self.kw)
+
+  def summary(self, result) -> str:
+    return ""
+
+
+class Spectra(Evaluator):
+  """Per-layer spectral decay of the teacher's patch tokens on the first `examples` test images
+  (laplax.geometry.dino); writes analysis/spectra.json and analysis/spectrum.png ->
+  {'layers': [...], ...}."""
+
+  type = "dino_spectra"
+  defaults = {"examples": 2000}
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    if not isinstance(config.examples, int) or config.examples < 1:
+      raise ValueError(f"examples={config.examples} must be a positive integer")
+
+  def run(self, weights, step) -> dict[str, Any]:
+    task, model = self.ctx.task, self.ctx.model
+    size, info = task.config.multicrop.global_size, task.info()
+    spectra = dino_geometry.patch_spectra(
+        model, weights.extra["teacher"], task.data["test"][0][:self.config.examples],
+        base_grid=dino_lib.patch_grid(model, (size, size)), mean=info.mean, std=info.std,
+        batch_size=250)
+    dino_geometry.write_spectra(spectra, self.ctx.out / "analysis", task.config.get("name", "run"))
+    return spectra
+
+  def summary(self, result) -> str:
+    return ""

@@ -1,0 +1,192 @@
+"""Evaluators picked by name: `config.evals = {name: {type, every, at_init, final, analysis, ...}}`.
+
+An evaluator measures a model and knows nothing of training. It is a small class built from
+its config section and a Context (the task with its data, the model, the mesh, where files go),
+with `run(weights, step) -> {metric: value}`; it keeps its own jitted functions. The trainer
+(laplax.train.trainer) runs each evaluator
+
+  every `every` steps (0: never during training)  -> metrics.jsonl rows of kind `name`
+  once before the first step when `at_init`        -> workdir/init_eval.json, rows of kind 'init'
+  after the last step when `final` (default)       -> results.json[name], the 'final' row
+
+eval.py (laplax.evals.offline) runs the same evaluators on a checkpoint or an export: the
+`final` ones, plus those marked `analysis` with --analyze, or exactly the ones --evals names.
+Flat rows hold a result's numbers with nested keys joined by '_' ('final' and 'init' rows
+prefix them with the evaluator's name: `test_accuracy`).
+
+The concrete evaluators live in laplax.evals (by task: classification, lm, dino); TYPES maps
+each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(type, cls)` at
+run time, e.g. from a test), a config section naming the type.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from etils import epath
+import flax.linen as nn
+import ml_collections
+
+from laplax.train.task import Task
+
+Log = Callable[[str], None]
+
+# Names an evaluator cannot have (results.json and metrics.jsonl use them).
+RESERVED = ("task", "step", "params", "laplacian_heads", "last_train_metrics", "train_time_s",
+            "init", "train", "final", "export", "vocab_size", "tokens_seen", "corpus")
+
+# The keys every evaluator section has, with their defaults (the one place they live).
+COMMON = {"type": None, "every": 0, "at_init": False, "final": True, "analysis": False}
+
+
+@dataclasses.dataclass
+class Context:
+  """What evaluators measure with: the task (its data loaded), the model and its mesh."""
+  task: Task
+  model: nn.Module
+  mesh: Any
+  rules: Any
+  out: epath.Path  # figures and analysis files go here (the workdir, or eval.py's --out)
+  log: Log = print
+
+
+class Evaluator(abc.ABC):
+  """One measurement of a model, from its config section (COMMON keys + its own)."""
+
+  type: ClassVar[str]
+  # Its own keys with their defaults: a key not listed here is refused (a typo never passes).
+  defaults: ClassVar[dict[str, Any]] = {}
+
+  def __init__(self, name: str, config: ml_collections.ConfigDict, ctx: Context):
+    """Loads what the evaluator needs (missing data stops a run before its first step)."""
+    self.name, self.config, self.ctx = name, config, ctx
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict, task: Task) -> None:
+    """One-line ValueErrors for bad values, before anything is written (default: none)."""
+
+  @abc.abstractmethod
+  def run(self, weights, step: int | None) -> dict[str, Any]:
+    """Measures `weights` (a TrainState or a restored Run: `.params`, and `.extra` with the
+    task state, e.g. DINO's teacher) after `step` optimiser steps -> {metric: value}."""
+
+  def summary(self, result: dict[str, Any]) -> str:
+    """The log line's part for this evaluator (default: its flat numbers)."""
+    return ", ".join(f"{self.name} {k} {v:.4f}" for k, v in flat(result).items()
+                     if not k.endswith("count") and isinstance(v, float))
+
+
+def flat(result: dict[str, Any], prefix: str = "") -> dict[str, float | int]:
+  """The numbers of a (nested) result, keys joined by '_' (lists and strings left out)."""
+  out: dict[str, float | int] = {}
+  for k, v in result.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(flat(v, key + "_"))
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+      out[key] = v
+  return out
+
+
+# --- The registry ----------------------------------------------------------------------------
+
+# type -> "module:Class", imported on first use.
+TYPES: dict[str, str | type[Evaluator]] = {
+    "accuracy": "laplax.evals.classification:Accuracy",
+    "vit_geometry": "laplax.evals.classification:VitGeometry",
+    "bpb": "laplax.evals.lm:BitsPerByte",
+    "lm_tasks": "laplax.evals.lm:Benchmarks",
+    "lm_geometry": "laplax.evals.lm:LmGeometry",
+    "dino_probes": "laplax.evals.dino:Probes",
+    "dino_transfer": "laplax.evals.dino:Transfer",
+    "horse": "laplax.evals.dino:Horse",
+    "ade20k": "laplax.evals.dino:Ade20k",
+    "photo_pca": "laplax.evals.dino:PhotoPca",
+    "dino_spectra": "laplax.evals.dino:Spectra",
+}
+
+
+def register(type_: str, cls: type[Evaluator]) -> None:
+  """Adds (or replaces) an evaluator class under `type_`."""
+  if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
+    raise TypeError(f"{cls!r} is not a laplax.train.evaluator.Evaluator subclass")
+  TYPES[type_] = cls
+
+
+def get(type_: str) -> type[Evaluator]:
+  if type_ not in TYPES:
+    raise ValueError(f"evaluator type {type_!r}; choose one of {sorted(TYPES)}")
+  entry = TYPES[type_]
+  if isinstance(entry, str):
+    module, _, attr = entry.partition(":")
+    entry = TYPES[type_] = getattr(importlib.import_module(module), attr)
+  return entry
+
+
+def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """{name: section with every key filled} of config.evals, checked (one-line ValueErrors)."""
+  evals = config.get("evals")
+  if evals is None:
+    return {}
+  if not isinstance(evals, ml_collections.ConfigDict):
+    raise ValueError(f"evals={evals!r} must be a section {{name: {{type, ...}}}}")
+  out = {}
+  for name, section in evals.items():
+    if not isinstance(section, ml_collections.ConfigDict) or not section.get("type"):
+      raise ValueError(f"evals.{name} must be a section with a `type` (one of {sorted(TYPES)})")
+    try:
+      cls = get(section.type)
+    except ValueError as e:
+      raise ValueError(f"evals.{name}: {e}") from None
+    known = {**COMMON, **cls.defaults}
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+      raise ValueError(f"evals.{name} ({section.type}) has no key {unknown[0]!r}; its keys: "
+                       f"{sorted(known)}")
+    full = ml_collections.ConfigDict({**known, **section.to_dict()})
+    if not isinstance(full.every, int) or full.every < 0:
+      raise ValueError(f"evals.{name}.every={full.every} must be an integer >= 0 (0: not "
+                       "during training)")
+    if name in RESERVED:
+      raise ValueError(f"evals.{name}: {name!r} is a results.json key of its own; rename it")
+    out[name] = full
+  return out
+
+
+def check(config: ml_collections.ConfigDict, task: Task) -> None:
+  """Every section of config.evals, before anything is written."""
+  for name, section in sections(config).items():
+    try:
+      get(section.type).check(section, task)
+    except ValueError as e:
+      raise ValueError(f"evals.{name}: {e}") from None
+
+
+def build(config: ml_collections.ConfigDict, ctx: Context,
+          names: Sequence[str] | None = None) -> dict[str, Evaluator]:
+  """The evaluators of config.evals (only `names`, in that order, when given)."""
+  all_sections = sections(config)
+  if names is None:
+    names = list(all_sections)
+  missing = [n for n in names if n not in all_sections]
+  if missing:
+    raise ValueError(f"no evaluator {missing[0]!r} in this run's config.evals "
+                     f"({sorted(all_sections) or 'none'})")
+  return {n: get(all_sections[n].type)(n, all_sections[n], ctx) for n in names}
+
+
+def run_all(evaluators: dict[str, Evaluator], weights, step: int | None
+            ) -> tuple[dict[str, Any], dict[str, float], str]:
+  """Runs each evaluator -> ({name: result}, flat 'final'-style row, one summary line)."""
+  results, row, lines = {}, {}, []
+  for name, ev in evaluators.items():
+    results[name] = ev.run(weights, step)
+    row.update(flat(results[name], name + "_"))
+    line = ev.summary(results[name])
+    if line:
+      lines.append(line)
+  return results, row, "; ".join(lines)
