@@ -7,11 +7,13 @@ epath's backend and, like GCS, refuses appends.
 
 import json
 import os
+import struct
 
 from etils import epath
 from etils.epath import backend as backend_lib, gpath
 import numpy as np
 import pytest
+from tensorboardX.proto import event_pb2
 
 from laplax.train import checkpoint, metrics, workdir
 
@@ -70,6 +72,39 @@ def test_metrics_and_json_in_a_bucket(bucket):
   resumed.write(3, "train", {"loss": 0.5})
   rows = metrics.read_metrics(bucket / "run" / "metrics.jsonl")
   assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 0.5), (3, 0.5)]
+  resumed.close()
+  # TensorBoard sees the same rows: the resumed event file purges the steps after 2.
+  assert tensorboard_scalars(epath.Path(run)) == {"train/loss": [(1, 1.0), (2, 0.5), (3, 0.5)]}
+
+
+def tensorboard_scalars(logdir: epath.Path) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value)]} as TensorBoard reads the event files in logdir: in name order, a
+  session START at step s dropping what earlier files logged at steps >= s."""
+  out: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(logdir.glob("events.out.tfevents.*"), key=lambda p: p.name):
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+      (length,) = struct.unpack("Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + length])
+      i += 16 + length
+      if event.session_log.status == event_pb2.SessionLog.START:
+        out = {t: [(s, v) for s, v in rows if s < event.step] for t, rows in out.items()}
+      for value in event.summary.value:
+        out.setdefault(value.tag, []).append((event.step, round(value.simple_value, 6)))
+  return out
+
+
+def test_tensorboard_scalars_next_to_metrics(tmp_path):
+  writer = metrics.MetricsWriter(tmp_path)
+  for step in (1, 2, 3):
+    writer.write(step, "train", {"loss": 1 / step, "skipped": False, "note": "x"})
+  writer.write(3, "val", {"accuracy": 0.25})
+  writer.close()
+  assert tensorboard_scalars(epath.Path(tmp_path)) == {
+      "train/loss": [(1, 1.0), (2, 0.5), (3, round(1 / 3, 6))], "val/accuracy": [(3, 0.25)]}
+  metrics.MetricsWriter(tmp_path, active=False).write(4, "train", {"loss": 9.0})  # other hosts
+  metrics.MetricsWriter(tmp_path, tensorboard=False).write(5, "train", {"loss": 9.0})
+  assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
 
 
 def test_checkpoint_manifests_in_a_bucket(bucket):

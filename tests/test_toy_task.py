@@ -6,6 +6,7 @@ eval.py's offline path."""
 
 import json
 
+from etils import epath
 import flax.linen as nn
 import grain
 import jax
@@ -119,6 +120,10 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   acc = [r for r in rows if r["split"] == "acc"]
   assert [r["step"] for r in acc] == [30, 60] and acc[-1]["accuracy"] == results["acc"]["accuracy"]
   assert [r for r in rows if r["split"] == "final"][0]["acc_accuracy"] == acc[-1]["accuracy"]
+  from test_paths import tensorboard_scalars  # the same rows as TensorBoard scalars
+  scalars = tensorboard_scalars(epath.Path(tmp_path))
+  assert [s for s, _ in scalars["acc/accuracy"]] == [30, 60]
+  assert [s for s, _ in scalars["train/loss"]] == [r["step"] for r in train]
   out = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(analyze=True),
                                  log=lambda m: None)
   assert out["acc"] == results["acc"] and out["few"]["count"] == 64

@@ -1,4 +1,5 @@
-"""The one metrics writer (JSONL in the workdir) and a progress line with ETA."""
+"""The one metrics writer (JSONL in the workdir, and TensorBoard scalars next to it) and a
+progress line with ETA."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from etils import epath
 import numpy as np
+from tensorboardX import record_writer
+from tensorboardX import summary as tb_summary
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto import event_pb2, summary_pb2
 
 from laplax.train.workdir import as_path, is_local, json_safe
 
@@ -27,8 +33,40 @@ def _dumps(record: dict[str, Any]) -> str:
   return json.dumps(json_safe(record), allow_nan=False)
 
 
+class _EpathRecordFile:
+  """A TensorBoard event file on an object store (gs://), through etils.epath (gcsfs): the
+  bytes are kept and the object rewritten whole at each flush (scalars only: small)."""
+
+  def __init__(self, path: str):
+    self.path, self.data = epath.Path(path), bytearray()
+
+  def write(self, data: bytes) -> None:
+    self.data += data
+
+  def flush(self) -> None:
+    self.path.write_bytes(bytes(self.data))
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _EpathRecordFiles:
+  def open(self, path: str) -> _EpathRecordFile:
+    return _EpathRecordFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # object stores have no directories to create
+
+
+# tensorboardX's own gs:// writer needs google-cloud-storage; laplax reads and writes gs://
+# through etils.epath (gcsfs) everywhere, so its event files do too.
+record_writer.register_writer_factory("gs", _EpathRecordFiles())
+
+
 class MetricsWriter:
-  """Appends {'step': .., 'split': .., **metrics} records to workdir/metrics.jsonl.
+  """Appends {'step': .., 'split': .., **metrics} records to workdir/metrics.jsonl, and each
+  number as a TensorBoard scalar `split/metric` into an event file in the workdir
+  (`tensorboard --logdir runs/`; tensorboard=False: none).
 
   resume_step: the step a run resumes from (0 for a fresh start in a workdir that may hold
   rows of a run killed before its first checkpoint). Rows with a larger step, written by
@@ -37,16 +75,30 @@ class MetricsWriter:
 
   An object store (gs://) cannot append: there the rows are kept and the object rewritten
   whole at each write (a few hundred kB for a long run, written every `log_every` steps).
+  A resumed run's event file starts by purging the steps after resume_step, so TensorBoard
+  shows each step once too.
   """
 
   def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl", *,
-               resume_step: int | None = None, active: bool = True):
+               resume_step: int | None = None, active: bool = True, tensorboard: bool = True):
     self.path = as_path(workdir) / filename
     self.active = active  # False on all hosts but process 0: one writer per run
     self._rows: list[str] | None = None  # object stores: every row, rewritten at each write
+    self._tb: EventsWriter | None = None
     if not active:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    if tensorboard:
+      # Synchronous (tensorboardX's SummaryWriter queues events for a thread: a flush may miss
+      # them). Event files are named by the second and the host: the suffix (nanoseconds)
+      # keeps two writers of one second apart, in the order TensorBoard reads them (by name).
+      self._tb = EventsWriter(str(self.path.parent / "events"),
+                              filename_suffix=f".{time.time_ns() % 10**9:09d}")
+      if resume_step is not None:  # TensorBoard drops what earlier files logged from here on
+        self._tb.write_event(event_pb2.Event(
+            step=resume_step + 1, wall_time=time.time(),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+      self._tb.flush()
     if not is_local(self.path):
       if resume_step is not None:
         self.truncate_after(resume_step)
@@ -103,12 +155,25 @@ class MetricsWriter:
     record = {"step": int(step), "split": split, "time": time.time(),
               **{k: _plain(v) for k, v in metrics.items()}}
     line = _dumps(record) + "\n"
+    if self._tb is not None:
+      values = [tb_summary.scalar(f"{split}/{k}", float(v)).value[0]
+                for k, v in record.items() if k not in ("step", "time")
+                and isinstance(v, (int, float)) and not isinstance(v, bool)]
+      self._tb.write_event(event_pb2.Event(step=int(step), wall_time=record["time"],
+                                           summary=summary_pb2.Summary(value=values)))
+      self._tb.flush()  # a killed run keeps its rows here as in metrics.jsonl
     if self._rows is not None:
       self._rows.append(line.rstrip("\n"))
       self.path.write_text("".join(row + "\n" for row in self._rows))
       return
     with self.path.open("a") as f:
       f.write(line)
+
+  def close(self) -> None:
+    """Closes the TensorBoard event file."""
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:

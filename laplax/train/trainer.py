@@ -181,54 +181,55 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
                                         shardings, train_iter, log=log)
   # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
   writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
-  if state is abstract:
-    state, _ = create_state(task, model, tx, mesh, rules, config.seed)
-    _evaluate_at_init(evaluators, state, workdir, writer, lead, log)
+  with contextlib.closing(writer):  # its TensorBoard event file too
+    if state is abstract:
+      state, _ = create_state(task, model, tx, mesh, rules, config.seed)
+      _evaluate_at_init(evaluators, state, workdir, writer, lead, log)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step_fn = jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      step_fn = jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
 
-  periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+    periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
 
-  def evaluate(state, step, done=None) -> bool:
-    """Runs the periodic evaluators due at `step` (rows of kind `name`; `done`: results
-    already measured); True if any ran."""
-    done = done or {n: periodic[n].run(state, step) for n in periodic
-                    if step % periodic[n].config.every == 0}
-    for n, result in done.items():
-      writer.write(step, n, evaluator_lib.flat(result))
-      log(f"[{name}] step {step}: {periodic[n].summary(result)}")
-    return bool(done)
+    def evaluate(state, step, done=None) -> bool:
+      """Runs the periodic evaluators due at `step` (rows of kind `name`; `done`: results
+      already measured); True if any ran."""
+      done = done or {n: periodic[n].run(state, step) for n in periodic
+                      if step % periodic[n].config.every == 0}
+      for n, result in done.items():
+        writer.write(step, n, evaluator_lib.flat(result))
+        log(f"[{name}] step {step}: {periodic[n].summary(result)}")
+      return bool(done)
 
-  t0 = time.time()
-  # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
-  closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
-             else contextlib.nullcontext())
-  with _stop_signals() as stop_requested, closing:
-    state, last = loop.run_steps(
-        state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
-        start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
-        items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
-        describe=task.describe, evaluate=evaluate if periodic else None,
-        batch_keys=task.batch_keys, stop_requested=stop_requested,
-        profile=_profile_window(config, workdir),
-        flops_per_step=task.flops_per_step(model, abstract.params))
-  step, train_time = int(state.step), time.time() - t0
-  evaluated, final, summary = evaluator_lib.run_all(
-      {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
-  # Every periodic curve ends at the last step (a final result is not measured twice).
-  evaluate(state, step, {n: evaluated[n] if n in evaluated else periodic[n].run(state, step)
-                         for n in periodic})
-  results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
-             "params": n_params, "laplacian_heads": task.describe_heads(model),
-             "last_train_metrics": last, "train_time_s": train_time}
-  if (workdir / _INIT_EVAL).exists():
-    results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
-  writer.write(step, "final", final)
-  if lead:
-    workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
-  log(f"done: {summary}")
-  return results
+    t0 = time.time()
+    # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
+    closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
+               else contextlib.nullcontext())
+    with _stop_signals() as stop_requested, closing:
+      state, last = loop.run_steps(
+          state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+          start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
+          items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
+          describe=task.describe, evaluate=evaluate if periodic else None,
+          batch_keys=task.batch_keys, stop_requested=stop_requested,
+          profile=_profile_window(config, workdir),
+          flops_per_step=task.flops_per_step(model, abstract.params))
+    step, train_time = int(state.step), time.time() - t0
+    evaluated, final, summary = evaluator_lib.run_all(
+        {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
+    # Every periodic curve ends at the last step (a final result is not measured twice).
+    evaluate(state, step, {n: evaluated[n] if n in evaluated else periodic[n].run(state, step)
+                           for n in periodic})
+    results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
+               "params": n_params, "laplacian_heads": task.describe_heads(model),
+               "last_train_metrics": last, "train_time_s": train_time}
+    if (workdir / _INIT_EVAL).exists():
+      results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
+    writer.write(step, "final", final)
+    if lead:
+      workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
+    log(f"done: {summary}")
+    return results
 
 
 def _evaluate_at_init(evaluators, state, workdir: epath.Path, writer: MetricsWriter, lead: bool,
