@@ -1,0 +1,44 @@
+"""A test whose shared data are absent is skipped with the file and where to get it, and fails
+instead under LAPLAX_REQUIRE_DATA=1 (CI); other failures stay failures."""
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, missing_data
+
+PROBES = '''
+import conftest
+
+def test_reads_a_missing_shared_file():
+  (conftest.SHARED_DATA / "cifar10" / "cifar10.zip").read_bytes()
+
+def test_fails_for_another_reason():
+  assert 1 == 2
+'''
+
+
+def _pytest(tmp_path, **env):
+  (tmp_path / "test_probes.py").write_text(PROBES)
+  return subprocess.run(
+      [sys.executable, "-m", "pytest", "-p", "conftest", "-rs", "-p", "no:cacheprovider",
+       str(tmp_path / "test_probes.py"), "--rootdir", str(tmp_path), "-c", os.devnull],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO}",
+           "LAPLAX_SHARED_DATA": str(tmp_path / "empty"), **env})
+
+
+def test_missing_shared_data_skips_with_its_source(tmp_path):
+  out = _pytest(tmp_path, LAPLAX_REQUIRE_DATA="").stdout
+  assert "1 failed, 1 skipped" in out, out
+  assert f"needs {tmp_path / 'empty' / 'cifar10' / 'cifar10.zip'}" in out, out
+  assert "source: https://www.cs.toronto.edu/~kriz/cifar.html" in out, out
+  required = _pytest(tmp_path, LAPLAX_REQUIRE_DATA="1").stdout
+  assert "2 failed" in required and "skipped" not in required, required
+
+
+def test_missing_data_reads_paths_out_of_messages(shared_data):
+  assert missing_data(f"error: {shared_data / 'arc' / 'nope.jsonl'} does not exist").startswith(
+      f"needs {shared_data / 'arc' / 'nope.jsonl'}: the shared data")
+  assert missing_data(f"error: bad value in {shared_data / 'arc'}") is None  # it exists
+  assert missing_data("error: /elsewhere/x does not exist") is None
