@@ -135,3 +135,19 @@ def test_json_files_on_disk_are_still_written_atomically(tmp_path):
   workdir.write_json_atomic(tmp_path / "a.json", {"x": 1})
   assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
   assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left behind
+
+
+def test_run_files_follow_the_umask(tmp_path):
+  old = os.umask(0o027)
+  try:
+    workdir.write_json_atomic(tmp_path / "config.json", {"a": 1})
+    writer = metrics.MetricsWriter(tmp_path)
+    for step in (1, 2):
+      writer.write(step, "train", {"loss": 1.0})
+    metrics.MetricsWriter(tmp_path, resume_step=1)  # rewrites metrics.jsonl
+    (tmp_path / "plain").write_text("x")
+  finally:
+    os.umask(old)
+  modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()
+           if not p.name.startswith("events.")}
+  assert modes == {"config.json": 0o640, "metrics.jsonl": 0o640, "plain": 0o640}

@@ -18,7 +18,7 @@ from tensorboardX import summary as tb_summary
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2, summary_pb2
 
-from laplax.train.workdir import as_path, is_local, json_safe
+from laplax.train.workdir import as_path, file_mode, is_local, json_safe
 
 
 def _plain(v: Any) -> Any:
@@ -139,6 +139,7 @@ class MetricsWriter:
     elif dropped:
       fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
       try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w") as f:
           f.write("".join(line + "\n" for line in kept))
           f.flush()

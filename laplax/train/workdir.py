@@ -186,6 +186,18 @@ def json_safe(obj: Any) -> Any:
   return obj
 
 
+def file_mode() -> int:
+  """The mode a plain open() gives a new file (0o666 less the umask). mkstemp makes its files
+  0600, so a renamed temporary file gets this mode instead: config.json and results.json
+  follow the umask as every other file does. The umask is read from /proc (os.umask sets it
+  and would race with orbax's writer threads); 0o022 where /proc has no Umask line."""
+  with contextlib.suppress(OSError):
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("Umask:"):
+        return 0o666 & ~int(line.split()[1], 8)
+  return 0o644
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> None:
   """Writes `obj` as strict JSON (NaN/inf as null) to `path` via a temporary file, fsync, rename.
 
@@ -199,6 +211,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
+    os.fchmod(fd, file_mode())
     with os.fdopen(fd, "w") as f:
       f.write(text)
       f.flush()
