@@ -12,8 +12,12 @@ An export never overwrites another run's export or a training workdir: one-line 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from typing import Any
+import zipfile
 
 from etils import epath
 import flax.traverse_util
@@ -51,10 +55,17 @@ def export_params(params, config: ml_collections.ConfigDict, out: epath.PathLike
   out.mkdir(parents=True, exist_ok=True)
   flat = flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
   path = out / EXPORT_NAME
-  tmp = out / (EXPORT_NAME + ".tmp.npz")
-  with tmp.open("wb") as f:  # a file object: np.savez on a path would not reach gs://
-    np.savez(f, **{k: np.asarray(v) for k, v in flat.items()})
-  tmp.replace(path)
+  # A temporary name of its own (two exports into one --out never share one), removed when
+  # the write fails (a full disk).
+  tmp = out / f".{EXPORT_NAME}.{os.getpid()}.{time.time_ns()}.tmp"
+  try:
+    with tmp.open("wb") as f:  # a file object: np.savez on a path would not reach gs://
+      np.savez(f, **{k: np.asarray(v) for k, v in flat.items()})
+    tmp.replace(path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    raise
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
   meta = {"format": FORMAT, "source": str(source), "step": step,
           "config": json.loads(config.to_json_best_effort()),
@@ -79,10 +90,28 @@ def is_export(directory: epath.Path) -> bool:
   return (directory / EXPORT_NAME).exists() and not (directory / "checkpoints").exists()
 
 
-def load_export(directory: epath.Path) -> tuple[dict[str, Any], Any]:
-  """(export.json's dict, params) of an export directory."""
-  meta = json.loads((directory / META_NAME).read_text()) if (directory / META_NAME).exists() \
+def load_export(directory: epath.Path, expected=None) -> tuple[dict[str, Any], Any]:
+  """(export.json's dict, params) of an export directory; a damaged or truncated export.npz,
+  or (with `expected`, a tree of ShapeDtypeStructs) one whose arrays do not fit the model,
+  raises one ValueError line that names the file."""
+  meta_path, path = directory / META_NAME, directory / EXPORT_NAME
+  meta = workdir_lib.read_json(meta_path, "export metadata") if meta_path.exists() \
       else {"step": None}
-  with (directory / EXPORT_NAME).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
-    params = flax.traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
-  return meta, params
+  if not isinstance(meta, dict):
+    raise ValueError(f"{meta_path} is not an export's metadata (a JSON object): re-export")
+  try:
+    with path.open("rb") as raw, np.load(raw, allow_pickle=False) as f:
+      flat = {k: f[k] for k in f.files}
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    raise ValueError(f"{path} is damaged or truncated ({type(e).__name__}: {e}): export "
+                     "again with eval.py --export") from None
+  if expected is not None:
+    want = flax.traverse_util.flatten_dict(expected, sep="/")
+    for key in sorted(set(want) | set(flat)):
+      got = flat[key].shape if key in flat else None
+      shape = tuple(want[key].shape) if key in want else None
+      if got != shape:
+        raise ValueError(f"{path} does not fit its config's model: {key} is "
+                         f"{got or 'missing'}, the model needs {shape or 'no such array'}; "
+                         "export again with eval.py --export")
+  return meta, flax.traverse_util.unflatten_dict(flat, sep="/")

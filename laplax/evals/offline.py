@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from etils import epath
+import flax.linen as nn
 import jax
 import ml_collections
 
@@ -48,9 +49,11 @@ def load(workdir: epath.PathLike, *, log=print) -> Run:
   if export_lib.is_export(workdir):
     config = restore.read_config(workdir)
     task = task_lib.for_config(config)
-    meta, params = export_lib.load_export(workdir)
-    return Run(workdir=workdir, config=config, task=task, model=task.build_model(),
-               params=params, extra=None, step=meta.get("step"))
+    model = task.build_model()
+    expected = nn.unbox(jax.eval_shape(lambda k: task.init_params(model, k), jax.random.key(0)))
+    meta, params = export_lib.load_export(workdir, expected)
+    return Run(workdir=workdir, config=config, task=task, model=model, params=params,
+               extra=None, step=meta.get("step"))
   return restore.load_run(workdir, log=log)
 
 

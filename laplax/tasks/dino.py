@@ -248,6 +248,7 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
 
 class DinoTask(Task):
   name = "dino"
+  sections = Task.sections + ("dino", "multicrop", "head")
   unit = "images"
   batch_keys = ("image",)
   study_section = "laplax.study.dino"

@@ -23,7 +23,11 @@ def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   path = workdir / "config.json"
   if not path.exists():
     raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
-  return ml_collections.ConfigDict(workdir_lib.read_json(path, "run config"))
+  config = workdir_lib.read_json(path, "run config")
+  if not isinstance(config, dict):
+    raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a run config (an "
+                     "object with task, model, data, ...): is it a train.py workdir?")
+  return ml_collections.ConfigDict(config)
 
 
 def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> Run:

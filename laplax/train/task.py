@@ -73,6 +73,9 @@ class Task(abc.ABC):
   """One kind of training job (see the module docstring for the order of the calls)."""
 
   name: ClassVar[str]  # the registry key, config.task
+  # The config sections the task reads (checked before anything else: one line, no traceback).
+  sections: ClassVar[tuple[str, ...]] = ("seed", "log_every", "checkpoint", "mesh", "data",
+                                         "model", "optim")
   unit: ClassVar[str] = "examples"  # what data.batch_size counts, for throughput lines
   batch_keys: ClassVar[tuple[str, ...] | None] = None  # batch entries the step takes (None: all)
 
@@ -248,5 +251,12 @@ def get(name: str) -> type[Task]:
 
 
 def for_config(config) -> Task:
-  """The task object of a run's config (config.task, default 'classification')."""
-  return get(config.get("task", "classification"))(config)
+  """The task object of a run's config (config.task, default 'classification'); a config that
+  lacks a section the task reads fails here, in one line."""
+  cls = get(config.get("task", "classification"))
+  missing = [s for s in cls.sections if s not in config]
+  if missing:
+    raise ValueError(f"the config has no {', '.join(missing)} (task {cls.name!r} reads "
+                     f"{', '.join(cls.sections)}): build it from configs/common.py's sections, "
+                     "as the configs in configs/ do")
+  return cls(config)
