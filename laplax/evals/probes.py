@@ -218,7 +218,8 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
 
 
 def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict,
-                  e: ml_collections.ConfigDict, info, *, mesh, rules, predict_batch: int = 32) -> dict[str, Any]:
+                  e: ml_collections.ConfigDict, info, *, mesh, rules, predict_batch: int = 32
+                  ) -> dict[str, Any]:
   """ADE20K linear segmentation probe of the frozen model's last-block patch tokens.
 
   The per-patch probe (laplax.evals.segmentation, unlabelled patches left out) trains on the

@@ -171,5 +171,6 @@ def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print) ->
   log(summary(result))
   if not result["fits"]:
     raise ValueError(f"{result['config']} does not fit {topology} with "
-                     f"{100 * HEADROOM:.0f} % HBM headroom (see {workdir_lib.as_path(workdir)}/aot.json)")
+                     f"{100 * HEADROOM:.0f} % HBM headroom "
+                     f"(see {workdir_lib.as_path(workdir)}/aot.json)")
   return result
