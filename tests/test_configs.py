@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
+from configs import lm_tiny
 from laplax import cli
 from laplax.data import builders
 from laplax.train import task as task_lib
@@ -47,6 +48,7 @@ def test_config_is_valid(name):
   run = config.base if "study" in config else config  # a study's cells are runs of base
   task = task_lib.for_config(run)
   task.validate(dp=1, hosts=1)
+  assert {"name", "schedule"} <= set(run.optim), "state optim.name and optim.schedule"
   for data_set in run.get("eval", {}).get("transfer", {}):
     builders.dataset_info(data_set)
 
@@ -84,10 +86,24 @@ def test_pod_config_flags(name):
     ({"eval.photos": "builtin", "eval.photo_size": 30},
      "eval.photo_size=30 is not divisible by model.patch_size=7"),
     ({"total_steps": -5}, "total_steps=-5 must be >= 0"),
+    ({"optim.name": "sgd"}, "optim.name='sgd': use one of \\('adamw', 'muon'\\)"),
+    ({"optim.schedule": "step"}, "optim.schedule='step': use one of \\('cosine', 'warmdown'\\)"),
 ])
 def test_dino_config_errors_before_training(override, message):
   config = _load("test:dino")
   config.update_from_flattened_dict(override)
+  with pytest.raises(ValueError, match=message):
+    task_lib.for_config(config).validate(dp=1, hosts=1)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("dino", "optim.name='muon' cannot freeze the last layer"),
+    ("vit", "optim.name='muon' scales its AdamW lrs by the model width: pass width"),
+])
+def test_an_optimiser_the_task_cannot_serve_fails_before_training(kind, message):
+  config = _load(f"test:{kind}")
+  config.optim.name = "muon"
+  config.optim.muon = lm_tiny.muon_section()
   with pytest.raises(ValueError, match=message):
     task_lib.for_config(config).validate(dp=1, hosts=1)
 
