@@ -64,8 +64,8 @@ def main():
   optim = ml_collections.ConfigDict(dict(
       lr=1e-3, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=10,
       warmdown_fraction=0.2, final_lr_fraction=0.0, weight_decay=0.0, b1=0.9, b2=0.95,
-      clip_norm=1.0))
-  tx = optim_lib.lm_optimizer(optim, 10_000)
+      clip_norm=1.0, schedule="warmdown"))
+  tx, _ = optim_lib.make(optim, 10_000)
   task_config = test_configs.get_config("lm")
   task_config.data.seq_len = args.seq_len
   task = lm.LanguageModelTask(task_config)

@@ -59,7 +59,7 @@ from laplax.data import builders
 from laplax.data import multicrop as multicrop_lib
 from laplax.tasks import dino as dino_task
 from laplax.train import state as state_lib
-from laplax.train.optim import make_optimizer
+from laplax.train import optim as optim_lib
 
 _LUMA = np.asarray((0.299, 0.587, 0.114), np.float32)  # as multicrop._LUMA
 _NUM_DRAWS = 13  # uniforms per crop, same columns as multicrop.augment_crop's `u`
@@ -482,7 +482,7 @@ def run(args) -> dict[str, Any]:
   mesh = sharding.make_mesh(config.mesh.to_dict())
   rules = sharding.rules_from_config(config.get("axis_rules"))
   steps_per_epoch, total_steps = 45_000 // b, 10_000
-  tx = make_optimizer(config.optim, total_steps)
+  tx, _ = optim_lib.make(config.optim, total_steps)
   common_kw = dict(task=task, model=model, tx=tx, mesh=mesh, rules=rules, seed=args.seed)
   step_kw = dict(seed=args.seed, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
   in_step = StepVariant(

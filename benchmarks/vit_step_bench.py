@@ -34,7 +34,7 @@ from laplax.models import vit
 from configs import test as test_configs
 from laplax.tasks.classification import ClassificationTask
 from laplax.train import state as state_lib
-from laplax.train.optim import make_optimizer
+from laplax.train import optim as optim_lib
 from laplax.train.steps import make_train_step
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -65,7 +65,7 @@ class Variant:
     self.name, self.steps_per_call = name, steps_per_call
     optim = optim_config()
     optim.flatten = flatten  # one raveled AdamW update (laplax.train.optim.flat_adamw)
-    tx = make_optimizer(optim, total_steps=10_000)
+    tx, _ = optim_lib.make(optim, 10_000)
     task = _BenchTask(test_configs.get_config("vit"), batch_np["image"].shape[1:])
     self.state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed)
     self.batch = sharding.host_batch_to_global(batch_np, mesh)

@@ -4,8 +4,8 @@ r"""CIFAR-10, DeiT-III-style ViT with patch 4 (64 patches + class token): baseli
       --config.data.source_dir=/path/to/cifar10_jpg.zip --config.model.laplacian_heads=6
 
 `data.source_dir` is the JPEG zip, the official `cifar-10-binary.tar.gz`, or a directory holding
-one of them (see laplax.data.builders.find_cifar10_source). The default preset 'S' (width 384,
-depth 12, 6 heads) in bfloat16 is sized for one accelerator; on a CPU use
+one of them (see laplax.data.datasets.cifar10.find_cifar10_source). The default preset 'S'
+(width 384, depth 12, 6 heads) in bfloat16 is sized for one accelerator; on a CPU use
 `--config.model.preset=small-cpu --config.model.dtype=float32` and a few epochs.
 Expected on one H200 (preset S, 30 epochs, batch 512): not yet measured.
 """

@@ -5,7 +5,7 @@
   image_data(name)       an image-classification data set (TFDS, cached) and its batches
   streamed_image_data(tfds_name)  a prepared TFDS data set streamed per record (ImageNet)
   vit(preset)            a DeiT-III-style ViT
-  adamw(lr)              AdamW + warm-up / cosine + clipping
+  adamw(lr)              optim.name 'adamw' on the 'cosine' schedule (warm-up, cosine), clipping
   classification_loss()  loss, mixup / cutmix (off by default) for the classification task
   evaluator(type)        one config.evals section (laplax.train.evaluator); *_evals(): a task's
   deit3(c)               DeiT-III's training recipe applied to a classification config
@@ -155,7 +155,10 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
 
 def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm: float = 1.0,
           final_lr_fraction: float = 0.01, b2: float = 0.999) -> ml_collections.ConfigDict:
+  """AdamW (laplax.train.optim OPTIMIZERS) on a linear warm-up + cosine learning rate."""
   o = ml_collections.ConfigDict()
+  o.name = "adamw"  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon'
+  o.schedule = "cosine"  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown'
   o.lr = lr
   o.final_lr_fraction = final_lr_fraction
   o.warmup_steps = warmup_steps

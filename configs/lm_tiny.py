@@ -100,9 +100,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.name = "adamw"  # 'adamw' (below) or 'muon' (optim.muon; laplax.train.optim.lm_optimizer)
+  # 'adamw' (with the parameter groups below) or 'muon' (optim.muon); laplax.train.optim.make
+  c.optim.name = "adamw"
+  c.optim.schedule = "warmdown"  # nanochat's: warm-up, constant, linear warm-down
   c.optim.lr = 3e-3  # AdamW's peak lr (unused by 'muon')
-  c.optim.embed_lr_scale = 10.0
+  c.optim.embed_lr_scale = 10.0  # AdamW's parameter groups: embedding and lm_head lr scales
   c.optim.unembed_lr_scale = 1.0
   c.optim.warmup_steps = 30
   c.optim.warmdown_fraction = 0.3

@@ -15,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.train.checkpoint import (CheckpointError, Checkpointer, MANIFEST_NAME,
-                                     MANIFESTS_DIR_NAME)
+from laplax.train.checkpoint import CheckpointError, Checkpointer
+from laplax.train.manifest import MANIFEST_NAME, MANIFESTS_DIR_NAME
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -383,29 +383,27 @@ def test_manifests_that_disagree_are_refused(tmp_path):
       "is corrupt (the two checksum manifests disagree); falling back to step 1")
 
 
-def test_directory_from_an_older_laplax_keeps_its_rules_and_is_adopted(tmp_path):
-  """No laplax_manifests/: a step without its in-step manifest restores unverified, as before."""
-  _, state2 = _two_steps(tmp_path)
+def test_step_copied_without_the_manifests_directory_is_verified_by_its_own_manifest(tmp_path):
+  """Steps copied on their own (no laplax_manifests/): a step is checked against the manifest
+  inside it; one without it is skipped; the next save makes laplax_manifests/ again."""
+  state1, _ = _two_steps(tmp_path)
   for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir():
     p.unlink()
   (tmp_path / MANIFESTS_DIR_NAME).rmdir()
   (tmp_path / "2" / MANIFEST_NAME).unlink()
   logs = []
   ckpt = Checkpointer(tmp_path, log=logs.append)
-  assert ckpt.restore(_abstract())[0] == 2
-  assert logs[0].endswith("restoring it unverified")
-  # The first save copies step 1's manifest out and marks step 2 as never verified.
-  assert ckpt.save(3, _train_state(seed=3), {})
-  names = sorted(p.name for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir())
-  assert names == ["1.json", "2.pending", "3.json"]
-  ckpt.close()
-  (tmp_path / "1" / MANIFEST_NAME).unlink()
+  step, restored, _ = ckpt.restore(_abstract())
+  assert step == 1
+  _assert_bit_exact(restored, state1)
+  assert logs == [f"checkpoint step 2 in {tmp_path} is corrupt (no checksum manifest: both"
+                  " copies are missing); falling back to step 1"]
   _flip_bytes(_data_file(tmp_path, 1))
-  logs.clear()
-  ckpt = Checkpointer(tmp_path, log=logs.append)
-  _assert_bit_exact(ckpt.restore(_abstract(), step=2)[1], state2)
   with pytest.raises(CheckpointError, match=r"step 1 .* is corrupt \(checksum mismatch"):
-    ckpt.restore(_abstract(), step=1)
+    Checkpointer(tmp_path, read_only=True).restore(_abstract(), step=1)
+  assert ckpt.save(3, _train_state(seed=3), {})  # step 2 moved aside first
+  assert sorted(p.name for p in (tmp_path / MANIFESTS_DIR_NAME).iterdir()) == ["3.json"]
+  ckpt.close()
 
 
 def _tree(directory: pathlib.Path) -> dict[str, tuple[int, int]]:

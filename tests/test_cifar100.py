@@ -1,4 +1,4 @@
-"""CIFAR-100 from the official binary archive (laplax.data.builders.Cifar100Local), on small
+"""CIFAR-100 from the official binary archive (laplax.data.datasets.cifar100), on small
 archives written here in the official format."""
 import io
 import pathlib
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from laplax.data import builders
+from laplax.data.datasets import cifar100
 from laplax.data.builders import DataError
 
 
 def write_cifar100_binary(root: pathlib.Path, n_train: int = 10, n_test: int = 6, *,
-                          fine_names=builders.CIFAR100_CLASSES,
+                          fine_names=cifar100.CIFAR100_CLASSES,
                           name: str = 'cifar-100-binary.tar.gz') -> dict:
   """cifar-100-binary.tar.gz with planted pixels and labels -> {split: (images, fine, coarse)}.
 
@@ -35,7 +36,7 @@ def write_cifar100_binary(root: pathlib.Path, n_train: int = 10, n_test: int = 6
                          coarse.astype(np.int32))
     add('fine_label_names.txt', ('\n'.join(fine_names) + '\n').encode())
     add('coarse_label_names.txt',
-        ('\n'.join(builders.CIFAR100_COARSE_CLASSES) + '\n').encode())
+        ('\n'.join(cifar100.CIFAR100_COARSE_CLASSES) + '\n').encode())
   return expected
 
 
@@ -65,9 +66,9 @@ def test_extracted_folder_and_source_detection(tmp_path):
   with tarfile.open(tmp_path / 'src' / 'cifar-100-binary.tar.gz') as tf:
     tf.extractall(tmp_path / 'x', filter='data')
   folder = tmp_path / 'x' / 'cifar-100-binary'
-  assert builders.find_cifar100_source(tmp_path / 'x') == folder
-  assert builders.find_cifar100_source(folder) == folder
-  assert builders.find_cifar100_source(tmp_path / 'src') == (
+  assert cifar100.find_cifar100_source(tmp_path / 'x') == folder
+  assert cifar100.find_cifar100_source(folder) == folder
+  assert cifar100.find_cifar100_source(tmp_path / 'src') == (
       tmp_path / 'src' / 'cifar-100-binary.tar.gz')
   x, y = builders.load_split('cifar100', 'test', source_dir=folder, cache_dir=tmp_path / 'c')
   assert x.shape == (6, 32, 32, 3) and y.dtype == np.int32
@@ -87,7 +88,7 @@ def test_bad_sources_raise_one_line_data_errors(tmp_path):
     tf.addfile(info, io.BytesIO(b'abc'))
   with pytest.raises(DataError, match='corrupt .*missing train.bin'):
     builders.load_split('cifar100', 'train', source_dir=python_tar, cache_dir=tmp_path / 'c')
-  write_cifar100_binary(tmp_path / 'shuffled', fine_names=builders.CIFAR100_CLASSES[::-1])
+  write_cifar100_binary(tmp_path / 'shuffled', fine_names=cifar100.CIFAR100_CLASSES[::-1])
   with pytest.raises(DataError, match='fine_label_names.txt lists 100 names'):
     builders.load_split('cifar100', 'train', source_dir=tmp_path / 'shuffled',
                         cache_dir=tmp_path / 'c')

@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
+from configs import lm_tiny
 from laplax import cli
 from laplax.data import builders
 from laplax.train import evaluator as evaluator_lib
@@ -49,6 +50,7 @@ def test_config_is_valid(name):
   task = task_lib.for_config(run)
   task.validate(dp=1, hosts=1)
   evaluator_lib.check(run, task)
+  assert {"name", "schedule"} <= set(run.optim), "state optim.name and optim.schedule"
   for section in evaluator_lib.sections(run).values():
     for data_set in section.get("data", {}) if section.type == "dino_transfer" else ():
       builders.dataset_info(data_set)
@@ -91,6 +93,9 @@ def test_pod_config_flags(name):
     ("test:dino", {"total_steps": -5}, "total_steps=-5 must be >= 0"),
     ("test:vit", {"evals.test.split": "dev"}, "evals.test: split='dev'; use one of"),
     ("test:lm", {"evals.lm_tasks.tasks": ("nope",)}, "evals.lm_tasks: unknown task 'nope'"),
+    ("test:dino", {"optim.name": "sgd"}, "optim.name='sgd': use one of \\('adamw', 'muon'\\)"),
+    ("test:dino", {"optim.schedule": "step"},
+     "optim.schedule='step': use one of \\('cosine', 'warmdown'\\)"),
 ])
 def test_config_errors_before_training(name, override, message):
   config = _load(name)
@@ -105,6 +110,18 @@ def test_keys_of_older_configs_say_how_they_are_written_now():
   config = _load("test:vit")
   config.eval_every = 10
   with pytest.raises(ValueError, match="config.eval_every is gone: an evaluator's `every`"):
+    task_lib.for_config(config).validate(dp=1, hosts=1)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("dino", "optim.name='muon' cannot freeze the last layer"),
+    ("vit", "optim.name='muon' scales its AdamW lrs by the model width: pass width"),
+])
+def test_an_optimiser_the_task_cannot_serve_fails_before_training(kind, message):
+  config = _load(f"test:{kind}")
+  config.optim.name = "muon"
+  config.optim.muon = lm_tiny.muon_section()
+  with pytest.raises(ValueError, match=message):
     task_lib.for_config(config).validate(dp=1, hosts=1)
 
 

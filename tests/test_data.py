@@ -15,6 +15,8 @@ import tensorflow_datasets as tfds
 
 from laplax.data import builders
 from laplax.data import pipeline
+from laplax.data.datasets import cifar10 as cifar10_lib
+from laplax.data.datasets import fashion_mnist as fashion_mnist_lib
 from laplax.data.builders import DataError
 
 FASHION_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
@@ -87,7 +89,7 @@ def test_second_load_uses_the_caches(fashion_mnist, fashion_mnist_dir, data_cach
   # Neither the source nor TFDS preparation may be touched again.
   def forbidden(*args, **kwargs):
     raise AssertionError('prepared again')
-  monkeypatch.setattr(builders, 'read_fashion_mnist', forbidden)
+  monkeypatch.setattr(fashion_mnist_lib, 'read_fashion_mnist', forbidden)
   x, y = builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir,
                              cache_dir=data_cache)
   np.testing.assert_array_equal(x, fashion_mnist['test'][0])
@@ -162,16 +164,16 @@ def test_cifar10_from_the_binary_archive(tmp_path):
 
 def test_cifar10_source_detection(tmp_path, shared_data):
   zip_path = shared_data / 'cifar10' / 'cifar10_jpg.zip'
-  assert builders.find_cifar10_source(zip_path) == builders.Cifar10Source('jpeg', zip_path)
-  assert builders.find_cifar10_source(zip_path.parent).path == zip_path
+  assert cifar10_lib.find_cifar10_source(zip_path) == cifar10_lib.Cifar10Source('jpeg', zip_path)
+  assert cifar10_lib.find_cifar10_source(zip_path.parent).path == zip_path
   tar_path = tmp_path / 'cifar-10-binary.tar.gz'
   tar_path.write_bytes(b'')  # Detection looks at names only.
-  assert builders.find_cifar10_source(tar_path).kind == 'binary'
-  assert builders.find_cifar10_source(tmp_path) == builders.Cifar10Source('binary', tar_path)
+  assert cifar10_lib.find_cifar10_source(tar_path).kind == 'binary'
+  assert cifar10_lib.find_cifar10_source(tmp_path) == cifar10_lib.Cifar10Source('binary', tar_path)
   extracted = tmp_path / 'x' / 'cifar-10-batches-bin'
   extracted.mkdir(parents=True)
   (extracted / 'test_batch.bin').write_bytes(b'')
-  assert builders.find_cifar10_source(tmp_path / 'x') == builders.Cifar10Source(
+  assert cifar10_lib.find_cifar10_source(tmp_path / 'x') == cifar10_lib.Cifar10Source(
       'binary', extracted)
 
 

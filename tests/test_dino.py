@@ -99,6 +99,11 @@ def _optim(**overrides):
   return ml_collections.ConfigDict({**o, **overrides})
 
 
+def _dino_tx(optim, total, freeze):
+  """The DINO task's optimiser: AdamW with the head's last layer frozen for `freeze` steps."""
+  return optim_lib.make(optim, total, freeze_last_layer_steps=freeze)[0]
+
+
 def _toy_params():
   return {"backbone": {"dense": {"kernel": np.full((3, 2), 0.5, np.float32),
                                  "bias": np.zeros(2, np.float32)}},
@@ -120,10 +125,10 @@ def _run_updates(tx, params, grads, n):
 def test_last_layer_adamw_starts_fresh_on_unfreezing():
   freeze, total = 5, 20
   optim = _optim()
-  lr = optim_lib.learning_rate_schedule(optim, total)
+  lr = optim_lib.cosine_schedule(optim, total)
   params = _toy_params()
   grads = jax.tree.map(lambda p: np.full_like(p, 0.3), params)
-  updates, states = _run_updates(optim_lib.dino_optimizer(optim, total, freeze), params, grads,
+  updates, states = _run_updates(_dino_tx(optim, total, freeze), params, grads,
                                  freeze + 2)
   for t, u in enumerate(updates):
     # The rest: Adam with a constant gradient moves every weight by exactly lr(t).
@@ -151,10 +156,10 @@ def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer
   # Zero gradients: the update is the decay alone, -lr(t) wd(t) p, on matrices only.
   freeze, total = 3, 10
   optim = _optim(weight_decay=0.04, weight_decay_end=0.4)
-  lr = optim_lib.learning_rate_schedule(optim, total)
+  lr = optim_lib.cosine_schedule(optim, total)
   params = _toy_params()
   zeros = jax.tree.map(np.zeros_like, params)
-  updates, _ = _run_updates(optim_lib.dino_optimizer(optim, total, freeze), params, zeros,
+  updates, _ = _run_updates(_dino_tx(optim, total, freeze), params, zeros,
                             freeze + 1)
   for t, u in enumerate(updates):
     want = -lr(t) * schedule(t * 10) * params["head"]["fc1"]["kernel"]
@@ -226,7 +231,7 @@ def _tiny_setup():
       freeze_last_layer_epochs=0.5))
   optim = ml_collections.ConfigDict(dict(lr=1e-2, warmup_steps=0, weight_decay=0.04, b1=0.9,
                                          b2=0.999, clip_norm=3.0, final_lr_fraction=0.0))
-  return crops, dino_cfg, optim_lib.dino_optimizer(optim, 10, dino_task.freeze_steps(dino_cfg, 4))
+  return crops, dino_cfg, _dino_tx(optim, 10, dino_task.freeze_steps(dino_cfg, 4))
 
 
 @pytest.fixture(scope="module")

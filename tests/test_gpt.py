@@ -136,8 +136,8 @@ def test_sharded_fsdp_model_step_equals_one_device():
   optim = ml_collections.ConfigDict(dict(
       lr=1e-2, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=1,
       warmdown_fraction=0.5, final_lr_fraction=0.0, weight_decay=0.1, b1=0.9, b2=0.95,
-      clip_norm=1.0))
-  tx = optim_lib.lm_optimizer(optim, 4)
+      clip_norm=1.0, schedule="warmdown"))
+  tx, _ = optim_lib.make(optim, 4)
   task = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
   rules = sharding.rules_from_config(())
   # One batch three times: its loss must fall.

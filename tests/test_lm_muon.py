@@ -70,7 +70,7 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest():
   # Behaviour: one update at width 32. AdamW's first step is lr * sign(g) on every entry;
   # a Muon (orthogonalised) update has singular values near one, not the gradient's spread.
   optim = _optim(**{"optim.clip_norm": 0.0})  # unclipped: no entry near Adam's eps
-  tx = optim_lib.lm_optimizer(optim, 100, TINY["width"])
+  tx = optim_lib.make(optim, 100, width=TINY["width"])[0]
   grads = _grads(params)
   updates = jax.jit(tx.update)(grads, tx.init(params), params)[0]
   lrs = optim_lib.muon_lrs(optim, TINY["width"])
@@ -92,7 +92,7 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest():
 def test_scanned_blocks_are_orthogonalised_per_layer():
   """Stacked (layers, ...) kernels: the update of layer i equals the unscanned block i's."""
   optim = _optim()
-  tx = optim_lib.lm_optimizer(optim, 100, TINY["width"])
+  tx = optim_lib.make(optim, 100, width=TINY["width"])[0]
   unrolled = _params(scan=False)
   grads = _grads(unrolled)
   stack = lambda t: {"blocks": jax.tree.map(lambda a, b: jnp.stack([a, b]), t["block0"],
@@ -145,7 +145,7 @@ def test_warmdown_and_momentum_follow_nanochat():
       return 1.0
     return (total - it) / warmdown
 
-  schedule = optim_lib.lr_schedule(optim, total, 0.02)
+  schedule = optim_lib.warmdown_schedule(optim, total, 0.02)
   got = np.array([float(schedule(i)) for i in range(total)])
   np.testing.assert_allclose(got, [0.02 * nanochat_lrm(i) for i in range(total)], atol=1e-8)
   assert got[0] == pytest.approx(0.02) and got[-1] == pytest.approx(0.002)
@@ -223,10 +223,10 @@ def test_unknown_optimiser_is_one_error_line(tmp_path):
                        timeout=300)
   assert out.returncode != 0
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
-  assert errors == ["error: optim.name='sgd'; the lm task knows ('adamw', 'muon')"], out.stderr
+  assert errors == ["error: optim.name='sgd': use one of ('adamw', 'muon')"], out.stderr
   assert "Traceback" not in out.stderr and not (work / "config.json").exists()
 
 
 def test_muon_needs_the_width():
   with pytest.raises(ValueError, match="pass width"):
-    optim_lib.lm_optimizer(_optim(), 10)
+    optim_lib.make(_optim(), 10)

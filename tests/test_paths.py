@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from laplax.train import checkpoint, metrics, workdir
+from laplax.train import manifest, metrics, workdir
 
 
 class _BucketBackend:
@@ -113,22 +113,22 @@ def test_checkpoint_manifests_in_a_bucket(bucket):
   (step_dir / "state" / "ocdbt.process_0" / "d").write_bytes(b"x" * 100)
   (step_dir / "extra").mkdir()
   (step_dir / "extra" / "data.json").write_text("{}")
-  table = checkpoint._digest_files(step_dir)
+  table = manifest.digest_files(step_dir)
   assert sorted(table) == ["extra/data.json", "state/ocdbt.process_0/d"]
   assert table["state/ocdbt.process_0/d"]["size"] == 100
   expected = {rel: (v["size"], v["sha256"]) for rel, v in table.items()}
-  assert checkpoint._check_files(step_dir, expected) is None
+  assert manifest.check_files(step_dir, expected) is None
   (bucket / "run/checkpoints/5/state/ocdbt.process_0/d").write_bytes(b"y" * 100)
-  assert checkpoint._check_files(step_dir, expected) == (
+  assert manifest.check_files(step_dir, expected) == (
       "checksum mismatch in state/ocdbt.process_0/d")
 
 
 def test_hosts_share_the_hashing():
   expected = {f"state/f{i:02d}": (i, f"h{i}") for i in range(11)}
-  shares = [checkpoint.files_to_verify(expected, p, 4) for p in range(4)]
+  shares = [manifest.files_to_verify(expected, p, 4) for p in range(4)]
   assert sum(len(s) for s in shares) == 11 and all(2 <= len(s) <= 3 for s in shares)
   assert set().union(*shares) == set(expected)
-  assert checkpoint.files_to_verify(expected, 0, 1) == expected
+  assert manifest.files_to_verify(expected, 0, 1) == expected
 
 
 def test_json_files_on_disk_are_still_written_atomically(tmp_path):

@@ -57,7 +57,7 @@ _READER = """
     from laplax.train.checkpoint import Checkpointer
     abstract = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)}
     pathlib.Path(sys.argv[4]).touch()
-    last = Checkpointer(sys.argv[1], read_only=True)._step_dir(int(sys.argv[3]))
+    last = pathlib.Path(sys.argv[1]) / sys.argv[3]  # the last step's directory
     restores, deadline = 0, time.time() + 60
     while time.time() < deadline and not last.exists():  # until the trainer's last save
       ckpt = Checkpointer(sys.argv[1], read_only=sys.argv[2] == "1", log=lambda m: None)

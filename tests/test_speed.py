@@ -15,7 +15,8 @@ import optax
 
 from laplax import cli
 from laplax.models import layers, vit
-from laplax.train.optim import decay_mask, make_optimizer
+from laplax.train import optim as optim_lib
+from laplax.train.optim import decay_mask
 
 
 def _optim(flatten: bool, clip_norm: float = 1.0) -> ml_collections.ConfigDict:
@@ -32,7 +33,7 @@ def test_flat_adamw_matches_optax_chain():
   # Some decayed and some not (decay_mask): both branches of the update are exercised.
   assert any(jax.tree.leaves(decay_mask(params))) and not all(jax.tree.leaves(decay_mask(params)))
   for clip in (1e-3, 0.0):  # clipping active / disabled
-    txs = [make_optimizer(_optim(f, clip), total_steps=10) for f in (False, True)]
+    txs = [optim_lib.make(_optim(f, clip), 10)[0] for f in (False, True)]
     states = [tx.init(params) for tx in txs]
     ps = [params, params]
     for step in range(5):

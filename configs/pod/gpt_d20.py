@@ -67,6 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   # and the unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0 over the
   # last 20 %, Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
   c.optim.name = "muon"
+  c.optim.schedule = "warmdown"
   c.optim.warmup_steps = 0
   c.optim.warmdown_fraction = 0.2
   c.optim.final_lr_fraction = 0.0

@@ -9,7 +9,7 @@ compute, splash attention, scanned blocks.
   python train.py --config=configs/pod/vit_b_cifar100.py --workdir=runs/vit_b_c100_k6 \
       --config.data.source_dir=path/to/cifar-100-binary.tar.gz --config.model.laplacian_heads=6
 
-Data: the official binary CIFAR-100 (laplax.data.builders.Cifar100Local, fine labels; data.name
+Data: the official binary CIFAR-100 (laplax.data.datasets.cifar100, fine labels; data.name
 'cifar100_coarse' for the 20 superclasses), held in host memory (150 MB); the model is built and
 compiled without it (`train.py --aot`).
 

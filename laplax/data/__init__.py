@@ -1,4 +1,5 @@
-"""Data: TFDS builders for local files and loading (`builders`), grain pipelines (`pipeline`).
+"""Data: TFDS builders for local files (`datasets`, one module per data set), loading by name
+(`builders`), grain pipelines (`pipeline`).
 
 Import the submodules directly (`from laplax.data import builders, pipeline`): nothing is
 re-exported here, so that importing one data module does not pull in TFDS and grain as well.

@@ -192,7 +192,7 @@ def load_ade20k(source_dir: str | pathlib.Path, cache_dir: str | pathlib.Path, s
                 image_size: int | tuple[int, int], limit: int = 0) -> Ade20kData:
   """ADE20K photos and annotations of `split` ('train' | 'validation'), in file-name order.
 
-  Prepared once (laplax.data.builders.Ade20kLocal into cache_dir/tfds); the first `limit`
+  Prepared once (laplax.data.datasets.ade20k.Ade20kLocal into cache_dir/tfds); the first `limit`
   records (0: all) are decoded and resized to `image_size` (int: square; or (H, W)), photos
   bilinear and annotations nearest, ignoring the aspect ratio (as for the horses).
   """

@@ -6,7 +6,8 @@ teacher (teacher and centre live in TrainState.extra, so a resumed run continues
 (laplax.evals.dino, by config.evals) measure the frozen teacher: k-NN and linear probes,
 transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectra.
 
-As in the DINO code (Caron et al. 2021, main_dino.py): `dino_optimizer` clips per tensor
+As in the DINO code (Caron et al. 2021, main_dino.py): the optimiser (laplax.train.optim.make,
+optim.name 'adamw' with freeze_last_layer_steps) clips per tensor
 (optim.clip_mode='per_tensor') or globally, decays weights on a cosine (optim.weight_decay ->
 optim.weight_decay_end), and the last head layer is frozen for `dino.freeze_last_layer_epochs`:
 its gradient is zeroed (torch leaves it None, also out of the clip) and its own AdamW neither
@@ -221,7 +222,7 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                                 teacher_temp=teacher_temp)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    # Out of the clip while frozen (torch: grad None); dino_optimizer keeps it in place.
+    # Out of the clip while frozen (torch: grad None); the optimiser keeps it in place.
     frozen = state.step < frozen_steps
     grads = jax.tree_util.tree_map_with_path(
         lambda path, g: jnp.where(frozen, 0.0, g) if optim_lib.is_last_layer(path) else g, grads)
@@ -330,10 +331,9 @@ class DinoTask(Task):
     return self._steps()[0]
 
   def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    optim = self.config.optim
-    frozen = freeze_steps(self.config.dino, self._steps()[1])
-    return (optim_lib.dino_optimizer(optim, total_steps, frozen),
-            optim_lib.learning_rate_schedule(optim, total_steps))
+    """optim.make with the head's last layer frozen for dino.freeze_last_layer_epochs."""
+    return optim_lib.make(self.config.optim, total_steps, freeze_last_layer_steps=freeze_steps(
+        self.config.dino, self._steps()[1]))
 
   def make_step(self, model, tx, total_steps: int):
     info = self.info()

@@ -60,26 +60,6 @@ class LanguageModelTask(Task):
     if c.data.eval_batch_size % math.lcm(dp, hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
-    for key in ("embed_lr_scale", "unembed_lr_scale"):
-      if not (math.isfinite(c.optim[key]) and c.optim[key] > 0):
-        raise ValueError(f"optim.{key}={c.optim[key]} must be a finite positive number")
-    name = c.optim.get("name", "adamw")
-    if name not in optim_lib.OPTIMIZERS:
-      raise ValueError(f"optim.name={name!r}; the lm task knows {optim_lib.OPTIMIZERS}")
-    if name == "muon":
-      m = c.optim.muon
-      for key in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "width_reference",
-                  "adam_eps"):
-        if not (math.isfinite(m[key]) and m[key] > 0):
-          raise ValueError(f"optim.muon.{key}={m[key]} must be a finite positive number")
-      for key in ("momentum_start", "momentum", "adam_b1", "adam_b2"):
-        if not 0.0 <= m[key] < 1.0:
-          raise ValueError(f"optim.muon.{key}={m[key]} must be in [0, 1)")
-      if m.ns_steps < 1 or m.momentum_warmup_steps < 0:
-        raise ValueError(f"optim.muon.ns_steps={m.ns_steps} must be >= 1 and "
-                         f"optim.muon.momentum_warmup_steps={m.momentum_warmup_steps} >= 0")
-    if not 0.0 <= c.optim.warmdown_fraction <= 1.0:
-      raise ValueError(f"optim.warmdown_fraction={c.optim.warmdown_fraction} must be in [0, 1]")
     if c.data.seq_len < 2:
       raise ValueError(f"data.seq_len={c.data.seq_len} must be >= 2")
     if c.total_steps < 1:
@@ -140,15 +120,9 @@ class LanguageModelTask(Task):
     return self.config.total_steps
 
   def optimizer(self, total_steps: int):
-    """(optim.lm_optimizer, the logged lr: optim.lr's schedule; Muon's matrix lr for 'muon')."""
-    optim = self.config.optim
-    if optim.get("name", "adamw") != "muon":
-      return (optim_lib.lm_optimizer(optim, total_steps),
-              optim_lib.lr_schedule(optim, total_steps))
-    width = self.build_model().config.embed_dim
-    return (optim_lib.lm_optimizer(optim, total_steps, width),
-            optim_lib.lr_schedule(optim, total_steps,
-                                  optim_lib.muon_lrs(optim, width)["matrix"]))
+    """optim.make with the model width (Muon scales its AdamW lrs by it)."""
+    return optim_lib.make(self.config.optim, total_steps,
+                          width=self.build_model().config.embed_dim)
 
   def loss_fn(self, model: gpt.GPT):
     """Mean next-token cross-entropy (nats). With model.loss_chunk > 0 it is computed in

@@ -1,88 +1,39 @@
-"""The one checkpoint wrapper: orbax CheckpointManager plus checksums.
+"""The one checkpoint wrapper: orbax CheckpointManager plus checksum manifests; resume.
 
-Each step directory holds two orbax items, `state` (a pytree of arrays, saved
-with StandardSave, possibly sharded) and `extra` (a small JSON dict: the data
-iterator state, the epoch, ...), plus our checksum manifest.
+Each step directory holds two orbax items, `state` (a pytree of arrays, saved with
+StandardSave, possibly sharded) and `extra` (a small JSON dict: the data iterator state, the
+epoch, ...), plus the step's checksum manifest (laplax.train.manifest: why, where, and the rule
+for steps without one). Restore verifies a step's files against it and falls back to the
+previous step, with one plain log line, when a file is damaged, missing or unreadable; corrupt
+steps are moved aside at the next save.
 
-Why checksums: orbax records none, so random bytes written into a data file
-restore silently as wrong values (zstd-compressed OCDBT chunks carry no
-checksum either). After a step is finalised we record the size and sha256 of
-every file in it; restore verifies them and falls back to the previous step,
-with one plain log line, when a file is damaged, missing or unreadable.
-
-Where the manifest lives: inside the step directory, as `laplax_checksums.json`.
-Tried on orbax 0.12.8: an extra file there is ignored by `all_steps`,
-`item_metadata`, `restore` and keep-N deletion, and orbax never rewrites files
-of a finalised step (hashes unchanged after later saves and restores). Inside,
-the manifest is deleted together with its step by the keep-N policy and moves
-with the step if the directory is copied; a sibling directory would need its
-own clean-up and could drift out of sync.
-
-A second copy of every manifest lives outside the step directories, in
-`laplax_manifests/<step>.json` (written atomically once the in-step copy is
-written), so that deleting or losing the in-step copy cannot turn a damaged
-step into a silently "unverified" one. Both copies are checked when present
-(they must agree); the outside copies of steps deleted by keep-N are pruned.
-
-Steps without a manifest: with async saves the manifest is written only once
-the save is finalised (at the next `save()`, `wait_until_finished()`,
-`latest_step()` or `close()`), so a kill in between leaves a complete,
-orbax-finalised step without a manifest. Orbax finalises by an atomic rename,
-so such a step is whole. The rule:
-  * Before each save a marker `laplax_manifests/<step>.pending` is written; it
-    is removed once both manifest copies exist. A step with neither manifest
-    but with its marker was interrupted in that window: it is restored with a
-    log line saying it is unverified (orbax read errors still make us fall
-    back). Rejecting it would throw away up to one save interval of work to
-    guard against bit rot in a window of seconds.
-  * A step with neither manifest nor marker, in a directory that has a
-    `laplax_manifests/` directory, lost its manifests: it is skipped with one
-    log line (the previous good step is restored).
-  * A directory without `laplax_manifests/` was written by an older laplax:
-    its steps are verified by their in-step manifest, or restored unverified
-    without one (as before). The first save by this version creates the
-    directory and copies the existing manifests (and marks existing steps that
-    have none as pending), so old steps keep their old status.
-
-Readers (`read_only=True`, e.g. evaluation or analysis of a running job) never
-create, delete, move or write anything: orbax's start-up clean-up of
-`*.orbax-checkpoint-tmp` directories would delete the in-flight save of a
-running trainer and kill it. A corrupt step is then only skipped (a trainer
-quarantines it on its next save).
+Readers (`read_only=True`, e.g. evaluation or analysis of a running job) never create, delete,
+move or write anything: orbax's start-up clean-up of `*.orbax-checkpoint-tmp` directories would
+delete the in-flight save of a running trainer and kill it. A corrupt step is then only skipped
+(a trainer quarantines it on its next save).
 
 Pods: paths are `etils.epath` paths (a gs:// directory stays gs://; orbax reads and writes it
 natively). Process 0 alone writes manifests and markers and moves corrupt steps (the other
-hosts wait for it). Hashing is shared: host p hashes files p, p + P, p + 2P, ... of a step's
-manifest (`files_to_verify`) and the hosts agree on the verdict with one all-gather, so each
-host reads about 1/P of the bytes instead of the whole checkpoint, and all hosts fall back to
-the same step.
+hosts wait for it); every host hashes its share of a step's files.
 """
 from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Mapping
-import hashlib
-import json
 import os
 import time
 from typing import Any
 
-from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from laplax.train.workdir import as_path, is_local, write_json_atomic
+from laplax.train.manifest import Manifests
+from laplax.train.workdir import as_path, is_local
 
 PyTree = Any
 
-MANIFEST_NAME = "laplax_checksums.json"
-# Outside copies of the manifests (`<step>.json`) and save-in-progress markers (`<step>.pending`).
-MANIFESTS_DIR_NAME = "laplax_manifests"
-# Corrupt steps are moved here (not deleted) before the next save, so that the
-# run can save those step numbers again. Orbax ignores non-numeric names.
-CORRUPT_DIR_NAME = "corrupt"
 # A JSON object {_BYTES_KEY: "<base64>"} stands for a bytes value in `extra`.
 _BYTES_KEY = "__bytes_base64__"
 _STATE, _EXTRA = "state", "extra"
@@ -140,7 +91,7 @@ class Checkpointer:
     self._log = log
     self._async = async_save
     self.read_only = read_only
-    self._manifests_dir = self.directory / MANIFESTS_DIR_NAME
+    self._manifests = Manifests(self.directory, log)
     self._pending_step: int | None = None  # async save without manifest yet
     self._bad_steps: set[int] = set()  # found corrupt by restore()
     # The step the last successful restore() returned (None: nothing restored yet), e.g.
@@ -201,7 +152,7 @@ class Checkpointer:
     for step in reversed(self.all_steps()):
       if step == self._pending_step or step in self._bad_steps:
         continue
-      problem, _ = self._verify(step)
+      problem, _ = self._manifests.verify(step)
       if problem is None:
         return step
     return None
@@ -253,7 +204,7 @@ class Checkpointer:
     # Orbax would wait for the previous async save here anyway; wait first so
     # that its manifest is written before the next save starts.
     self._finish_pending(wait=True)
-    self._mark_pending(step)
+    self._manifests.mark_pending(step)
     args = ocp.args.Composite(
         **{_STATE: ocp.args.StandardSave(state), _EXTRA: ocp.args.JsonSave(extra_json)})
     self._manager.save(step, args=args, force=True)
@@ -307,7 +258,7 @@ class Checkpointer:
       candidates = steps[::-1]
     target = jax.tree.map(_to_abstract, abstract_state)
     for i, candidate in enumerate(candidates):
-      problem, has_manifest = self._verify(candidate)
+      problem, has_manifest = self._manifests.verify(candidate)
       if problem is None:
         if not has_manifest:
           self._log(
@@ -350,10 +301,6 @@ class Checkpointer:
 
   # --- internals ------------------------------------------------------------
 
-  def _step_dir(self, step: int) -> epath.Path:
-    # Default orbax step naming (no prefix, no padding), as configured above.
-    return self.directory / str(step)
-
   def _finish_pending(self, *, wait: bool) -> None:
     """Writes the manifest of the last async save once orbax finalised it."""
     if self._pending_step is None:
@@ -362,110 +309,18 @@ class Checkpointer:
       return
     step, self._pending_step = self._pending_step, None
     self._manager.wait_until_finished()  # re-raises a failed background save
-    if not self._step_dir(step).is_dir():
+    if not self._manifests.step_dir(step).is_dir():
       raise CheckpointError(
           f"checkpoint step {step} was not written to {self.directory} (the async save"
           " failed; see the orbax log)"
       )
     self._write_manifest(step)
 
-  def _outside_manifest(self, step: int) -> epath.Path:
-    return self._manifests_dir / f"{step}.json"
-
-  def _pending_marker(self, step: int) -> epath.Path:
-    return self._manifests_dir / f"{step}.pending"
-
-  def _mark_pending(self, step: int) -> None:
-    """Before saving `step`: marks it as 'manifests not written yet' (see the module doc)."""
-    if jax.process_index() != 0:
-      return
-    if not self._manifests_dir.is_dir():
-      self._adopt_legacy_steps()
-    # A stale copy (a quarantined step saved again) would fail the new step's check.
-    self._outside_manifest(step).unlink(missing_ok=True)
-    self._pending_marker(step).touch()
-
-  def _adopt_legacy_steps(self) -> None:
-    """First save into a directory written by an older laplax: copy its manifests out."""
-    tmp = self.directory / (MANIFESTS_DIR_NAME + ".tmp")
-    tmp.mkdir(exist_ok=True)
-    for step in self.all_steps():
-      inside = self._step_dir(step) / MANIFEST_NAME
-      if inside.is_file():
-        try:
-          write_json_atomic(tmp / f"{step}.json", json.loads(inside.read_text()))
-          continue
-        except (OSError, ValueError):
-          pass  # unreadable: the in-step copy alone will fail the check
-      (tmp / f"{step}.pending").touch()  # never had a manifest: stays 'unverified'
-    # Renamed into place whole, so a kill here leaves the directory 'legacy'.
-    tmp.rename(self._manifests_dir)
-
   def _write_manifest(self, step: int) -> None:
-    if jax.process_index() != 0:
-      return
-    step_dir = self._step_dir(step)
-    manifest = {"step": step, "algorithm": "sha256", "files": _digest_files(step_dir)}
-    # Write, fsync, rename: a kill or power loss leaves either no manifest or a whole one.
-    write_json_atomic(step_dir / MANIFEST_NAME, manifest)
-    self._manifests_dir.mkdir(exist_ok=True)
-    write_json_atomic(self._outside_manifest(step), manifest)
-    self._pending_marker(step).unlink(missing_ok=True)
-    self._prune_manifests()
-
-  def _prune_manifests(self) -> None:
-    """Drops outside manifests and markers of steps orbax deleted (keep-N)."""
     kept = set(self._manager.all_steps())
     if self._pending_step is not None:
       kept.add(self._pending_step)
-    for path in self._manifests_dir.iterdir():
-      stem, _, suffix = path.name.partition(".")
-      if stem.isdigit() and suffix in ("json", "pending") and int(stem) not in kept:
-        path.unlink(missing_ok=True)
-
-  def _load_manifests(self, step: int) -> tuple[str | None, dict[str, tuple[int, str]] | None]:
-    """(problem, {relative path: (size, sha256)}) from whichever manifest copies exist.
-
-    (None, None): the step has no manifest and may be restored unverified.
-    """
-    copies = [self._step_dir(step) / MANIFEST_NAME, self._outside_manifest(step)]
-    present = [p for p in copies if p.exists()]
-    if not present:
-      if not self._manifests_dir.is_dir() or self._pending_marker(step).exists():
-        return None, None  # an older laplax's directory, or killed before the manifest
-      return "no checksum manifest: both copies are missing", None
-    tables = []
-    for path in present:
-      try:
-        files = json.loads(path.read_text())["files"]
-        tables.append({str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()})
-      except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        continue  # the other copy may still be readable
-    if not tables:
-      return "checksum manifest unreadable", None
-    if any(t != tables[0] for t in tables[1:]):
-      return "the two checksum manifests disagree", None
-    return None, tables[0]
-
-  def _verify(self, step: int) -> tuple[str | None, bool]:
-    """Returns (problem or None, whether the step has a manifest)."""
-    step_dir = self._step_dir(step)
-    if not step_dir.is_dir():
-      return "its directory vanished (deleted by the writing run's keep-N policy?)", True
-    problem, expected = self._load_manifests(step)
-    if problem is not None:
-      return problem, True
-    if expected is None:
-      return None, False
-    problem = _check_files(step_dir, files_to_verify(expected, jax.process_index(),
-                                                     jax.process_count()))
-    if jax.process_count() > 1:  # every host must fall back to the same step
-      bad = multihost_utils.process_allgather(np.int32(problem is not None))
-      if problem is None and np.any(bad):
-        problem = f"a file failed its check on process {int(np.argmax(bad))}"
-    # Files not in the manifest are ignored: orbax reads only files that its
-    # own (checksummed) metadata and OCDBT manifests reference.
-    return problem, True
+    self._manifests.write(step, kept)
 
   def _restore_verified(self, step: int, target: PyTree) -> tuple[str | None, Any]:
     """Checks the saved tree against `target`, then restores with orbax.
@@ -500,28 +355,11 @@ class Checkpointer:
     """Moves corrupt steps aside (process 0; the others wait) so that their step numbers can
     be saved again."""
     self._finish_pending(wait=True)
-    if jax.process_index() == 0:
-      self._move_bad_steps()
+    self._manifests.quarantine(self._bad_steps)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("laplax_checkpoint_quarantine")
     self._bad_steps.clear()
     self._manager.reload()
-
-  def _move_bad_steps(self) -> None:
-    corrupt_root = self.directory / CORRUPT_DIR_NAME
-    for step in sorted(self._bad_steps):
-      source = self._step_dir(step)
-      if not source.exists():
-        continue
-      corrupt_root.mkdir(exist_ok=True)
-      dest, n = corrupt_root / str(step), 1
-      while dest.exists():
-        dest, n = corrupt_root / f"{step}.{n}", n + 1
-      source.rename(dest)
-      self._outside_manifest(step).unlink(missing_ok=True)  # the moved step keeps its own copy
-      self._pending_marker(step).unlink(missing_ok=True)
-      self._log(f"moved corrupt checkpoint step {step} to {dest}")
-
 
 # --- helpers ----------------------------------------------------------------
 
@@ -545,59 +383,6 @@ def _retry_vanished(fn: Callable[[], Any], attempts: int = 5) -> Any:
 
 def _is_positive_int(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _sha256(path: epath.Path, chunk: int = 1 << 22) -> str:
-  digest = hashlib.sha256()
-  with path.open("rb") as f:  # chunked: object-store files have no fileno for file_digest
-    while block := f.read(chunk):
-      digest.update(block)
-  return digest.hexdigest()
-
-
-def _size(path: epath.Path) -> int:
-  return os.path.getsize(path) if is_local(path) else path.stat().length
-
-
-def files_to_verify(expected: Mapping[str, tuple[int, str]], process_index: int,
-                    process_count: int) -> dict[str, tuple[int, str]]:
-  """The share of a manifest {relative path: (size, sha256)} that host `process_index` hashes:
-  every `process_count`-th file in sorted order, so the hosts' shares partition the step."""
-  return {rel: expected[rel] for i, rel in enumerate(sorted(expected))
-          if i % process_count == process_index}
-
-
-def _check_files(step_dir: epath.Path, expected: Mapping[str, tuple[int, str]]) -> str | None:
-  """The first problem with `expected`'s files in `step_dir`, or None."""
-  # Sizes first: cheap, and a truncation is named as such.
-  for rel, (size, _) in sorted(expected.items()):
-    path = step_dir / rel
-    if not path.is_file():
-      return f"missing file {rel}"
-    actual = _size(path)
-    if actual != size:
-      return f"size of {rel} changed from {size} to {actual} bytes"
-  for rel, (_, digest) in sorted(expected.items()):
-    try:
-      actual_digest = _sha256(step_dir / rel)
-    except OSError as e:
-      return f"cannot read {rel}: {e.strerror}"
-    if actual_digest != digest:
-      return f"checksum mismatch in {rel}"
-  return None
-
-
-def _digest_files(step_dir: epath.Path) -> dict[str, dict[str, Any]]:
-  """{relative path: {size, sha256}} for every file of a step (sorted)."""
-  out = {}
-  # walk, not rglob: epath refuses '**' (thousands of listing calls on an object store).
-  files = sorted(epath.Path(root) / name for root, _, names in step_dir.walk() for name in names)
-  for path in files:
-    # Also skips a temporary manifest left by a kill (write_json_atomic's '.<name>.*.tmp').
-    if not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):
-      rel = path.relative_to(step_dir).as_posix()
-      out[rel] = {"size": _size(path), "sha256": _sha256(path)}
-  return out
 
 
 def _first_line(e: BaseException, limit: int = 200) -> str:

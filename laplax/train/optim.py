@@ -1,17 +1,35 @@
-"""Every optimiser and learning-rate schedule laplax trains with (optax), in one place.
+"""Every optimiser and learning-rate schedule laplax trains with (optax), by name, in one place.
 
-  make_optimizer(optim, n)          AdamW, warm-up + cosine (classification; optim.flatten: one
-                                    raveled vector, faster on one CPU device)
-  lm_optimizer(optim, n, width)     optim.name 'adamw' (parameter groups: embedding, lm_head,
-                                    matrices) or 'muon' (nanochat's Muon + AdamW), with
-                                    lr_schedule's warm-up / constant / linear warm-down
-  dino_optimizer(optim, n, frozen)  AdamW with the DINO head's last layer frozen at first
-  learning_rate_schedule, lr_schedule, weight_decay_schedule, gradient_clip (optim.clip_mode)
+  make(optim, total_steps, *, width=None, freeze_last_layer_steps=None) -> (tx, lr schedule)
+
+builds the optimiser that `optim.name` names (OPTIMIZERS; default 'adamw'), with the learning
+rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
+
+  'adamw'  AdamW with weight decay on matrices only (decay_mask), constant or on a cosine
+           (weight_decay_schedule), after clipping (gradient_clip, optim.clip_mode). Options:
+             optim.embed_lr_scale, optim.unembed_lr_scale: parameter groups (the LM configs):
+               the embedding's and the unembedding's (lm_head) lr scaled, no decay on the
+               embedding (adamw_groups)
+             optim.flatten: one update over a raveled parameter vector (flat_adamw; one CPU
+               device)
+             freeze_last_layer_steps (the DINO task): the head's last layer frozen at first
+               (freeze_first_steps)
+  'muon'   nanochat's Muon for the hidden matrices + AdamW for the rest (muon_optimizer; the
+           task passes `width`, the model's, for its lr scaling)
+
+  'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
+  'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
+              the steps (nanochat; warmdown_schedule)
+
+`check(optim)` raises the one-line ValueErrors of a bad optim section (Task.validate calls it
+before anything is written). A new optimiser: a builder with make's signature and a check, one
+line in OPTIMIZERS.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -21,21 +39,97 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 
+# --- Schedules ------------------------------------------------------------------------------
+
+
+def cosine_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warm-up to `peak` (default `optim.lr`), then cosine decay to
+  `peak * optim.final_lr_fraction`."""
+  peak = optim.lr if peak is None else peak
+  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak, warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1),
+      end_value=peak * optim.get("final_lr_fraction", 0.0))
+
+
+def warmdown_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warm-up to `peak` (default `optim.lr`), constant, then a linear warm-down over the
+  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction` (nanochat's
+  get_lr_multiplier: with warmup_steps=0 step 0 is already at the peak)."""
+  peak = optim.lr if peak is None else peak
+  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
+  warmdown = min(int(round(optim.warmdown_fraction * total_steps)), total_steps - warmup)
+  flat = total_steps - warmup - warmdown
+  final = peak * optim.final_lr_fraction
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
+       optax.constant_schedule(peak),
+       optax.linear_schedule(peak, final, max(warmdown, 1))],
+      boundaries=[warmup, warmup + flat])
+
+
+SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
+    "cosine": cosine_schedule,
+    "warmdown": warmdown_schedule,
+}
+
+
+def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """The learning rate on the schedule optim.schedule names (default 'cosine'), peaking at
+  `peak` (default optim.lr)."""
+  return SCHEDULES[optim.get("schedule", "cosine")](optim, total_steps, peak)
+
+
+def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:
+  """optim.weight_decay, constant; or, when optim.weight_decay_end is set (not None), a cosine
+  from weight_decay at step 0 to weight_decay_end at total_steps (DINO: 0.04 -> 0.4)."""
+  start, end = optim.weight_decay, optim.get("weight_decay_end")
+  if end is None:
+    return start
+  def schedule(count):
+    t = jnp.clip(jnp.asarray(count, jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+    return end + 0.5 * (start - end) * (1.0 + jnp.cos(jnp.pi * t))
+  return schedule
+
+
+# --- Clipping -------------------------------------------------------------------------------
+
+
+CLIP_MODES = ("global", "per_tensor")
+
+
+def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales each gradient tensor whose L2 norm exceeds max_norm down to max_norm (DINO's
+  per-parameter `clip_gradients`, there with the norm + 1e-6 in the divisor)."""
+  def clip(g, _):
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    return (g * jnp.minimum(1.0, max_norm / (norm + 1e-6))).astype(g.dtype)
+  return optax.stateless_with_tree_map(clip)
+
+
+def gradient_clip(optim) -> list[optax.GradientTransformation]:
+  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (default; one norm over all
+  gradients) or 'per_tensor' (each parameter tensor's gradient clipped to clip_norm)."""
+  mode = optim.get("clip_mode", "global")
+  if mode not in CLIP_MODES:
+    raise ValueError(f"optim.clip_mode={mode!r}: use one of {CLIP_MODES}")
+  if not (optim.clip_norm and optim.clip_norm > 0):
+    return []
+  if mode == "per_tensor":
+    return [clip_by_tensor_norm(optim.clip_norm)]
+  return [optax.clip_by_global_norm(optim.clip_norm)]
+
+
+# --- AdamW: one vector, parameter groups, a layer frozen at first -----------------------------
+
+
 def decay_mask(params) -> Any:
   """Weight decay on matrices only: not on biases, norms, LayerScale, tokens or position tables."""
   def keep(path, leaf):
     names = {getattr(p, "key", getattr(p, "name", "")) for p in path}
     return leaf.ndim >= 2 and not names & {"pos_embedding", "cls"}
   return jax.tree_util.tree_map_with_path(keep, params)
-
-
-def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
-  """Linear warm-up to `optim.lr`, then cosine decay to `optim.lr * optim.final_lr_fraction`."""
-  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=optim.lr, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1),
-      end_value=optim.lr * optim.get("final_lr_fraction", 0.0))
 
 
 class FlatAdamWState(NamedTuple):
@@ -84,86 +178,6 @@ def flat_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
   return optax.GradientTransformation(init, update)
 
 
-CLIP_MODES = ("global", "per_tensor")
-
-
-def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:
-  """optim.weight_decay, constant; or, when optim.weight_decay_end is set (not None), a cosine
-  from weight_decay at step 0 to weight_decay_end at total_steps (DINO: 0.04 -> 0.4)."""
-  start, end = optim.weight_decay, optim.get("weight_decay_end")
-  if end is None:
-    return start
-  def schedule(count):
-    t = jnp.clip(jnp.asarray(count, jnp.float32) / max(total_steps, 1), 0.0, 1.0)
-    return end + 0.5 * (start - end) * (1.0 + jnp.cos(jnp.pi * t))
-  return schedule
-
-
-def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
-  """Scales each gradient tensor whose L2 norm exceeds max_norm down to max_norm (DINO's
-  per-parameter `clip_gradients`, there with the norm + 1e-6 in the divisor)."""
-  def clip(g, _):
-    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
-    return (g * jnp.minimum(1.0, max_norm / (norm + 1e-6))).astype(g.dtype)
-  return optax.stateless_with_tree_map(clip)
-
-
-def gradient_clip(optim) -> list[optax.GradientTransformation]:
-  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (default; one norm over all
-  gradients) or 'per_tensor' (each parameter tensor's gradient clipped to clip_norm)."""
-  mode = optim.get("clip_mode", "global")
-  if mode not in CLIP_MODES:
-    raise ValueError(f"optim.clip_mode={mode!r}: use one of {CLIP_MODES}")
-  if not (optim.clip_norm and optim.clip_norm > 0):
-    return []
-  if mode == "per_tensor":
-    return [clip_by_tensor_norm(optim.clip_norm)]
-  return [optax.clip_by_global_norm(optim.clip_norm)]
-
-
-def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
-  """AdamW with warm-up + cosine, clipping (`gradient_clip`; clip_norm <= 0 disables it) and
-  weight decay constant or on a cosine (`weight_decay_schedule`).
-
-  optim.flatten (default False): the same update over one raveled parameter vector
-  (`flat_adamw`), faster on one CPU device; its optimizer state is not sharded. It clips
-  globally and keeps the weight decay constant.
-  """
-  schedule = learning_rate_schedule(optim, total_steps)
-  if optim.get("flatten", False):
-    if (optim.get("clip_mode", "global") != "global"
-        or optim.get("weight_decay_end") is not None):
-      raise ValueError("optim.flatten=True supports only clip_mode='global' and a constant "
-                       "weight decay (weight_decay_end=None); set optim.flatten=False")
-    return flat_adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
-                      clip_norm=optim.clip_norm)
-  return optax.chain(*gradient_clip(optim), optax.adamw(
-      schedule, b1=optim.b1, b2=optim.b2,
-      weight_decay=weight_decay_schedule(optim, total_steps), mask=decay_mask))
-
-
-# --- Language models: parameter groups, Muon ------------------------------------------------
-
-
-OPTIMIZERS = ("adamw", "muon")
-
-
-def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
-  """Linear warm-up to `peak` (default `optim.lr`), constant, then a linear warm-down over the
-  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction` (nanochat's
-  get_lr_multiplier: with warmup_steps=0 step 0 is already at the peak)."""
-  peak = optim.lr if peak is None else peak
-  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
-  warmdown = min(int(round(optim.warmdown_fraction * total_steps)), total_steps - warmup)
-  flat = total_steps - warmup - warmdown
-  final = peak * optim.final_lr_fraction
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
-       optax.constant_schedule(peak),
-       optax.linear_schedule(peak, final, max(warmdown, 1))],
-      boundaries=[warmup, warmup + flat])
-
-
 def _names(path) -> list[str]:
   """The dict keys of a tree path (a boxed nn.Partitioned leaf adds a `.value` attribute)."""
   return [str(p.key) for p in path if isinstance(p, jax.tree_util.DictKey)]
@@ -186,31 +200,105 @@ def scale_by_group(scales: dict[str, float]) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def lm_optimizer(optim, total_steps: int,
-                 width: int | None = None) -> optax.GradientTransformation:
-  """The LM optimiser named by `optim.name`: 'adamw' (default) or 'muon' (`muon_optimizer`;
-  needs `width`, the model's, for its learning-rate scaling).
-
-  'adamw': clipping (optim.clip_mode) + AdamW, with the embedding's and the unembedding's
-  learning rates scaled by `embed_lr_scale` / `unembed_lr_scale` (the embedding is followed by
-  an RMSNorm, so its scale is free and it needs a larger step; nanochat does the same) and
+def adamw_groups(optim, total_steps: int, lr: optax.Schedule) -> optax.GradientTransformation:
+  """AdamW with parameter groups (param_group): the embedding's and the unembedding's learning
+  rates scaled by `optim.embed_lr_scale` / `optim.unembed_lr_scale` (the embedding is followed
+  by an RMSNorm, so its scale is free and it needs a larger step; nanochat does the same) and
   weight decay (constant or cosine) on the other matrices only."""
-  name = optim.get("name", "adamw")
-  if name == "muon":
-    if width is None:
-      raise ValueError("optim.name='muon' scales its AdamW lrs by the model width: pass width")
-    return muon_optimizer(optim, total_steps, width)
-  if name != "adamw":
-    raise ValueError(f"optim.name={name!r}; the lm task knows {OPTIMIZERS}")
   mask = lambda params: jax.tree_util.tree_map_with_path(
       lambda p, keep: keep and param_group(p) != "embedding", decay_mask(params))
   parts = gradient_clip(optim)
   parts += [optax.scale_by_adam(b1=optim.b1, b2=optim.b2),
             optax.add_decayed_weights(weight_decay_schedule(optim, total_steps), mask=mask),
-            optax.scale_by_learning_rate(lr_schedule(optim, total_steps)),
+            optax.scale_by_learning_rate(lr),
             scale_by_group({"embedding": optim.embed_lr_scale,
                             "lm_head": optim.unembed_lr_scale, "matrix": 1.0})]
   return optax.chain(*parts)
+
+
+def is_last_layer(path) -> bool:
+  """Whether a parameter's tree path lies in the head's last (prototype) layer."""
+  names = [getattr(p, "key", getattr(p, "name", "")) for p in path]
+  return any(a == "head" and b == "last_layer" for a, b in zip(names, names[1:]))
+
+
+def freeze_first_steps(core: Callable[[int], optax.GradientTransformation], steps: int,
+                       frozen: Callable[[Any], bool] = is_last_layer
+                       ) -> optax.GradientTransformation:
+  """`core(0)` for every parameter but those whose tree path `frozen` accepts (default: the
+  DINO head's last layer); those get their own `core(steps)`, which makes no update and keeps
+  its state (moments and step count) untouched for the first `steps` updates: on unfreezing,
+  its bias correction starts at step 1 as in torch. core(offset) must shift its schedules by
+  offset, so that they follow the global step. (The DINO step also zeroes the frozen layer's
+  gradient, keeping it out of the clip.)"""
+  last = optax.transforms.conditionally_mask(core(steps), lambda count: count >= steps)
+  # A boxed (nn.Partitioned) parameter is one label, so that a masked-out one becomes a bare
+  # MaskedNode, not a box around one (the state's shardings come from the boxes).
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: "last" if frozen(path) else "rest", params,
+      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  return optax.multi_transform({"rest": core(0), "last": last}, labels)
+
+
+def _shifted(schedule: optax.ScalarOrSchedule, offset: int) -> optax.ScalarOrSchedule:
+  """schedule(count + offset) (a constant stays itself)."""
+  if not offset or not callable(schedule):
+    return schedule
+  return lambda count: schedule(count + offset)
+
+
+def _has_groups(optim) -> bool:
+  return optim.get("embed_lr_scale") is not None or optim.get("unembed_lr_scale") is not None
+
+
+def adamw(optim, total_steps: int, *, width: int | None = None,
+          freeze_last_layer_steps: int | None = None):
+  """optim.name 'adamw' -> (tx, lr schedule): clipping (gradient_clip), then AdamW on
+  lr_schedule with weight decay constant or on a cosine (weight_decay_schedule), on matrices
+  only (decay_mask). With optim.embed_lr_scale / unembed_lr_scale: adamw_groups. With
+  optim.flatten: flat_adamw (one raveled vector, faster on one CPU device; its optimizer state
+  is not sharded; global clipping and a constant weight decay only). With
+  freeze_last_layer_steps (an int, 0 included): the head's last layer frozen for that many
+  steps (freeze_first_steps). `width` is not used."""
+  del width
+  lr = lr_schedule(optim, total_steps)
+  wd = weight_decay_schedule(optim, total_steps)
+  if optim.get("flatten", False):
+    if freeze_last_layer_steps is not None:
+      raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
+                       "apart and cannot flatten; set optim.flatten=False")
+    return flat_adamw(lr, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
+                      clip_norm=optim.clip_norm), lr
+  if _has_groups(optim):
+    if freeze_last_layer_steps is not None:
+      raise ValueError("optim.embed_lr_scale / unembed_lr_scale (parameter groups) cannot "
+                       "be combined with a frozen last layer (the DINO task)")
+    return adamw_groups(optim, total_steps, lr), lr
+
+  def core(offset: int) -> optax.GradientTransformation:
+    return optax.adamw(_shifted(lr, offset), b1=optim.b1, b2=optim.b2,
+                       weight_decay=_shifted(wd, offset), mask=decay_mask)
+
+  body = (core(0) if freeze_last_layer_steps is None
+          else freeze_first_steps(core, freeze_last_layer_steps))
+  return optax.chain(*gradient_clip(optim), body), lr
+
+
+def _check_adamw(optim) -> None:
+  if optim.get("flatten", False) and (optim.get("clip_mode", "global") != "global"
+                                      or optim.get("weight_decay_end") is not None
+                                      or _has_groups(optim)):
+    raise ValueError("optim.flatten=True supports only clip_mode='global', a constant weight "
+                     "decay (weight_decay_end=None) and no parameter groups; set "
+                     "optim.flatten=False")
+  if _has_groups(optim):
+    for key in ("embed_lr_scale", "unembed_lr_scale"):
+      value = optim.get(key)
+      if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"optim.{key}={value} must be a finite positive number")
+
+
+# --- Muon (nanochat) ------------------------------------------------------------------------
 
 
 def muon_group(path, leaf) -> str:
@@ -288,7 +376,7 @@ def muon_momentum(optim) -> optax.Schedule:
 def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransformation:
   """nanochat's optimiser: clipping (optim.clip_mode), then Muon for the hidden matrices and AdamW
   for the embedding, the unembedding and vectors / scalars (muon_group), each group at its own
-  peak lr (muon_lrs) under one lr_schedule shape (warm-up, constant, linear warm-down).
+  peak lr (muon_lrs) under one lr_schedule shape (nanochat's: 'warmdown').
 
   Muon = optax.contrib.scale_by_muon (Nesterov momentum, 5 quintic Newton-Schulz steps on the
   Frobenius-normalised momentum, per layer for scanned blocks: muon_dimension_numbers), then
@@ -305,52 +393,101 @@ def muon_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransfo
     return optax.contrib.scale_by_muon(beta=beta, ns_steps=int(m.ns_steps),
                                        weight_dimension_numbers=muon_dimension_numbers)
 
-  def adamw(group):
+  def adamw_group(group):
     return optax.adamw(lr_schedule(optim, total_steps, lrs[group]), b1=m.adam_b1, b2=m.adam_b2,
                        eps=m.adam_eps, weight_decay=weight_decay_schedule(optim, total_steps))
 
-  muon = optax.chain(optax.inject_hyperparams(scale_by_muon)(beta=muon_momentum(optim)),
-                     scale_by_fan_ratio(),
-                     optax.scale_by_learning_rate(lr_schedule(optim, total_steps, lrs["matrix"])))
+  matrices = optax.chain(
+      optax.inject_hyperparams(scale_by_muon)(beta=muon_momentum(optim)), scale_by_fan_ratio(),
+      optax.scale_by_learning_rate(lr_schedule(optim, total_steps, lrs["matrix"])))
   parts = gradient_clip(optim)
-  parts.append(optax.partition({"matrix": muon, "embedding": adamw("embedding"),
-                                "lm_head": adamw("lm_head"), "scalar": adamw("scalar")},
-                               muon_labels))
+  parts.append(optax.partition({"matrix": matrices, "embedding": adamw_group("embedding"),
+                                "lm_head": adamw_group("lm_head"),
+                                "scalar": adamw_group("scalar")}, muon_labels))
   return optax.chain(*parts)
 
 
-# --- DINO: the last layer frozen at first -----------------------------------------------------
+def muon(optim, total_steps: int, *, width: int | None = None,
+         freeze_last_layer_steps: int | None = None):
+  """optim.name 'muon' -> (muon_optimizer, the logged lr: Muon's matrix lr on lr_schedule)."""
+  if freeze_last_layer_steps is not None:
+    raise ValueError("optim.name='muon' cannot freeze the last layer (the DINO task): use "
+                     "optim.name='adamw'")
+  if width is None:
+    raise ValueError("optim.name='muon' scales its AdamW lrs by the model width: pass width "
+                     "(the lm task does)")
+  return (muon_optimizer(optim, total_steps, width),
+          lr_schedule(optim, total_steps, muon_lrs(optim, width)["matrix"]))
 
 
-def is_last_layer(path) -> bool:
-  """Whether a parameter's tree path lies in the head's last (prototype) layer."""
-  names = [getattr(p, "key", getattr(p, "name", "")) for p in path]
-  return any(a == "head" and b == "last_layer" for a, b in zip(names, names[1:]))
+def _check_muon(optim) -> None:
+  m = optim.get("muon")
+  if m is None:
+    raise ValueError("optim.name='muon' needs an optim.muon section (configs/lm_tiny.py "
+                     "muon_section)")
+  for key in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "width_reference",
+              "adam_eps"):
+    if not (math.isfinite(m[key]) and m[key] > 0):
+      raise ValueError(f"optim.muon.{key}={m[key]} must be a finite positive number")
+  for key in ("momentum_start", "momentum", "adam_b1", "adam_b2"):
+    if not 0.0 <= m[key] < 1.0:
+      raise ValueError(f"optim.muon.{key}={m[key]} must be in [0, 1)")
+  if m.ns_steps < 1 or m.momentum_warmup_steps < 0:
+    raise ValueError(f"optim.muon.ns_steps={m.ns_steps} must be >= 1 and "
+                     f"optim.muon.momentum_warmup_steps={m.momentum_warmup_steps} >= 0")
 
 
-def dino_optimizer(optim, total_steps: int, freeze_steps: int) -> optax.GradientTransformation:
-  """Clipping (gradient_clip), then AdamW (warm-up + cosine learning rate,
-  weight decay constant or cosine) with the head's last layer under its own AdamW, which makes
-  no update and keeps its state (moments and step count) untouched for the first freeze_steps
-  updates: on unfreezing, its bias correction starts at step 1 as in torch. Its learning rate
-  and weight decay schedules are shifted by freeze_steps, so they follow the global step."""
-  if optim.get("flatten", False):
-    raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
-                     "apart and cannot flatten; set optim.flatten=False")
-  lr = learning_rate_schedule(optim, total_steps)
-  wd = weight_decay_schedule(optim, total_steps)
+# --- The registry ---------------------------------------------------------------------------
 
-  def adamw(offset: int) -> optax.GradientTransformation:
-    shift = lambda f: (lambda count: f(count + offset)) if callable(f) else f
-    return optax.adamw(shift(lr), b1=optim.b1, b2=optim.b2, weight_decay=shift(wd),
-                       mask=decay_mask)
 
-  last = optax.transforms.conditionally_mask(adamw(freeze_steps),
-                                             lambda count: count >= freeze_steps)
-  # A boxed (nn.Partitioned) parameter is one label, so that a masked-out one becomes a bare
-  # MaskedNode, not a box around one (the state's shardings come from the boxes).
-  labels = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: "last" if is_last_layer(path) else "rest", params,
-      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
-  return optax.chain(*gradient_clip(optim),
-                     optax.multi_transform({"rest": adamw(0), "last": last}, labels))
+class Optimizer(NamedTuple):
+  """build(optim, total_steps, *, width, freeze_last_layer_steps) -> (tx, lr schedule);
+  check(optim) raises a one-line ValueError for values the builder cannot use."""
+  build: Callable[..., tuple[optax.GradientTransformation, optax.Schedule]]
+  check: Callable[[Any], None]
+
+
+OPTIMIZERS: dict[str, Optimizer] = {
+    "adamw": Optimizer(adamw, _check_adamw),
+    "muon": Optimizer(muon, _check_muon),
+}
+
+
+def check(optim) -> None:
+  """One-line ValueErrors for a bad optim section: names (optim.name, optim.schedule,
+  optim.clip_mode), the shared numbers, then the optimiser's own values."""
+  name = optim.get("name", "adamw")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optim.name={name!r}: use one of {tuple(OPTIMIZERS)}")
+  schedule = optim.get("schedule", "cosine")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"optim.schedule={schedule!r}: use one of {tuple(SCHEDULES)}")
+  if optim.get("clip_mode", "global") not in CLIP_MODES:
+    raise ValueError(f"optim.clip_mode={optim.clip_mode!r}: use one of {CLIP_MODES}")
+  for key in ("lr", "weight_decay", "weight_decay_end", "warmup_steps", "final_lr_fraction",
+              "clip_norm"):
+    value = optim.get(key)
+    if value is None:
+      continue
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
+        key == "lr" and value == 0):
+      raise ValueError(f"optim.{key}={value} must be a finite "
+                       f"{'positive' if key == 'lr' else 'non-negative'} number")
+  if schedule == "warmdown" and not 0.0 <= optim.get("warmdown_fraction", -1.0) <= 1.0:
+    raise ValueError(f"optim.warmdown_fraction={optim.get('warmdown_fraction')} must be in "
+                     "[0, 1] (optim.schedule='warmdown')")
+  OPTIMIZERS[name].check(optim)
+
+
+def make(optim, total_steps: int, *, width: int | None = None,
+         freeze_last_layer_steps: int | None = None
+         ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(tx, the learning-rate schedule to log) of the optimiser optim.name names (default
+  'adamw'), after check(optim).
+
+  What only the task knows: width (the model's, for Muon's lr scaling; ignored by 'adamw')
+  and freeze_last_layer_steps (DINO: the head's last layer frozen for that many steps; None:
+  no layer kept apart; only 'adamw' honours it)."""
+  check(optim)
+  return OPTIMIZERS[optim.get("name", "adamw")].build(
+      optim, total_steps, width=width, freeze_last_layer_steps=freeze_last_layer_steps)

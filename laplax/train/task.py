@@ -15,7 +15,8 @@ asked, in this order:
   abstract_batch(B)          the step's batch as ShapeDtypeStructs (train.py --aot; no data)
   init_extra(params)         task state next to the parameters (DINO: teacher, centre)
   total_steps()              from config.total_steps or the data size
-  optimizer(total_steps)     (optax transformation, learning-rate schedule)
+  optimizer(total_steps)     (optax transformation, learning-rate schedule):
+                             laplax.train.optim.make by optim.name
   make_step(model, tx, n)    step(state, batch) -> (state, metrics) (default: loss_fn +
                              laplax.train.steps.make_train_step)
   train_iterator()           a checkpointable grain iterator of host batches
@@ -88,8 +89,10 @@ class Task(abc.ABC):
     """One-line ValueErrors for bad values, before the workdir is touched.
 
     The checks every task shares: batch sizes against the data-parallel devices (dp), hosts
-    and gradient accumulation; finite positive learning rate; steps, logging and evaluation
-    intervals; the model config (build_model must not fail later)."""
+    and gradient accumulation; the optim section (laplax.train.optim.check: a known optim.name
+    and schedule, finite learning rates); steps, logging and evaluation intervals; the model
+    config (build_model must not fail later) and the optimiser (optimizer must not either: it
+    may not need the data)."""
     c = self.config
     accum = c.optim.get("grad_accum_steps", 1)
     if not isinstance(accum, int) or accum < 1:
@@ -102,18 +105,7 @@ class Task(abc.ABC):
       raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
     if c.data.get("eval_batch_size", 1) <= 0:
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must be positive")
-    if c.optim.get("clip_mode", "global") not in optim_lib.CLIP_MODES:
-      raise ValueError(f"optim.clip_mode={c.optim.clip_mode!r}: use one of "
-                       f"{optim_lib.CLIP_MODES}")
-    for key in ("lr", "weight_decay", "weight_decay_end", "warmup_steps", "final_lr_fraction",
-                "clip_norm"):
-      value = c.optim.get(key)
-      if value is None:
-        continue
-      if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
-          key == "lr" and value == 0):
-        raise ValueError(f"optim.{key}={value} must be a finite "
-                         f"{'positive' if key == 'lr' else 'non-negative'} number")
+    optim_lib.check(c.optim)  # optim.name, optim.schedule and their values
     if c.get("total_steps", 0) < 0:
       raise ValueError(f"total_steps={c.total_steps} must be >= 0")
     if "num_epochs" in c and not (c.num_epochs > 0 and math.isfinite(c.num_epochs)):
@@ -131,6 +123,9 @@ class Task(abc.ABC):
       if c.data.get(key, 0) < 0:
         raise ValueError(f"data.{key}={c.data[key]} must be >= 0 (0: all)")
     self.build_model()
+    # Built once (optax closures, no arrays): an optimiser that cannot serve this task (Muon
+    # without the model width, a frozen layer it cannot keep apart) fails here too.
+    self.optimizer(max(int(c.get("total_steps", 0) or 1), 1))
 
   # --- Data and model ------------------------------------------------------------------------
 
@@ -182,9 +177,9 @@ class Task(abc.ABC):
     """Optimiser steps of the whole run."""
 
   def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(tx, learning-rate schedule); default AdamW + warm-up/cosine (laplax.train.optim)."""
-    return (optim_lib.make_optimizer(self.config.optim, total_steps),
-            optim_lib.learning_rate_schedule(self.config.optim, total_steps))
+    """(tx, learning-rate schedule to log): the optimiser config.optim.name names
+    (laplax.train.optim.make); a task overrides this only to pass what it alone knows."""
+    return optim_lib.make(self.config.optim, total_steps)
 
   def loss_fn(self, model: nn.Module) -> steps_lib.LossFn:
     """loss_fn(params, batch, rng) -> (loss, metrics) for the default make_step."""
