@@ -153,7 +153,7 @@ def test_grad_accumulation_equals_one_big_batch():
     ("--config.data.augmnt=crop", "augmnt"),
     ("--config.data.source_dir=/nonexistent/fmnist", "/nonexistent/fmnist"),
     ("--config.data.augment=rotate", "data.augment='rotate'"),
-    ("--config.log_every=0", "log_every=0 must be >= 1"),
+    ("--config.log_every=0", "log_every=0 must be an integer >= 1"),
     ("--config.optim.grad_accum_steps=0", "optim.grad_accum_steps=0"),
     ("--config.model.patch_size=0", "model.patch_size=0"),
     ("--config.model.dtype=float17", "model.dtype='float17' is not a dtype"),

@@ -59,8 +59,10 @@ class Accuracy(Evaluator):
       size = min(task.config.data.eval_batch_size, min(n, cap) if cap else n)
       batches = task.eval_stream(split, accuracy.host_batch_size(size, mesh))
       return accuracy.evaluate_batches(self._eval_fn, params, batches, mesh=mesh, rules=rules)
-    return accuracy.evaluate(self._eval_fn, params, *task.data[split],
-                             batch_size=task.config.data.eval_batch_size,
+    images, labels = task.data[split]
+    # No batch larger than the split: data.eval_batch_size=10**6 is not a 730 GiB allocation.
+    return accuracy.evaluate(self._eval_fn, params, images, labels,
+                             batch_size=min(task.config.data.eval_batch_size, len(labels)),
                              info=task.data["info"], mesh=mesh, rules=rules)
 
   def summary(self, result) -> str:

@@ -61,6 +61,7 @@ def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int,
   padded, and padded rows are dropped from the (replicated) features."""
   labels = np.zeros(len(images), np.int32)
   multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
+  batch_size = min(batch_size, max(len(images), 1))  # never a batch of mostly padding
   global_batch = -(-batch_size // multiple) * multiple
   block, rows = sharding.host_block(mesh, global_batch)
   out: dict[str, list[np.ndarray]] = {k: [] for k in keys}

@@ -55,16 +55,14 @@ class LanguageModelTask(Task):
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
+    super().validate(dp, hosts)  # ranges first: the rules below compare numbers
     # The global eval batch is split over hosts, then over all data-parallel devices (a pod's
     # hosts hold disjoint devices: lcm, not the product).
     if c.data.eval_batch_size % math.lcm(dp, hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
-    if c.data.seq_len < 2:
-      raise ValueError(f"data.seq_len={c.data.seq_len} must be >= 2")
     if c.total_steps < 1:
       raise ValueError(f"total_steps={c.total_steps} must be >= 1")
-    super().validate(dp, hosts)
 
   def load_data(self, workdir, log) -> None:
     t0 = time.time()

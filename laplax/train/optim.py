@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from laplax.train import ranges
+
 
 # --- Schedules ------------------------------------------------------------------------------
 
@@ -291,11 +293,6 @@ def _check_adamw(optim) -> None:
     raise ValueError("optim.flatten=True supports only clip_mode='global', a constant weight "
                      "decay (weight_decay_end=None) and no parameter groups; set "
                      "optim.flatten=False")
-  if _has_groups(optim):
-    for key in ("embed_lr_scale", "unembed_lr_scale"):
-      value = optim.get(key)
-      if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"optim.{key}={value} must be a finite positive number")
 
 
 # --- Muon (nanochat) ------------------------------------------------------------------------
@@ -464,18 +461,9 @@ def check(optim) -> None:
     raise ValueError(f"optim.schedule={schedule!r}: use one of {tuple(SCHEDULES)}")
   if optim.get("clip_mode", "global") not in CLIP_MODES:
     raise ValueError(f"optim.clip_mode={optim.clip_mode!r}: use one of {CLIP_MODES}")
-  for key in ("lr", "weight_decay", "weight_decay_end", "warmup_steps", "final_lr_fraction",
-              "clip_norm"):
-    value = optim.get(key)
-    if value is None:
-      continue
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
-        key == "lr" and value == 0):
-      raise ValueError(f"optim.{key}={value} must be a finite "
-                       f"{'positive' if key == 'lr' else 'non-negative'} number")
-  if schedule == "warmdown" and not 0.0 <= optim.get("warmdown_fraction", -1.0) <= 1.0:
-    raise ValueError(f"optim.warmdown_fraction={optim.get('warmdown_fraction')} must be in "
-                     "[0, 1] (optim.schedule='warmdown')")
+  ranges.check(optim, "optim")  # every number's range (laplax.train.ranges.RANGES)
+  if schedule == "warmdown" and "warmdown_fraction" not in optim:
+    raise ValueError("optim.schedule='warmdown' needs optim.warmdown_fraction (in [0, 1])")
   OPTIMIZERS[name].check(optim)
 
 

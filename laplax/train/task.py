@@ -32,7 +32,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-import math
 import pathlib
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -44,6 +43,7 @@ import optax
 
 from laplax import heads as heads_lib
 from laplax.train import optim as optim_lib
+from laplax.train import ranges
 from laplax.train import steps as steps_lib
 
 Log = Callable[[str], None]
@@ -94,34 +94,18 @@ class Task(abc.ABC):
     config (build_model must not fail later) and the optimiser (optimizer must not either: it
     may not need the data)."""
     c = self.config
-    accum = c.optim.get("grad_accum_steps", 1)
-    if not isinstance(accum, int) or accum < 1:
-      raise ValueError(f"optim.grad_accum_steps={accum} must be an integer >= 1")
+    for old, now in _GONE.items():
+      if old in c:
+        raise ValueError(f"config.{old} is gone: {now}")
+    ranges.check(c)  # every numeric field's range (laplax.train.ranges.RANGES)
+    accum = int(c.optim.get("grad_accum_steps", 1))
     bs = c.data.batch_size
     if bs <= 0 or bs % (dp * accum):
       raise ValueError(f"data.batch_size={bs} must be a positive multiple of data-parallel "
                        f"devices ({dp}) x optim.grad_accum_steps ({accum})")
     if bs % hosts:
       raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
-    if c.data.get("eval_batch_size", 1) <= 0:
-      raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must be positive")
-    optim_lib.check(c.optim)  # optim.name, optim.schedule and their values
-    if c.get("total_steps", 0) < 0:
-      raise ValueError(f"total_steps={c.total_steps} must be >= 0")
-    if "num_epochs" in c and not (c.num_epochs > 0 and math.isfinite(c.num_epochs)):
-      raise ValueError(f"num_epochs={c.num_epochs} must be positive")
-    if c.get("log_every", 1) < 1:
-      raise ValueError(f"log_every={c.log_every} must be >= 1")
-    for old, now in _GONE.items():
-      if old in c:
-        raise ValueError(f"config.{old} is gone: {now}")
-    ck = c.get("checkpoint")
-    if ck is not None and (ck.every_steps < 1 or ck.keep < 1):
-      raise ValueError(f"checkpoint.every_steps={ck.every_steps} and checkpoint.keep={ck.keep} "
-                       "must be >= 1")
-    for key in ("train_subset", "eval_subset"):
-      if c.data.get(key, 0) < 0:
-        raise ValueError(f"data.{key}={c.data[key]} must be >= 0 (0: all)")
+    optim_lib.check(c.optim)  # optim.name, optim.schedule and the optimiser's own rules
     self.build_model()
     # Built once (optax closures, no arrays): an optimiser that cannot serve this task (Muon
     # without the model width, a frozen layer it cannot keep apart) fails here too.
