@@ -9,7 +9,7 @@ ArrayRecord index, so host memory does not grow with the data set.
 Training stream (`train_dataset`): the same global stream as the in-memory pipeline
 (`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
 are concatenated and cut into global batches of `batch_size * process_count`; host p reads only
-its contiguous block of each global batch (`pipeline.HostBlock`). The per-record augmentation is
+its contiguous block of each global batch (`grain_utils.HostBlock`). The per-record augmentation is
 drawn from (seed, position in the global stream), so it does not depend on the number of hosts,
 worker processes or threads, and a restored iterator continues the stream exactly.
 
@@ -29,7 +29,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from laplax.data import augment, pipeline
+from laplax.data import augment, grain_utils
 from laplax.data.builders import DataError
 
 RecordOp = Callable[[np.ndarray, np.random.Generator], np.ndarray]
@@ -212,20 +212,6 @@ def check_train_options(*, image_size: int, crop: str, scale: Sequence[float],
   _check_ops(ops)
 
 
-def _iterate(ds: grain.MapDataset, num_workers: int, num_threads: int, prefetch: int):
-  """MapDataset of batches -> IterDataset; worker processes each make whole batches (worker
-  i takes batches i, i + W, ...), so the stream does not depend on the number of workers."""
-  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
-                                            prefetch_buffer_size=prefetch))
-  if num_workers > 0:
-    from absl import flags
-    if not flags.FLAGS.is_parsed():  # grain reads its absl flags (notebooks, tests: unparsed)
-      flags.FLAGS.mark_as_parsed()
-    it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
-        num_workers=num_workers, per_worker_buffer_size=prefetch))
-  return it
-
-
 def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: str = 'rrc',
                   scale: Sequence[float] = (0.08, 1.0),
                   ratio: Sequence[float] = (3 / 4, 4 / 3), ops: Sequence[str] = ('flip',),
@@ -252,25 +238,17 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: 
     get_state()/set_state() resume exactly.
   """
   check_train_options(image_size=image_size, crop=crop, scale=scale, ratio=ratio, ops=ops)
-  pipeline._check_seed(seed)
-  pipeline._check_hosts(process_index, process_count)
-  records = _subset(source, limit)
-  n, global_batch = len(records), batch_size * process_count
-  if batch_size < 1 or global_batch > n:
-    raise ValueError(f'batch_size={batch_size} x process_count={process_count} must be in '
-                     f'[1, {n}] (the number of training examples)')
-  if num_epochs is not None and num_epochs < 1:
-    raise ValueError(f'num_epochs={num_epochs} must be None (forever) or >= 1')
-  ds = records.shuffle(pipeline._derive_seed(seed, pipeline._SHUFFLE_STREAM)).repeat(num_epochs)
-  if num_epochs is not None:
-    ds = ds[:len(ds) // global_batch * global_batch]  # Every host gets the same step count.
+  grain_utils.check_seed(seed)
+  grain_utils.check_hosts(process_index, process_count)
+  ds = grain_utils.epochs(_subset(source, limit), seed=seed, batch_size=batch_size,
+                          process_count=process_count, num_epochs=num_epochs)
   # Indices of the random map are global stream positions: augmentation independent of hosts.
   ds = ds.random_map(TrainTransform(size=image_size, crop=crop, scale=tuple(scale),
                                     ratio=tuple(ratio), ops=tuple(ops)),
-                     seed=pipeline._derive_seed(seed, pipeline._AUGMENT_STREAM))
-  ds = pipeline.HostBlock(ds, batch_size, process_index, process_count)
-  ds = ds.batch(batch_size, drop_remainder=True)
-  return _iterate(ds, num_workers, num_threads, prefetch)
+                     seed=grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM))
+  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
+  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
+                             prefetch=prefetch)
 
 
 def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_index: int = 0,
@@ -284,24 +262,16 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
     grain.IterDataset of {'image': uint8 (B, crop, crop, 3), 'label': int32 (B,), 'mask': bool
     (B,)}; padded entries are zero images, label 0, mask False.
   """
-  pipeline._check_hosts(process_index, process_count)
   if not 0 < crop <= resize:
     raise ValueError(f'eval crop={crop} must be in [1, resize={resize}]')
   records = _subset(source, limit)
   n = len(records)
-  if batch_size < 1 or n == 0:
-    raise ValueError(f'batch_size={batch_size} must be >= 1 and the {n} records non-empty')
-  global_batch = batch_size * process_count
-  num_batches = -(-n // global_batch)
-
-  def fetch(i: int):
-    j, k = divmod(i, batch_size)
-    position = j * global_batch + process_index * batch_size + k
-    return records[position] if position < n else {}  # grain drops None elements
-
-  ds = grain.MapDataset.range(num_batches * batch_size).map(fetch)
+  # grain drops None elements: padding is the empty record.
+  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  ds = ds.map(lambda position: records[position] if position < n else {})
   ds = ds.map(EvalTransform(resize=resize, crop=crop)).batch(batch_size)
-  return _iterate(ds, num_workers, num_threads, prefetch)
+  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
+                             prefetch=prefetch)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import numpy as np
 from etils import epath
 
 from laplax.data import cache as cache_lib
-from laplax.data import pipeline
+from laplax.data import grain_utils
 from laplax.data.builders import DataError
 from laplax.data.tokenizer import BOS, SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer, as_path
 
@@ -61,30 +61,14 @@ RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 # data folders hold SOURCES.md).
 DEFAULT_SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
 TEXT_FIELD = "text"
-_SHUFFLE_STREAM = 3  # laplax.data.pipeline uses streams 0-2 of the seed
 # Part of every cache key: bump it when tokenising or splitting changes, so that old caches
 # are not reused.
 CACHE_VERSION = 4
 META = "meta.json"  # written last: the completion marker of a token directory
 
 
-def _derive_seed(seed: int, stream: int) -> int:
-  return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
-
-
 def _is_remote(path) -> bool:
   return "://" in str(path)
-
-
-def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-  if process_index is None or process_count is None:
-    import jax
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-  if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} must be in [0, process_count="
-                     f"{process_count})")
-  return process_index, process_count
 
 
 def _wait_for(path: epath.Path, what: str, timeout_s: float, poll_s: float = 1.0) -> None:
@@ -289,7 +273,7 @@ def tokenize_corpus(paths: Sequence[epath.Path], tokenizer: Tokenizer, cache_dir
   temporary directory that is then renamed; on gs:// in place, meta.json last); the others wait
   up to timeout_s for meta.json. Returns that directory.
   """
-  process_index, _ = _hosts(process_index, process_count)
+  process_index, _ = grain_utils.hosts(process_index, process_count)
   key = hashlib.sha256(f"{CACHE_VERSION}|{tokenizer.fingerprint()}|"
                        f"{_sources_fingerprint(paths)}|{val_fraction}|{shard_tokens}"
                        .encode()).hexdigest()[:16]
@@ -428,10 +412,6 @@ class TokenShards:
     return out
 
 
-def _read_options(num_threads: int, prefetch: int) -> grain.ReadOptions:
-  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
-
-
 def train_dataset(shards: TokenShards, *, batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1, num_threads: int = 1,
                   prefetch: int = 2) -> grain.IterDataset:
@@ -439,22 +419,19 @@ def train_dataset(shards: TokenShards, *, batch_size: int, seed: int, process_in
 
   Epoch e is a fresh seeded permutation of all windows; epochs are concatenated and cut into
   global batches of batch_size * process_count windows; host p takes its contiguous block of
-  each (`pipeline.HostBlock`: the rows its devices hold, so the global batch does not depend on
-  the number of hosts)
-  `iter()` gives a grain DatasetIterator whose get_state()/set_state() resume exactly.
+  each (`grain_utils.HostBlock`: the rows its devices hold, so the global batch does not depend
+  on the number of hosts). `iter()` gives a grain DatasetIterator whose get_state()/set_state()
+  resume exactly.
   """
-  if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} must be in [0, process_count="
-                     f"{process_count})")
-  if batch_size < 1 or batch_size * process_count > shards.num_windows:
-    raise ValueError(f"batch_size={batch_size} x {process_count} hosts must be in [1, "
-                     f"{shards.num_windows}] (windows of {shards.seq_len + 1} tokens in the "
-                     "training split): use more text or a smaller batch / seq_len")
-  ds = grain.MapDataset.range(shards.num_windows).shuffle(_derive_seed(seed, _SHUFFLE_STREAM))
-  ds = pipeline.HostBlock(ds.repeat(None), batch_size, process_index, process_count)
-  ds = ds.batch(batch_size, drop_remainder=True)
+  grain_utils.check_hosts(process_index, process_count)
+  ds = grain_utils.epochs(
+      grain.MapDataset.range(shards.num_windows), seed=seed, batch_size=batch_size,
+      process_count=process_count, stream=grain_utils.TEXT_SHUFFLE_STREAM,
+      unit=f"windows of {shards.seq_len + 1} tokens in the training split: use more text or a "
+      "smaller batch / seq_len")
+  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
   ds = ds.map(lambda idx: {"tokens": shards.windows(idx)})
-  return ds.to_iter_dataset(_read_options(num_threads, prefetch))
+  return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
 
 
 def eval_batches(shards: TokenShards, *, batch_size: int, max_windows: int = 0,
@@ -466,19 +443,15 @@ def eval_batches(shards: TokenShards, *, batch_size: int, max_windows: int = 0,
   if n == 0:
     raise DataError("the validation split holds no complete window: raise data.val_fraction "
                     "or lower data.seq_len")
-  if batch_size < 1:
-    raise ValueError(f"batch_size={batch_size} must be >= 1")
-  global_batch = batch_size * process_count
 
-  def make_batch(j: int) -> dict[str, np.ndarray]:
-    positions = j * global_batch + process_index * batch_size + np.arange(batch_size)
-    mask = positions < n
-    tokens = shards.windows(np.minimum(positions, n - 1))
+  def make_batch(positions: np.ndarray) -> dict[str, np.ndarray]:
+    indices, mask = grain_utils.padded(positions, n)
+    tokens = shards.windows(indices)
     tokens[~mask] = 0
     return {"tokens": tokens, "mask": mask}
 
-  ds = grain.MapDataset.range(-(-n // global_batch)).map(make_batch)
-  return ds.to_iter_dataset(_read_options(1, 2))
+  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  return grain_utils.to_iter(ds.batch(batch_size).map(make_batch))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -526,7 +499,7 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   Process 0 (default: jax.process_index()) trains and writes; the others wait for its files in
   cache_dir, which must be shared by all hosts.
   """
-  process_index, process_count = _hosts(process_index, process_count)
+  process_index, process_count = grain_utils.hosts(process_index, process_count)
   log = log or (lambda *_: None)
   suffixes = tuple(data_config.get("suffixes") or DEFAULT_SUFFIXES)
   paths = list_documents(resolve_sources(data_config), suffixes=suffixes)
