@@ -9,9 +9,9 @@ Training stream (`train_dataset`): epoch e is a fresh permutation of all N examp
 `shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
 `batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
 skipped except the final remainder of a finite run. Host p takes the contiguous block p of each
-global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step sees is the
-same for any number of hosts, row for row (per-row randomness on the device, such as Mixup
-partners or DINO's crops, then does not depend on it either). Augmentation is drawn per global
+global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step
+sees is the same for any number of hosts, row for row (per-row randomness on the device, such as
+Mixup partners or DINO's crops, then does not depend on it either). Augmentation is drawn per global
 batch from (seed, step) (per-image augmentations: from (seed, step, position in the global
 batch)), so it does not depend on the number of hosts and a restored iterator reproduces it
 exactly. The per-image DeiT-III augmentations

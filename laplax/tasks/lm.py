@@ -21,7 +21,9 @@ import numpy as np
 import optax
 
 from laplax import flops as flops_lib
-from laplax.data import text
+from laplax.data.text import pipeline as text_pipeline
+from laplax.data.text import preparation, shards
+from laplax.data.tokenizer import Tokenizer
 from laplax.evals import bpb as bpb_lib
 from laplax.evals import lm_tasks
 from laplax.geometry import lm as lm_geometry
@@ -57,7 +59,7 @@ class LanguageModelTask(Task):
   unit = "tokens"
   study_section = "laplax.study.lm"
 
-  tokenizer: text.BPETokenizer | None = None
+  tokenizer: Tokenizer | None = None
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
@@ -98,19 +100,20 @@ class LanguageModelTask(Task):
     # (the others, run after it, would delete what it just wrote).
     if jax.process_index() == 0 and not (workdir / "config.json").exists():
       (workdir / "tokenizer.json").unlink(missing_ok=True)
-    self.tokenizer, token_dir = text.prepare(self.config.data, text_cache_dir(self.config.data),
-                                             tokenizer_path=workdir / "tokenizer.json", log=log)
-    self.corpus = text.describe_corpus(token_dir)
+    self.tokenizer, token_dir = preparation.prepare(
+        self.config.data, text_cache_dir(self.config.data),
+        tokenizer_path=workdir / "tokenizer.json", log=log)
+    self.corpus = shards.describe_corpus(token_dir)
     log(f"data: {self.corpus['documents']} documents, {self.corpus['tokens']['train']:,} train"
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")
-    self.train_shards = text.TokenShards(token_dir, "train", self.config.data.seq_len)
-    self.val_shards = text.TokenShards(token_dir, "val", self.config.data.seq_len)
+    self.train_shards = shards.TokenShards(token_dir, "train", self.config.data.seq_len)
+    self.val_shards = shards.TokenShards(token_dir, "val", self.config.data.seq_len)
 
   def load_assets(self, workdir: pathlib.Path) -> None:
     path = workdir / "tokenizer.json"
     if not path.exists():
       raise FileNotFoundError(f"{path} is missing: is {workdir} an lm training run?")
-    self.tokenizer = text.BPETokenizer.load(path)
+    self.tokenizer = Tokenizer.load(path)
 
   def build_model(self) -> gpt.GPT:
     vocab = self.tokenizer.vocab_size if self.tokenizer else self.config.data.vocab_size
@@ -177,7 +180,7 @@ class LanguageModelTask(Task):
     return loss_fn
 
   def train_iterator(self, process_index: int, process_count: int):
-    return iter(text.train_dataset(
+    return iter(text_pipeline.train_dataset(
         self.train_shards, batch_size=self.config.data.batch_size // process_count,
         seed=self.config.seed, process_index=process_index, process_count=process_count))
 
@@ -189,9 +192,10 @@ class LanguageModelTask(Task):
 
   def _val_batches(self):
     hosts = jax.process_count()
-    return text.eval_batches(self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
-                             max_windows=self.config.data.eval_windows,
-                             process_index=jax.process_index(), process_count=hosts)
+    return text_pipeline.eval_batches(
+        self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
+        max_windows=self.config.data.eval_windows, process_index=jax.process_index(),
+        process_count=hosts)
 
   def evaluate(self, model, state, *, mesh, rules) -> dict[str, float]:
     key = (id(model), id(mesh))
@@ -238,11 +242,11 @@ class LanguageModelTask(Task):
                                            generate_fn=generate_fn, limit=options.limit, log=log)
     out.mkdir(parents=True, exist_ok=True)
     if options.analyze:
-      _, token_dir = text.prepare(run.config.data, text_cache_dir(run.config.data),
-                                  tokenizer_path=run.workdir / "tokenizer.json", log=log)
-      shards = text.TokenShards(token_dir, "val", run.config.data.seq_len)
-      batches = text.eval_batches(shards, batch_size=batch_size,
-                                  max_windows=options.analysis_examples or 256)
+      _, token_dir = preparation.prepare(run.config.data, text_cache_dir(run.config.data),
+                                         tokenizer_path=run.workdir / "tokenizer.json", log=log)
+      val_shards = shards.TokenShards(token_dir, "val", run.config.data.seq_len)
+      batches = text_pipeline.eval_batches(val_shards, batch_size=batch_size,
+                                           max_windows=options.analysis_examples or 256)
       windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
       geo = lm_geometry.analyze_lm(run.model, variables, windows, batch_size=batch_size)
       adir = out / "analysis"
