@@ -2,8 +2,8 @@
 
 The arrays come from `laplax.data.builders.load_split` (uint8 (N, H, W, C), int32 (N,)).
 Per-record Python work is slow (about 2k examples/s), so each element of these pipelines is a
-whole batch: grain shuffles and shards example *indices*, and one NumPy gather + one batched
-crop/flip + one normalisation make the batch.
+whole batch: grain shuffles and shards example *indices*, and one NumPy gather + batched
+crop / flip + one normalisation make the batch.
 
 Training stream (`train_dataset`): epoch e is a fresh permutation of all N examples (grain's
 `shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
@@ -11,11 +11,12 @@ Training stream (`train_dataset`): epoch e is a fresh permutation of all N examp
 skipped except the final remainder of a finite run. Host p takes the contiguous block p of each
 global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step
 sees is the same for any number of hosts, row for row (per-row randomness on the device, such as
-Mixup partners or DINO's crops, then does not depend on it either). Augmentation is drawn per global
-batch from (seed, step) (per-image augmentations: from (seed, step, position in the global
-batch)), so it does not depend on the number of hosts and a restored iterator reproduces it
-exactly. The per-image DeiT-III augmentations
-(laplax.data.augment) loop over the batch in Python: fine for CPU-sized data.
+Mixup partners or DINO's crops, then does not depend on it either). Augmentation (`augment`, the
+ops of laplax.data.ops) is drawn per global batch from (seed, step) for the leading ops that run
+on whole batches (pad_crop, flip), then per image from (seed, step, position in the global
+batch) (rrc, three_augment, color_jitter: a Python loop over the batch, fine for CPU-sized
+data), so it does not depend on the number of hosts and a restored iterator reproduces it
+exactly.
 """
 from __future__ import annotations
 
@@ -24,14 +25,8 @@ from typing import Sequence
 import grain
 import numpy as np
 
-from laplax.data import augment as augment_lib
 from laplax.data import grain_utils
-
-# 'crop' / 'crop_flip': random crop of the `pad`-padded image (DeiT-III's "simple random crop"
-# with pad_mode='reflect'); 'rrc' / 'rrc_flip': random-resized crop (augment.random_resized_crop,
-# area fraction in `crop_scale`) back to the input size; '_flip': horizontal flips, p = 1/2.
-AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'rrc', 'rrc_flip')
-PAD_MODES = ('constant', 'reflect')
+from laplax.data import ops as ops_lib
 
 
 def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
@@ -39,6 +34,7 @@ def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
     raise ValueError(f'images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}')
   if labels.shape != images.shape[:1]:
     raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
+
 
 def normalization(mean: Sequence[float] | float, std: Sequence[float] | float,
                   channels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,64 +78,8 @@ def device_normalize(images, mean: Sequence[float] | float, std: Sequence[float]
   return images.astype(jnp.float32) * scale - shift
 
 
-def crop_and_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
-                  pad: int, pad_mode: str = 'constant') -> np.ndarray:
-  """Batched random crop with zero padding, then horizontal flip (one gather for both).
-
-  Args:
-    images: (B, H, W, C).
-    offsets: int (B, 2), the crop's top-left corner (row, column) in the padded image, each in
-      [0, 2 * pad]; (pad, pad) keeps the image in place.
-    flips: bool (B,), mirror left-right.
-    pad: pixels added on every side before cropping.
-    pad_mode: 'constant' (zeros, black before normalisation: torchvision's
-      RandomCrop(padding=pad)) or 'reflect' (DeiT-III's simple random crop).
-
-  Returns:
-    (B, H, W, C), same dtype.
-  """
-  b, h, w, _ = images.shape
-  if pad:
-    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode=pad_mode)
-  # Two cheap gathers instead of one per pixel (about 4x faster): whole padded rows first,
-  # then each row's window of W pixels through a strided view.
-  rows = images[np.arange(b)[:, None], offsets[:, :1] + np.arange(h)]  # (B, H, W + 2 pad, C)
-  windows = np.lib.stride_tricks.sliding_window_view(rows, w, axis=2)  # (B, H, 2 pad + 1, C, W)
-  out = windows[np.arange(b)[:, None], np.arange(h), offsets[:, 1:]]  # (B, H, C, W)
-  out = np.ascontiguousarray(np.moveaxis(out, 2, 3))
-  out[flips] = out[flips, :, ::-1]
-  return out
-
-
-def augment_params(seed: int, step: int, global_batch_size: int, *, pad: int,
-                   flip: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Crop offsets int (G, 2) in [0, 2 * pad] and flips bool (G,) for global batch `step`."""
-  rng = np.random.default_rng([seed, step])
-  offsets = rng.integers(0, 2 * pad + 1, size=(global_batch_size, 2))
-  flips = rng.random(global_batch_size) < 0.5 if flip else np.zeros(global_batch_size, bool)
-  return offsets, flips
-
-
-def per_image_augment(image: np.ndarray, rng: np.random.Generator, *, rrc: bool = False,
-                      flip: bool = False, crop_scale: tuple[float, float] = (0.08, 1.0),
-                      three_augment: bool = False, color_jitter: float = 0.0) -> np.ndarray:
-  """DeiT-III's per-image chain on uint8 (H, W, C): random-resized crop to (H, W), flip,
-  3-Augment, colour jitter (each only if asked), drawn from `rng`."""
-  if rrc:
-    image = augment_lib.random_resized_crop(image, rng, scale=tuple(crop_scale))
-    if flip:
-      image = augment_lib.random_flip(image, rng)
-  if three_augment:
-    image = augment_lib.three_augment(np.ascontiguousarray(image), rng)
-  if color_jitter > 0:
-    image = augment_lib.color_jitter(np.ascontiguousarray(image), rng, strength=color_jitter)
-  return image
-
-
 def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, seed: int,
-                  augment: str = 'none', pad: int = 4, pad_mode: str = 'constant',
-                  crop_scale: tuple[float, float] = (0.08, 1.0), three_augment: bool = False,
-                  color_jitter: float = 0.0, mean: Sequence[float] | float,
+                  augment: ops_lib.Spec = (), mean: Sequence[float] | float,
                   std: Sequence[float] | float, process_index: int = 0, process_count: int = 1,
                   num_epochs: int | None = None, num_threads: int = 1,
                   prefetch: int = 2) -> grain.IterDataset:
@@ -151,12 +91,8 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
     batch_size: examples per batch on THIS host; the global batch is
       `batch_size * process_count`.
     seed: shuffling and augmentation seed (same on every host).
-    augment: 'none', 'crop' (random crop after `pad` pixels each side), 'rrc' (random-resized
-      crop back to (H, W)); '_flip' variants add horizontal flips with probability 1/2.
-    pad, pad_mode: padding for 'crop' ('constant' zeros or 'reflect').
-    crop_scale: (lo, hi) area fraction of the 'rrc' crop (DeiT-III: (0.08, 1)).
-    three_augment: after the crop, one of greyscale / solarise / blur per image (DeiT-III).
-    color_jitter: then brightness / contrast / saturation jitter of this strength (0: off).
+    augment: the augmentation ops (laplax.data.ops), e.g. ('pad_crop(4)', 'flip') or
+      ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)'); () for none.
     mean, std: per-channel normalisation in [0, 1] pixel units (see `dataset_info`).
     process_index, process_count: this host and the number of hosts.
     num_epochs: None repeats forever; otherwise the stream ends after `num_epochs` passes,
@@ -170,34 +106,22 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
   _check_arrays(images, labels)
   grain_utils.check_seed(seed)
   grain_utils.check_hosts(process_index, process_count)
-  if augment not in AUGMENTATIONS:
-    raise ValueError(f'augment={augment!r} is not one of {AUGMENTATIONS}')
-  if pad < 0 or pad_mode not in PAD_MODES:
-    raise ValueError(f'pad={pad} must be >= 0 and pad_mode={pad_mode!r} one of {PAD_MODES}')
-  if pad_mode == 'reflect' and pad >= min(images.shape[1:3]):
-    raise ValueError(f'pad={pad} must be smaller than the image side to reflect')
-  if augment.startswith('rrc'):
-    augment_lib.resized_crop_box(2, 2, np.random.default_rng(0), scale=tuple(crop_scale))
-  if color_jitter < 0:
-    raise ValueError(f'color_jitter={color_jitter} must be >= 0 (0: off)')
+  batch_ops, image_ops = ops_lib.in_memory(augment, images.shape[1:3])
   global_batch = batch_size * process_count
   scale, shift = normalization(mean, std, images.shape[-1])
   augment_seed = grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM)
-  per_image = augment.startswith('rrc') or three_augment or color_jitter > 0
 
   def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     x = images[indices]
     # This host's examples sit at its block of positions of the global batch.
     host = slice(process_index * batch_size, (process_index + 1) * batch_size)
-    if augment in ('crop', 'crop_flip'):
-      offsets, flips = augment_params(augment_seed, step, global_batch, pad=pad,
-                                      flip=augment == 'crop_flip')
-      x = crop_and_flip(x, offsets[host], flips[host], pad=pad, pad_mode=pad_mode)
-    if per_image:
-      x = np.stack([per_image_augment(
-          im, np.random.default_rng([augment_seed, step, position]),
-          rrc=augment.startswith('rrc'), flip=augment == 'rrc_flip', crop_scale=crop_scale,
-          three_augment=three_augment, color_jitter=color_jitter)
+    if batch_ops:
+      rng = np.random.default_rng([augment_seed, step])
+      for op in batch_ops:
+        x = op.batch(x, rng, host, global_batch)
+    if image_ops:
+      x = np.stack([ops_lib.run_images(
+          image_ops, im, np.random.default_rng([augment_seed, step, position]))
           for im, position in zip(x, range(global_batch)[host])])
     return {'image': _apply_normalization(x, scale, shift),
             'label': labels[indices].astype(np.int32)}
