@@ -135,7 +135,8 @@ elif [[ $RUN_CIFAR == 1 ]]; then
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 $PYTHON train.py --config=configs/cifar10_vit.py \
       --workdir="$WORK/cifar_$2" --config.data.source_dir="$CIFAR" \
       --config.data.cache_dir="$CACHE_DIR" --config.model.preset=$PRESET \
-      --config.model.patch_size=4 --config.data.augment=crop_flip --config.model.dtype=$DTYPE \
+      --config.model.patch_size=4 --config.data.augment="('pad_crop(4)','flip')" \
+      --config.model.dtype=$DTYPE \
       --config.data.batch_size=$BATCH --config.num_epochs=$EPOCHS \
       --config.model.laplacian_heads=$1 "${CIFAR_EXTRA[@]}" --verbosity=-1 2>&1 \
       | sed -u "s/^/[$2] /"

@@ -18,7 +18,7 @@ def get_config():
   c.name = "cifar10"
   c.data.name = "cifar10"
   c.data.source_dir = ""  # '' = the builder default (none for CIFAR-10: pass the zip / tar.gz)
-  c.data.augment = "crop_flip"
+  c.data.augment = ("pad_crop(4)", "flip")
   c.data.batch_size = 512
   c.data.eval_batch_size = 1000
   c.model.preset = "S"  # width 384, depth 12, 6 heads, MLP 1536

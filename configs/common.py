@@ -75,7 +75,8 @@ def lm_evals(*, every: int) -> ml_collections.ConfigDict:
 
 
 def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
-               eval_batch_size: int = 500, augment: str = "crop") -> ml_collections.ConfigDict:
+               eval_batch_size: int = 500, augment: tuple[str, ...] = ("pad_crop(4)",)
+               ) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.name = name
   d.source_dir = source_dir  # '' = the builder's default place
@@ -84,14 +85,11 @@ def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
   d.split_seed = 0
   d.train_subset = 0  # > 0: first N training examples only (quick runs)
   d.eval_subset = 0  # > 0: first N val / test examples only
-  # 'none' | 'crop' | 'crop_flip' (random crop of the image padded by 4, 'reflect' padding =
-  # DeiT-III's "simple random crop") | 'rrc' | 'rrc_flip' (random-resized crop, area in
-  # crop_scale, bicubic, back to the input size); '_flip': horizontal flips with p = 1/2.
-  d.augment = augment
-  d.pad_mode = "constant"  # 'constant' (zeros) | 'reflect', for 'crop' / 'crop_flip'
-  d.crop_scale = (0.08, 1.0)  # 'rrc': area fraction range (torchvision / DeiT-III)
-  d.three_augment = False  # DeiT-III 3-Augment: greyscale / solarise / blur, one per image
-  d.color_jitter = 0.0  # brightness / contrast / saturation strength (DeiT-III 0.3; 0: off)
+  # Training augmentation ops, in order (laplax.data.ops): 'pad_crop(4)' (random crop of the
+  # image padded by 4; 'pad_crop(4,reflect)': DeiT-III's simple random crop), 'rrc(0.08,1)'
+  # (random-resized crop back to the input size), 'flip', 'three_augment',
+  # 'color_jitter(0.3)'; () for none.
+  d.augment = tuple(augment)
   d.batch_size = batch_size  # global
   d.eval_batch_size = eval_batch_size
   return d
@@ -112,10 +110,10 @@ def streamed_image_data(tfds_name: str, *, tfds_data_dir: str = "", image_size: 
   d.image_size = image_size  # training crop side
   d.num_classes = 0  # 0 = the data set's (set it to compile without data: --aot)
   d.num_train = 0  # 0 = the data set's (used without data: --aot)
-  d.crop = "rrc"  # 'rrc' (RandomResizedCrop) | 'simple' (DeiT-III: resize, pad 4, crop)
-  d.rrc_scale = (0.08, 1.0)
-  d.rrc_ratio = (3 / 4, 4 / 3)
-  d.record_ops = ("flip",)  # per-record ops after the crop (laplax.data.streaming.RECORD_OPS)
+  # Training augmentation ops (laplax.data.ops): first a crop of the decoded record to
+  # image_size ('rrc(0.08,1)': RandomResizedCrop; 'pad_crop(4,reflect)': DeiT-III's resize, pad
+  # 4, crop), then per-record ops ('flip', 'three_augment', 'color_jitter(0.3)').
+  d.augment = ("rrc(0.08,1)", "flip")
   d.eval_resize = 0  # shorter side before the centre crop; 0 = eval_crop / 0.875
   d.eval_crop = 0  # 0 = image_size
   d.mean = (0.485, 0.456, 0.406)  # ImageNet's, in [0, 1] pixel units
@@ -194,14 +192,9 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   repeated augmentation; laplax keeps AdamW and does not repeat examples)."""
   if crop not in ("rrc", "src"):
     raise ValueError(f"crop={crop!r}; use 'rrc' or 'src'")
-  if "tfds_name" in c.data:  # streamed (laplax.data.streaming): per-record ops by name
-    c.data.crop = "rrc" if crop == "rrc" else "simple"
-    c.data.record_ops = ("flip", "three_augment", "color_jitter")  # jitter 0.3
-  else:
-    c.data.augment = "rrc_flip" if crop == "rrc" else "crop_flip"
-    c.data.pad_mode = "reflect"
-    c.data.three_augment = True
-    c.data.color_jitter = 0.3
+  # The same ops in memory and streamed (laplax.data.ops).
+  c.data.augment = ("rrc(0.08,1)" if crop == "rrc" else "pad_crop(4,reflect)", "flip",
+                    "three_augment", "color_jitter(0.3)")
   classification_loss(c)
   c.loss = "sigmoid_xent"
   c.bce_binary_targets = True

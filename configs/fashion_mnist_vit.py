@@ -11,7 +11,7 @@ from configs import common
 
 def get_config():
   c = common.run("fmnist", "classification", log_every=50, every_steps=200)
-  c.data = common.image_data("fashion_mnist", augment="crop")  # no flips for clothes
+  c.data = common.image_data("fashion_mnist", augment=("pad_crop(4)",))  # no flips for clothes
   # source_dir '' = /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)
   c.model = common.vit("tiny", patch_size=4)  # width 64, depth 4, 4 heads, MLP 128
   c.optim = common.adamw(2e-3, warmup_steps=200)

@@ -34,7 +34,7 @@ def get_config():
   b.model.preset = "tiny"  # width 64, depth 4, 4 heads, MLP 128
   b.model.patch_size = 7  # 16 patch tokens + class token: CPU-sized
   b.data.batch_size = 128
-  b.data.augment = "none"
+  b.data.augment = ()
   b.total_steps = 1500
   b.optim.lr = 3e-3
   b.optim.warmup_steps = 75

@@ -99,7 +99,7 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
   For work that must happen once but whose result every host needs, e.g. preparing a data set
   in a shared cache: the others then find it ready. (Image caches on hosts with their own
   disks are prepared by each host after process 0; the LM's text cache must be shared, as
-  laplax.data.text.prepare says.) If process 0's block raises, the others raise
+  laplax.data.text.preparation.prepare says.) If process 0's block raises, the others raise
   PeerFailed naming its error instead of running theirs; if another process's block raises,
   every process raises ValueError naming it (no host is left waiting in a collective)."""
   if not is_multiprocess():

@@ -1,10 +1,18 @@
-"""DeiT-III augmentations (laplax.data.augment): their distributional effect on planted images,
-and their wiring into the in-memory pipeline."""
+"""DeiT-III augmentations (laplax.data.augment): their distributional effect on planted images;
+the augmentation language (laplax.data.ops): parsing, the pipelines' stages, one-line errors,
+the removed keys' replacements; its wiring into the in-memory pipeline; and a toy op registered
+at run time training through the trainer."""
+import dataclasses
+import json
+from typing import ClassVar
+
+import ml_collections
 import numpy as np
 import pytest
 
-from laplax.data import augment
-from laplax.data import pipeline
+from conftest import make_config
+from laplax.data import augment, ops, pipeline
+from laplax.train import trainer
 
 NORM = dict(mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0))
 
@@ -154,7 +162,7 @@ def _stream(images, labels, **kw):
 def test_pipeline_three_augment_and_jitter_are_seeded_and_host_independent():
   images = np.random.default_rng(0).integers(0, 256, (24, 12, 12, 3), dtype=np.uint8)
   labels = np.arange(24, dtype=np.int32)
-  kw = dict(augment='rrc_flip', three_augment=True, color_jitter=0.3)
+  kw = dict(augment=('rrc', 'flip', 'three_augment', 'color_jitter(0.3)'))
   full = next(iter(_stream(images, labels, **kw)))
   assert full['image'].shape == (24, 12, 12, 3)
   np.testing.assert_array_equal(next(iter(_stream(images, labels, **kw)))['image'],
@@ -165,7 +173,7 @@ def test_pipeline_three_augment_and_jitter_are_seeded_and_host_independent():
   for p in range(2):
     np.testing.assert_array_equal(hosts[p]['image'], full['image'][12 * p:12 * (p + 1)])
   # Three-augment alone: greyscale makes about a third of the images channel-equal.
-  grey = _raw(next(iter(_stream(images, labels, three_augment=True))))
+  grey = _raw(next(iter(_stream(images, labels, augment=('three_augment',)))))
   equal = np.mean([np.all(x == x[..., :1]) for x in grey])
   assert 0.05 < equal < 0.7
 
@@ -173,10 +181,180 @@ def test_pipeline_three_augment_and_jitter_are_seeded_and_host_independent():
 def test_pipeline_reflect_padding_crops_from_the_mirrored_image():
   images = np.random.default_rng(0).integers(0, 256, (16, 6, 6, 3), dtype=np.uint8)
   labels = np.arange(16, dtype=np.int32)
-  batch = next(iter(_stream(images, labels, augment='crop', pad=2, pad_mode='reflect')))
+  batch = next(iter(_stream(images, labels, augment=('pad_crop(2,reflect)',))))
   padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)), mode='reflect').astype(np.int64)
   for x, i in zip(_raw(batch), batch['label']):
     assert any(np.array_equal(x, padded[i, dy:dy + 6, dx:dx + 6])
                for dy in range(5) for dx in range(5))
-  with pytest.raises(ValueError, match='pad_mode'):
-    _stream(images, labels, augment='crop', pad_mode='wrap')
+  with pytest.raises(ValueError, match="'pad_crop\\(2,wrap\\)': mode='wrap'"):
+    _stream(images, labels, augment=('pad_crop(2,wrap)',))
+  with pytest.raises(ValueError, match='pad=6 must be smaller than the image side \\(6\\)'):
+    _stream(images, labels, augment=('pad_crop(6,reflect)',))
+
+
+# ----------------------------------------------------------------------------------------------
+# The augmentation language (laplax.data.ops)
+
+
+def test_specs_parse_to_ops_with_their_arguments():
+  crop, flip, jitter = ops.parse(('pad_crop(2, reflect)', 'flip', "color_jitter(strength=0.5)"))
+  assert (crop.pad, crop.mode, jitter.strength) == (2, 'reflect', 0.5)
+  assert isinstance(flip, ops.Flip)
+  rrc, = ops.parse('rrc(0.25, 1, 3/4, 4/3)')  # one string is one op; arithmetic allowed
+  assert rrc.scale == (0.25, 1.0) and rrc.ratio == (3 / 4, 4 / 3)
+  # Written back without the trailing defaults; parsed ops pass through unchanged.
+  assert [str(o) for o in ops.parse(('rrc(0.08,1)', 'rrc(0.3,1,0.5)', 'pad_crop(4)',
+                                     "pad_crop(4,'reflect')", 'color_jitter'))] == [
+      'rrc', 'rrc(0.3,1,0.5)', 'pad_crop', 'pad_crop(4,reflect)', 'color_jitter']
+  assert ops.parse((rrc, 'flip'))[0] is rrc
+  assert ops.parse(()) == ()
+
+
+@pytest.mark.parametrize('spec, message', [
+    (('rotate(10)',), "data.augment op 'rotate\\(10\\)': unknown op 'rotate'; known ops: "
+                      "color_jitter, flip, pad_crop, rrc, three_augment"),
+    (('rrc(0.5,0.2)',), "'rrc\\(0.5,0.2\\)': scale \\(0.5, 0.2\\) must satisfy 0 < lo <= hi <= 1"),
+    (('flip(2)',), "'flip\\(2\\)': flip takes no arguments"),
+    (('pad_crop(1,2,3)',), "pad_crop takes \\(pad, mode\\)"),
+    (('rrc(size=3)',), "rrc takes \\(lo, hi, ratio_lo, ratio_hi\\)"),
+    (('pad_crop(2.5)',), "pad=2.5 must be an integer >= 0"),
+    (('color_jitter(-1)',), "strength=-1 must be >= 0"),
+    (('rrc(lo)',), "lo='lo' must be a number"),
+    (('rrc(',), "write name or name\\(arg, ...\\)"),
+    ((3,), "data.augment holds 3: give op specs"),
+    # The old in-memory names say what to write now.
+    ('crop_flip', "data.augment='crop_flip' is gone: write data.augment=\\('pad_crop\\(4\\)', "
+                  "'flip'\\)"),
+    (('rrc_flip',), "data.augment='rrc_flip' is gone: write data.augment=\\('rrc\\(0.08,1\\)', "
+                    "'flip'\\)"),
+    ('none', "data.augment='none' is gone: write data.augment=\\(\\)"),
+])
+def test_bad_specs_are_one_line_errors(spec, message):
+  with pytest.raises(ValueError, match=message) as e:
+    ops.parse(spec)
+  assert '\n' not in str(e.value)
+
+
+def test_each_pipeline_runs_the_ops_it_can():
+  batch_ops, image_ops = ops.in_memory(('pad_crop(4)', 'flip', 'three_augment', 'flip'))
+  assert [o.name for o in batch_ops] == ['pad_crop', 'flip']  # the leading batch ops
+  assert [o.name for o in image_ops] == ['three_augment', 'flip']  # then per image
+  assert ops.in_memory(('rrc', 'flip'))[0] == ()  # a per-image op first: all per image
+  with pytest.raises(ValueError, match='pad_crop runs on whole batches in memory, so it must '
+                     'come before the per-image op rrc'):
+    ops.in_memory(('rrc', 'pad_crop(4)'))
+  crop, rest = ops.streamed(('pad_crop(4,reflect)', 'flip', 'color_jitter(0.3)'), 32)
+  assert crop.mode == 'reflect' and [o.name for o in rest] == ['flip', 'color_jitter']
+  with pytest.raises(ValueError, match='must start with a crop of the decoded record to '
+                     'data.image_size \\(pad_crop, rrc\\); not flip'):
+    ops.streamed(('flip', 'rrc'), 32)
+  with pytest.raises(ValueError, match='it is empty'):
+    ops.streamed((), 32)
+  with pytest.raises(ValueError, match='pad_crop cannot run per record on streamed data \\(only '
+                     'as the first op\\)'):
+    ops.streamed(('rrc', 'pad_crop'), 32)
+  with pytest.raises(ValueError, match='on 4 x 4 images: pad=4 must be smaller'):
+    ops.streamed(('pad_crop(4,reflect)',), 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DecodedOnly(ops.Op):
+  def decoded(self, image, size, rng):
+    return np.zeros((size, size, 3), np.uint8)
+
+
+def test_register_checks_what_it_is_given():
+  with pytest.raises(TypeError, match='not a dataclass subclass of ops.Op'):
+    ops.register('nope')(dict)
+  with pytest.raises(ValueError, match="'flip' is already registered"):
+    ops.register('flip')(_DecodedOnly)
+  ops.register('decoded_only')(_DecodedOnly)
+  try:
+    with pytest.raises(ValueError, match='decoded_only cannot run on in-memory images'):
+      ops.in_memory(('decoded_only',))
+    assert ops.streamed(('decoded_only', 'flip'), 8)[0] == _DecodedOnly()
+  finally:
+    del ops.REGISTRY['decoded_only']
+
+
+# Old data config -> the data.augment that does the same (the README's table).
+LEGACY = [
+    (dict(augment='none'), ()),
+    (dict(augment='crop'), ('pad_crop(4)',)),
+    (dict(augment='crop_flip', pad_mode='reflect', three_augment=True, color_jitter=0.3),
+     ('pad_crop(4,reflect)', 'flip', 'three_augment', 'color_jitter(0.3)')),
+    (dict(augment='rrc', crop_scale=(0.25, 1.0)), ('rrc(0.25,1)',)),
+    (dict(augment='rrc_flip', crop_scale=(0.08, 1.0), three_augment=False, color_jitter=0.0),
+     ('rrc(0.08,1)', 'flip')),
+    (dict(tfds_name='imagenet2012', crop='rrc', rrc_scale=(0.08, 1.0), rrc_ratio=(3 / 4, 4 / 3),
+          record_ops=('flip', 'three_augment', 'color_jitter')),
+     ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)')),
+    (dict(tfds_name='imagenet2012', crop='simple', record_ops=('flip',)),
+     ('pad_crop(4,reflect)', 'flip')),
+    (dict(tfds_name='imagenet2012', rrc_ratio=(0.5, 2.0)), ('rrc(0.08,1,0.5,2)',)),
+]
+
+
+@pytest.mark.parametrize('old, new', LEGACY)
+def test_removed_keys_name_the_spec_that_replaces_them(old, new):
+  assert ops.legacy_spec(old) == new
+  ops.parse(new)
+  removed = [k for k in ops.REMOVED_KEYS if k in old]
+  if removed:
+    with pytest.raises(ValueError, match=f'^data.{removed[0]} is gone: write data.augment=') as e:
+      ops.check_removed_keys(ml_collections.ConfigDict(old))
+    assert repr(new) in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_removed_key_fails_validation_before_anything_is_written(tmp_path, data_cache):
+  config = make_config('vit', data_cache)
+  config.data.crop_scale = (0.2, 1.0)  # an old config's key, next to a new-style data.augment
+  with pytest.raises(ValueError, match="^data.crop_scale is gone: write its setting as ops in "
+                     "data.augment, e.g. \\('rrc\\(0.08,1\\)'"):
+    trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
+  config = make_config('vit', data_cache, **{'data.augment': ('rrc', 'pad_crop(4)')})
+  with pytest.raises(ValueError, match='pad_crop runs on whole batches in memory'):
+    trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
+  assert not (tmp_path / 'config.json').exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# A toy op registered at run time, through the trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Blank(ops.Op):
+  """Toy op: every pixel becomes `value`; records the images it was given."""
+  value: int = 0
+  seen: ClassVar[list] = []
+
+  def image(self, image, rng):
+    Blank.seen.append(image.copy())
+    return np.full_like(image, self.value)
+
+
+@pytest.fixture
+def blank_op():
+  ops.register('blank')(Blank)
+  Blank.seen.clear()
+  yield
+  del ops.REGISTRY['blank']
+
+
+def _train_losses(workdir, data_cache, augment):
+  config = make_config('vit', data_cache, **{'data.augment': augment, 'total_steps': 3,
+                                             'optim.warmup_steps': 1, 'log_every': 1,
+                                             'data.eval_subset': 64, 'data.eval_batch_size': 64})
+  trainer.train_and_evaluate(config, workdir, log=lambda m: None)
+  rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return [r['loss'] for r in rows if r['split'] == 'train']
+
+
+def test_a_registered_op_trains_through_the_trainer(tmp_path, data_cache, blank_op):
+  blank = _train_losses(tmp_path / 'blank', data_cache, ('pad_crop(4)', 'blank(7)'))
+  plain = _train_losses(tmp_path / 'plain', data_cache, ('pad_crop(4)',))
+  # The op ran per image on every training batch (grain may make a batch or two ahead).
+  assert len(Blank.seen) >= 3 * 64 and {x.shape for x in Blank.seen} == {(28, 28, 1)}
+  # And the model was trained on what it made: the zero-initialised head gives log 10 at
+  # first, whatever the images; once it learns, blank images give other losses.
+  assert len(blank) == len(plain) == 3 and blank[0] == plain[0] and blank[2] != plain[2]

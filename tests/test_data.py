@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 import tensorflow_datasets as tfds
 
-from laplax.data import builders
+from laplax.data import augment, builders
 from laplax.data import pipeline
 from laplax.data.datasets import cifar10 as cifar10_lib
 from laplax.data.datasets import fashion_mnist as fashion_mnist_lib
@@ -288,8 +288,9 @@ NORM = dict(mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0))
 @pytest.mark.parametrize('num_threads', [0, 1])
 def test_train_iterator_state_round_trip(num_threads):
   images, labels = _planted(n=40)
-  make = lambda: pipeline.train_dataset(images, labels, batch_size=6, seed=3, augment='crop_flip',
-                                        pad=2, num_threads=num_threads, **NORM)
+  make = lambda: pipeline.train_dataset(images, labels, batch_size=6, seed=3,
+                                        augment=('pad_crop(2)', 'flip'),
+                                        num_threads=num_threads, **NORM)
   reference = _take(iter(make()), 12)  # 72 examples: crosses an epoch boundary
   it = iter(make())
   _take(it, 5)
@@ -323,10 +324,10 @@ def test_train_epochs_are_fresh_permutations_and_end():
   assert not np.array_equal(other, stream)
 
 
-@pytest.mark.parametrize('augment', ['crop_flip', 'rrc_flip'])
+@pytest.mark.parametrize('augment', [('pad_crop(2)', 'flip'), ('rrc', 'flip')])
 def test_hosts_get_their_block_of_each_global_batch(augment):
   images, labels = _planted(n=48)
-  kw = dict(seed=5, augment=augment, pad=2, num_epochs=1, **NORM)
+  kw = dict(seed=5, augment=augment, num_epochs=1, **NORM)
   global_batches = list(pipeline.train_dataset(images, labels, batch_size=12, **kw))
   hosts = [list(pipeline.train_dataset(images, labels, batch_size=4, process_index=p,
                                        process_count=3, **kw)) for p in range(3)]
@@ -361,7 +362,7 @@ def test_random_crop_is_a_shifted_zero_padded_window():
   images, labels = _planted()
   pad = 2
   make = lambda seed: pipeline.train_dataset(images, labels, batch_size=48, seed=seed,
-                                             augment='crop', pad=pad, **NORM)
+                                             augment=(f'pad_crop({pad})',), **NORM)
   batch = next(iter(make(7)))
   assert batch['image'].shape == (48, 6, 5, 3)
   padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0))).astype(np.int64)
@@ -379,7 +380,7 @@ def test_random_crop_is_a_shifted_zero_padded_window():
 def test_flips_mirror_left_right():
   images, labels = _planted()
   batch = next(iter(pipeline.train_dataset(images, labels, batch_size=48, seed=2,
-                                           augment='crop_flip', pad=0, **NORM)))
+                                           augment=('pad_crop(0)', 'flip'), **NORM)))
   flipped = []
   for x, i in zip(_raw(batch), batch['label']):
     if np.array_equal(x, images[i]):
@@ -390,15 +391,15 @@ def test_flips_mirror_left_right():
   assert 10 < sum(flipped) < 38  # about half of 48
 
 
-def test_crop_and_flip_known_answer():
+def test_pad_crop_known_answer():
   image = np.arange(12, dtype=np.uint8).reshape(1, 3, 4, 1) + 1
-  same = pipeline.crop_and_flip(image, np.array([[1, 1]]), np.array([False]), pad=1)
+  same = augment.pad_crop_batch(image, np.array([[1, 1]]), pad=1)
   np.testing.assert_array_equal(same, image)
-  corner = pipeline.crop_and_flip(image, np.array([[0, 0]]), np.array([True]), pad=1)
-  # Shifted down-right by one (zeros enter at the top and left), then mirrored.
+  corner = augment.pad_crop_batch(image, np.array([[0, 0]]), pad=1)
+  # Shifted down-right by one (zeros enter at the top and left).
   want = np.zeros((3, 4), np.uint8)
   want[1:, 1:] = image[0, :2, :3, 0]
-  np.testing.assert_array_equal(corner[0, :, :, 0], want[:, ::-1])
+  np.testing.assert_array_equal(corner[0, :, :, 0], want)
 
 
 @pytest.mark.parametrize('process_count', [1, 2])
@@ -442,8 +443,8 @@ def test_split_train_val_is_stratified_and_seeded():
 
 def test_bad_pipeline_arguments_are_named():
   images, labels = _planted()
-  with pytest.raises(ValueError, match="augment='flip'"):
-    pipeline.train_dataset(images, labels, batch_size=4, seed=0, augment='flip', **NORM)
+  with pytest.raises(ValueError, match="unknown op 'rotate'; known ops: color_jitter, flip"):
+    pipeline.train_dataset(images, labels, batch_size=4, seed=0, augment=('rotate',), **NORM)
   with pytest.raises(ValueError, match='batch_size=20 x process_count=4'):
     pipeline.train_dataset(images, labels, batch_size=20, seed=0, process_count=4, **NORM)
   with pytest.raises(ValueError, match='need 1 or 3 values'):

@@ -72,7 +72,8 @@ def _imports(path: pathlib.Path):
 
 
 def _resolve(name: str, modules: set[str]) -> str:
-  """The module an imported name belongs to (`laplax.data.text.prepare` -> laplax.data.text)."""
+  """The module an imported name belongs to (`laplax.data.text.shards.META` ->
+  laplax.data.text.shards)."""
   while name not in modules and "." in name:
     name = name.rsplit(".", 1)[0]
   return name

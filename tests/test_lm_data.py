@@ -12,8 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import make_config
-from laplax.data import text
+from laplax.data import tokenizer
 from laplax.data.builders import DataError
+from laplax.data.text import corpus as text_corpus
+from laplax.data.text import pipeline as text_pipeline
+from laplax.data.text import preparation
+from laplax.data.text import shards as text_shards
+from laplax.data.tokenizer import Tokenizer
 from laplax.evals import bpb
 from laplax.models import gpt
 from laplax.train import restore
@@ -23,8 +28,8 @@ from laplax.train import trainer
 def test_bpe_learns_the_planted_merges():
   # Pre-tokens: "ab" once, " ab" three times, " cd" once. Pair counts: (a, b) 4, (' ', a) 3,
   # (' ', c) 1, (c, d) 1 -> merge 256 = 'ab'; then (' ', 256) 3 -> merge 257 = ' ab'.
-  specials = len(text.SPECIAL_TOKENS)
-  tok = text.BPETokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + specials)
+  specials = len(tokenizer.SPECIAL_TOKENS)
+  tok = Tokenizer.train(["ab ab ab ab cd"], vocab_size=256 + 2 + specials)
   assert tok.token_bytes()[256:258] == [b"ab", b" ab"]
   assert tok.vocab_size == 258 + specials and tok.bos_id == 258
   assert tok.special_id("<|user_start|>") == 259
@@ -39,7 +44,7 @@ def test_bpe_learns_the_planted_merges():
 def test_bpe_round_trip_compression_and_nanochat_split(tmp_path):
   corpus = ("The quick brown fox jumps over the lazy dog. " * 50
             + "def f(x):\n    return x ** 2  # 1234567\n" * 30)
-  tok = text.BPETokenizer.train([corpus], vocab_size=300)
+  tok = Tokenizer.train([corpus], vocab_size=300)
   assert tok.vocab_size == 300
   ids = tok.encode(corpus)
   assert len(ids) < 0.6 * len(corpus.encode())  # merges reduce the token count
@@ -51,21 +56,21 @@ def test_bpe_round_trip_compression_and_nanochat_split(tmp_path):
   # nanochat's split: digits in groups of at most two.
   assert all(len(tok.decode([i])) <= 2 for i in tok.encode("1234567"))
   tok.save(tmp_path / "tok.json")
-  loaded = text.BPETokenizer.load(tmp_path / "tok.json")
+  loaded = Tokenizer.load(tmp_path / "tok.json")
   np.testing.assert_array_equal(loaded.encode(corpus), ids)
   assert loaded.fingerprint() == tok.fingerprint()
   np.testing.assert_array_equal(loaded.token_byte_lengths(), tok.token_byte_lengths())
   # Every pre-token is one token long before 4000 merges: training stops early.
-  full = text.BPETokenizer.train([corpus], vocab_size=4000)
+  full = Tokenizer.train([corpus], vocab_size=4000)
   assert full.vocab_size < 4000
   import regex
-  assert len(full.encode(corpus)) == len(regex.findall(text.SPLIT_PATTERN, corpus))
+  assert len(full.encode(corpus)) == len(regex.findall(tokenizer.SPLIT_PATTERN, corpus))
   with pytest.raises(ValueError, match="vocab_size=100"):
-    text.BPETokenizer.train([corpus], vocab_size=100)
+    Tokenizer.train([corpus], vocab_size=100)
 
 
 def test_corrupt_or_foreign_tokenizer_files_fail_in_one_line(tmp_path):
-  tok = text.BPETokenizer.train(["hello world " * 10], vocab_size=280)
+  tok = Tokenizer.train(["hello world " * 10], vocab_size=280)
   path = tmp_path / "tokenizer.json"
   tok.save(path)
   good = path.read_text()
@@ -75,21 +80,21 @@ def test_corrupt_or_foreign_tokenizer_files_fail_in_one_line(tmp_path):
   for what, content in cases.items():
     path.write_text(content)
     with pytest.raises(ValueError, match="cannot read tokenizer .*tokenizer.json") as e:
-      text.BPETokenizer.load(path)
+      Tokenizer.load(path)
     assert "\n" not in str(e.value), what
   with pytest.raises(ValueError, match="missing.json"):
-    text.BPETokenizer.load(tmp_path / "missing.json")
+    Tokenizer.load(tmp_path / "missing.json")
 
 
 def test_split_text_cuts_at_a_line_start():
   body = "".join(f"line {i}\n" for i in range(100))
-  train, val = text.split_text(body, 0.1)
+  train, val = text_corpus.split_text(body, 0.1)
   assert train + val == body
   assert val.startswith("line ") and 0.08 < len(val) / len(body) < 0.12
   one_line = "word " * 1000  # no line break: cut at a space
-  train, val = text.split_text(one_line, 0.1)
+  train, val = text_corpus.split_text(one_line, 0.1)
   assert train + val == one_line and val.startswith(" word") and len(val) == 496
-  train, val = text.split_text(one_line + "\n", 0.1)  # only a final newline: still a split
+  train, val = text_corpus.split_text(one_line + "\n", 0.1)  # only a final newline: still a split
   assert val.startswith(" word") and len(val) == 497
 
 
@@ -105,58 +110,58 @@ def _corpus(tmp_path, n_docs=3, lines=200):
 
 def test_token_shards_are_cached_and_windows_pack_documents(tmp_path):
   src = _corpus(tmp_path)
-  paths = text.list_documents([str(src)])
+  paths = text_corpus.list_documents([str(src)])
   assert [p.name for p in paths] == ["doc0.txt", "doc1.txt", "doc2.txt"]
-  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
-  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
-                             shard_tokens=1000, log=None)
-  assert text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
-                              shard_tokens=1000, log=None) == out  # reused
+  tok = Tokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text_shards.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
+                                    shard_tokens=1000, log=None)
+  assert text_shards.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1,
+                                     shard_tokens=1000, log=None) == out  # reused
   meta = json.loads((out / "meta.json").read_text())
   assert len(meta["shards"]["train"]) > 1 and meta["dtype"] == "uint16"
   # The train stream is [BOS] + train part of each document, concatenated.
   expected = np.concatenate([np.concatenate([[tok.bos_id], tok.encode(
-      text.split_text(p.read_text(), 0.1)[0])]) for p in paths])
+      text_corpus.split_text(p.read_text(), 0.1)[0])]) for p in paths])
   stream = np.concatenate([np.load(out / s["file"]) for s in meta["shards"]["train"]])
   np.testing.assert_array_equal(stream, expected)
-  shards = text.TokenShards(out, "train", seq_len=16)
+  shards = text_shards.TokenShards(out, "train", seq_len=16)
   first = shards.arrays[0]
   np.testing.assert_array_equal(shards.windows([0, 1]), [first[0:17], first[16:33]])
   # The first window of shard 1 starts at that shard's start: no window crosses shards.
   n0 = (len(first) - 1) // 16
   np.testing.assert_array_equal(shards.windows([n0])[0], shards.arrays[1][:17])
   assert tok.decode_bytes(stream).decode() == "".join(
-      text.split_text(p.read_text(), 0.1)[0] for p in paths)
+      text_corpus.split_text(p.read_text(), 0.1)[0] for p in paths)
 
 
 def test_train_stream_resumes_exactly_and_hosts_are_disjoint(tmp_path):
   src = _corpus(tmp_path)
-  paths = text.list_documents([str(src)])
-  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
-  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
-  shards = text.TokenShards(out, "train", seq_len=8)
-  it = iter(text.train_dataset(shards, batch_size=4, seed=3))
+  paths = text_corpus.list_documents([str(src)])
+  tok = Tokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text_shards.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
+  shards = text_shards.TokenShards(out, "train", seq_len=8)
+  it = iter(text_pipeline.train_dataset(shards, batch_size=4, seed=3))
   for _ in range(3):
     next(it)
   state = it.get_state()
   after = [next(it)["tokens"] for _ in range(shards.num_windows // 4 + 2)]  # past an epoch
-  resumed = iter(text.train_dataset(shards, batch_size=4, seed=3))
+  resumed = iter(text_pipeline.train_dataset(shards, batch_size=4, seed=3))
   resumed.set_state(json.loads(json.dumps(state)))  # the state survives a JSON checkpoint
   for batch in after:
     np.testing.assert_array_equal(next(resumed)["tokens"], batch)
   # One epoch visits every window once; another seed gives another order.
   epoch = np.concatenate([b["tokens"] for b in
-                          _take(text.train_dataset(shards, batch_size=1, seed=3),
+                          _take(text_pipeline.train_dataset(shards, batch_size=1, seed=3),
                                 shards.num_windows)])
   assert sorted(map(tuple, epoch)) == sorted(map(tuple, shards.windows(
       np.arange(shards.num_windows))))
-  other = next(iter(text.train_dataset(shards, batch_size=4, seed=4)))["tokens"]
-  assert not np.array_equal(other, _take(text.train_dataset(shards, batch_size=4, seed=3),
-                                         1)[0]["tokens"])
+  other = next(iter(text_pipeline.train_dataset(shards, batch_size=4, seed=4)))["tokens"]
+  assert not np.array_equal(
+      other, _take(text_pipeline.train_dataset(shards, batch_size=4, seed=3), 1)[0]["tokens"])
   # Two hosts: the two halves of the one-host global batch, in order.
-  whole = _take(text.train_dataset(shards, batch_size=4, seed=3), 2)
-  hosts = [_take(text.train_dataset(shards, batch_size=2, seed=3, process_index=p,
-                                    process_count=2), 2) for p in range(2)]
+  whole = _take(text_pipeline.train_dataset(shards, batch_size=4, seed=3), 2)
+  hosts = [_take(text_pipeline.train_dataset(shards, batch_size=2, seed=3, process_index=p,
+                                             process_count=2), 2) for p in range(2)]
   for step in range(2):
     np.testing.assert_array_equal(hosts[0][step]["tokens"], whole[step]["tokens"][:2])
     np.testing.assert_array_equal(hosts[1][step]["tokens"], whole[step]["tokens"][2:])
@@ -169,11 +174,11 @@ def _take(ds, n):
 
 def test_eval_batches_cover_windows_in_order_with_a_masked_tail(tmp_path):
   src = _corpus(tmp_path)
-  paths = text.list_documents([str(src)])
-  tok = text.BPETokenizer.train([p.read_text() for p in paths], vocab_size=300)
-  out = text.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
-  shards = text.TokenShards(out, "val", seq_len=8)
-  batches = list(text.eval_batches(shards, batch_size=4, max_windows=10))
+  paths = text_corpus.list_documents([str(src)])
+  tok = Tokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  out = text_shards.tokenize_corpus(paths, tok, tmp_path / "cache", val_fraction=0.1, log=None)
+  shards = text_shards.TokenShards(out, "val", seq_len=8)
+  batches = list(text_pipeline.eval_batches(shards, batch_size=4, max_windows=10))
   assert len(batches) == 3
   mask = np.concatenate([b["mask"] for b in batches])
   assert mask.tolist() == [True] * 10 + [False] * 2
@@ -183,9 +188,9 @@ def test_eval_batches_cover_windows_in_order_with_a_masked_tail(tmp_path):
 
 def test_list_documents_errors(tmp_path):
   with pytest.raises(DataError, match="does not exist"):
-    text.list_documents([str(tmp_path / "missing")])
+    text_corpus.list_documents([str(tmp_path / "missing")])
   with pytest.raises(DataError, match="matches no files"):
-    text.list_documents([str(tmp_path / "*.txt")])
+    text_corpus.list_documents([str(tmp_path / "*.txt")])
 
 
 def test_bits_per_byte_on_a_known_distribution():
@@ -266,26 +271,27 @@ def _record_corpus(tmp_path):
 
 def test_parquet_and_jsonl_sources_become_documents(tmp_path):
   src, docs = _record_corpus(tmp_path)
-  paths = text.list_documents([str(src)])
+  paths = text_corpus.list_documents([str(src)])
   assert [p.name for p in paths] == ["a.parquet", "b.jsonl", "c.jsonl.gz", "d.txt"]
   # data.suffixes limits what directories contribute (lm_tiny: plain text only).
-  assert [p.name for p in text.list_documents([str(src)], suffixes=(".txt",))] == ["d.txt"]
-  assert list(text.iter_records(paths[0])) == docs["pq"]
-  assert list(text.iter_records(paths[2])) == docs["gz"]
+  assert [p.name for p in text_corpus.list_documents([str(src)], suffixes=(".txt",))] == ["d.txt"]
+  assert list(text_corpus.iter_records(paths[0])) == docs["pq"]
+  assert list(text_corpus.iter_records(paths[2])) == docs["gz"]
   # An evenly spaced tenth of every record file is validation: records 9, 19, 29, 39.
-  pieces = list(text.split_documents(paths[1], 0.1))
+  pieces = list(text_corpus.split_documents(paths[1], 0.1))
   assert [i for i, (s, _) in enumerate(pieces) if s == "val"] == [9, 19, 29, 39]
   config = ml_collections.ConfigDict({"sources": [str(src / "*")], "vocab_size": 300,
                                       "val_fraction": 0.1, "tokenizer_train_chars": 50_000})
-  tok, out = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run" / "t.json",
-                          log=None, process_index=0, process_count=1)
-  assert text.BPETokenizer.load(tmp_path / "run" / "t.json").fingerprint() == tok.fingerprint()
-  corpus = text.describe_corpus(out)
+  tok, out = preparation.prepare(config, tmp_path / "cache",
+                                 tokenizer_path=tmp_path / "run" / "t.json", log=None,
+                                 process_index=0, process_count=1)
+  assert Tokenizer.load(tmp_path / "run" / "t.json").fingerprint() == tok.fingerprint()
+  corpus = text_shards.describe_corpus(out)
   assert corpus["files"] == 4 and corpus["documents"] == 3 * 40 + 2
   meta = json.loads((out / "meta.json").read_text())
   stream = np.concatenate([np.load(out / s["file"]) for s in meta["shards"]["val"]])
   expected = [docs[k][i] for k in ("pq", "jl", "gz") for i in (9, 19, 29, 39)]
-  expected.append(text.split_text((src / "d.txt").read_text(), 0.1)[1])
+  expected.append(text_corpus.split_text((src / "d.txt").read_text(), 0.1)[1])
   np.testing.assert_array_equal(stream, np.concatenate(
       [np.concatenate([[tok.bos_id], tok.encode(t)]) for t in expected]))
 
@@ -293,12 +299,12 @@ def test_parquet_and_jsonl_sources_become_documents(tmp_path):
 def test_record_errors_name_the_file(tmp_path):
   (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
   with pytest.raises(DataError, match="bad.jsonl line 2.*'text'"):
-    list(text.iter_records(tmp_path / "bad.jsonl"))
+    list(text_corpus.iter_records(tmp_path / "bad.jsonl"))
   import pyarrow as pa
   import pyarrow.parquet as pq
   pq.write_table(pa.table({"body": ["x"]}), tmp_path / "bad.parquet")
   with pytest.raises(DataError, match="bad.parquet has no 'text' column"):
-    list(text.iter_records(tmp_path / "bad.parquet"))
+    list(text_corpus.iter_records(tmp_path / "bad.parquet"))
 
 
 def test_only_process_zero_writes_and_the_others_wait(tmp_path):
@@ -309,44 +315,45 @@ def test_only_process_zero_writes_and_the_others_wait(tmp_path):
                                       "val_fraction": 0.1, "wait_timeout_s": 0.5})
   # Host 1 alone: nothing appears, so it times out, having written nothing.
   with pytest.raises(TimeoutError, match="process 0"):
-    text.prepare(config, tmp_path / "cache", log=None, process_index=1, process_count=2)
+    preparation.prepare(config, tmp_path / "cache", log=None, process_index=1, process_count=2)
   assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
   # Host 1 started first waits for host 0's tokenizer and shards, then uses the same ones.
   config.wait_timeout_s = 120.0
   got = {}
-  waiter = threading.Thread(target=lambda: got.update(one=text.prepare(
+  waiter = threading.Thread(target=lambda: got.update(one=preparation.prepare(
       config, tmp_path / "cache", tokenizer_path=tmp_path / "run1" / "t.json", log=None,
       process_index=1, process_count=2)))
   waiter.start()
-  tok0, out0 = text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "run0" / "t.json",
-                            log=None, process_index=0, process_count=2)
+  tok0, out0 = preparation.prepare(config, tmp_path / "cache",
+                                   tokenizer_path=tmp_path / "run0" / "t.json", log=None,
+                                   process_index=0, process_count=2)
   waiter.join(timeout=120)
   tok1, out1 = got["one"]
   assert out1 == out0 and tok1.fingerprint() == tok0.fingerprint()
   assert (tmp_path / "run0" / "t.json").exists() and not (tmp_path / "run1").exists()
   # Each host streams its own windows of the shared shards.
-  shards = text.TokenShards(out1, "train", seq_len=8)
-  a, b = (next(iter(text.train_dataset(shards, batch_size=2, seed=0, process_index=p,
-                                       process_count=2)))["tokens"] for p in range(2))
+  shards = text_shards.TokenShards(out1, "train", seq_len=8)
+  a, b = (next(iter(text_pipeline.train_dataset(shards, batch_size=2, seed=0, process_index=p,
+                                                process_count=2)))["tokens"] for p in range(2))
   assert not np.array_equal(a, b)
 
 
 def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
   src = _corpus(tmp_path)
-  big = text.BPETokenizer.train([(src / "doc0.txt").read_text()], vocab_size=400)
+  big = Tokenizer.train([(src / "doc0.txt").read_text()], vocab_size=400)
   big.save(tmp_path / "t.json")
   config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
                                       "val_fraction": 0.1})
   with pytest.raises(ValueError, match="t.json has vocab_size .* data.vocab_size=300"):
-    text.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json", log=None,
-                 process_index=0, process_count=1)
+    preparation.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json",
+                        log=None, process_index=0, process_count=1)
 
 
 def test_seek_reader_matches_the_memory_map(tmp_path):
   # The gs:// reader (no mmap there) on a local shard: same windows as np.load.
   data = np.arange(1000, dtype=np.uint16) * 7
   np.save(tmp_path / "s.npy", data)
-  reader = text._SeekArray(tmp_path / "s.npy")
+  reader = text_shards._SeekArray(tmp_path / "s.npy")
   assert len(reader) == 1000 and reader.dtype == np.uint16
   for a, b in [(0, 17), (983, 1000), (500, 520), (990, 1010)]:
     np.testing.assert_array_equal(reader[a:b], data[a:b])

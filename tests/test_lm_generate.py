@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from laplax.data import text
+from laplax.data.tokenizer import Tokenizer
 from laplax.evals import generate as generate_lib
 from laplax.evals import lm_tasks
 from laplax.models import gpt
@@ -54,7 +54,7 @@ def _gsm8k_like_prompts(n=12):
 
 
 def test_generate_fn_compiles_once_for_a_gsm8k_like_set():
-  tok = text.BPETokenizer.train(["the cat sat on a mat and counted 12 apples 7 pears. " * 20],
+  tok = Tokenizer.train(["the cat sat on a mat and counted 12 apples 7 pears. " * 20],
                                 vocab_size=280)
   model, params = _random_gpt(vocab=320)
   _, generate_fn = lm_tasks.make_model_fns(model, {"params": params}, tok, max_len=96,
@@ -75,7 +75,7 @@ def test_generate_fn_compiles_once_for_a_gsm8k_like_set():
 def test_left_truncation_keeps_bos():
   assert generate_lib.left_truncate([9, 1, 2, 3, 4], 3) == [9, 3, 4]
   assert generate_lib.left_truncate([9, 1], 3) == [9, 1]
-  tok = text.BPETokenizer.train(["the cat sat on the mat. " * 20], vocab_size=280)
+  tok = Tokenizer.train(["the cat sat on the mat. " * 20], vocab_size=280)
   model, params = _random_gpt(vocab=320)
   logprob_fn, generate_fn = lm_tasks.make_model_fns(model, {"params": params}, tok, max_len=16,
                                                     batch_size=2, max_new_tokens=4)

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from laplax.data import text
+from laplax.data.tokenizer import Tokenizer
 from laplax.evals import lm_tasks
 from laplax.models import gpt
 
@@ -132,7 +132,7 @@ def test_loader_errors(tmp_path):
 
 
 def _tiny_gpt():
-  tok = text.BPETokenizer.train(["the cat sat on the mat. " * 20], vocab_size=270)
+  tok = Tokenizer.train(["the cat sat on the mat. " * 20], vocab_size=270)
   model = gpt.GPT(gpt.GPTConfig(vocab_size=320, depth=1, width=16, head_dim=8))
   params = model.init(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
   # Random output projections: the zero init would make every position's logits identical.

@@ -25,7 +25,7 @@ TOL = 1e-5
 # A ViT whose step draws per-row randomness on the device (Mixup / CutMix partners and boxes)
 # and per-image crops on the host.
 VIT = ("--config.mixup.mixup_alpha=0.8", "--config.mixup.cutmix_alpha=1.0",
-       "--config.data.augment=rrc_flip", "--config.log_every=1")
+       "--config.data.augment=('rrc','flip')", "--config.log_every=1")
 
 
 def _losses(workdir: pathlib.Path) -> dict[int, float]:

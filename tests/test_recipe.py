@@ -166,10 +166,11 @@ def test_layerscale_presets():
   for c in (vit_b16_imagenet.get_config(), vit_b_cifar100.get_config()):
     assert c.model.layerscale_init == 1e-6 and c.model.weight_init == 'trunc_normal'
     assert c.loss == 'sigmoid_xent' and c.mixup.mixup_alpha == 0.8
-  # In memory (CIFAR-100) as batch options; streamed (ImageNet) as per-record ops.
-  assert vit_b_cifar100.get_config().data.three_augment
-  assert vit_b16_imagenet.get_config().data.record_ops == (
-      'flip', 'three_augment', 'color_jitter')
+  # The same ops in memory (CIFAR-100, DeiT-III's simple crop) and streamed (ImageNet).
+  assert vit_b_cifar100.get_config().data.augment == (
+      'pad_crop(4,reflect)', 'flip', 'three_augment', 'color_jitter(0.3)')
+  assert vit_b16_imagenet.get_config().data.augment == (
+      'rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)')
 
 
 @pytest.mark.slow

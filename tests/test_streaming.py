@@ -2,6 +2,7 @@
 uint8 batches, per-host shards, exact resume, exact evaluation, crop and flip statistics, the
 pod config training on CPU, and one-line errors for a bad data set."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from laplax.data import augment, streaming
+from laplax.data import augment, ops, streaming
 from laplax.data.builders import DataError
 
 N_TRAIN, N_VAL, SIZE = 48, 13, 32
@@ -188,7 +189,7 @@ def test_random_resized_crop_and_flip_statistics(train_source):
   pixels lies in the scale range with the right spread, and about half the crops are
   mirrored."""
   it = iter(streaming.train_dataset(train_source, batch_size=16, seed=7, image_size=SIZE,
-                                    scale=(0.25, 1.0)))
+                                    augment=("rrc(0.25,1)", "flip")))
   images = np.concatenate([b["image"] for b in _take(it, 25)]).astype(float)  # 400 crops
   r, g = images[..., 0], images[..., 1]
   left, right = r[:, :, 0].mean(1), r[:, :, -1].mean(1)
@@ -202,23 +203,30 @@ def test_random_resized_crop_and_flip_statistics(train_source):
   assert np.quantile(area, 0.1) < 0.4 and np.quantile(area, 0.9) > 0.7
 
 
-def test_record_ops_are_a_registry(train_source, monkeypatch):
-  monkeypatch.setitem(streaming.RECORD_OPS, "invert", lambda image, rng: 255 - image)
+@dataclasses.dataclass(frozen=True)
+class Invert(ops.Op):
+  def image(self, image, rng):
+    return 255 - image
+
+
+def test_record_ops_come_from_the_one_registry(train_source, monkeypatch):
+  monkeypatch.setattr(ops, "REGISTRY", dict(ops.REGISTRY))  # the registry is restored after
+  ops.register("invert")(Invert)
   kw = dict(batch_size=4, seed=0, image_size=SIZE)
-  plain = next(iter(streaming.train_dataset(train_source, ops=(), **kw)))
-  inverted = next(iter(streaming.train_dataset(train_source, ops=("invert",), **kw)))
+  plain = next(iter(streaming.train_dataset(train_source, augment=("rrc",), **kw)))
+  inverted = next(iter(streaming.train_dataset(train_source, augment=("rrc", "invert"), **kw)))
   np.testing.assert_array_equal(inverted["image"], 255 - plain["image"])
-  with pytest.raises(ValueError, match="unknown \\['blur'\\]"):
-    streaming.train_dataset(train_source, ops=("blur",), **kw)
+  with pytest.raises(ValueError, match="unknown op 'blur'; known ops: color_jitter, flip, invert"):
+    streaming.train_dataset(train_source, augment=("rrc", "blur"), **kw)
 
 
 def test_deit3_record_ops_run_per_record(train_source):
-  # DeiT-III's per-record ops (registered from laplax.data.augment): every 3-Augment draw that
+  # DeiT-III's per-record ops (laplax.data.ops): every 3-Augment draw that
   # picks greyscale makes the channels equal, which the planted colour images never have.
   kw = dict(batch_size=16, seed=0, image_size=SIZE)
-  ops = ("flip", "three_augment", "color_jitter")
-  batch = next(iter(streaming.train_dataset(train_source, ops=ops, **kw)))
-  plain = next(iter(streaming.train_dataset(train_source, ops=("flip",), **kw)))
+  deit3 = ("rrc", "flip", "three_augment", "color_jitter(0.3)")
+  batch = next(iter(streaming.train_dataset(train_source, augment=deit3, **kw)))
+  plain = next(iter(streaming.train_dataset(train_source, augment=("rrc", "flip"), **kw)))
   assert batch["image"].dtype == np.uint8 and batch["image"].shape == plain["image"].shape
   grey = [np.array_equal(x[..., 0], x[..., 1]) and np.array_equal(x[..., 1], x[..., 2])
           for x in batch["image"]]
@@ -228,7 +236,7 @@ def test_deit3_record_ops_run_per_record(train_source):
 
 def test_simple_random_crop(train_source):
   it = iter(streaming.train_dataset(train_source, batch_size=8, seed=0, image_size=SIZE,
-                                    crop="simple", ops=()))
+                                    augment=("pad_crop(4,reflect)",)))
   image = next(it)["image"].astype(float)
   # Shorter side resized to the crop (+ 4 reflected pixels each side): nearly the whole short
   # axis is kept, so one of the two coordinate ranges spans most of 0..255.

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.every_steps = 2000
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.data = common.image_data("imagenet2012", batch_size=1024, eval_batch_size=1024,
-                             augment="none")
+                             augment=())
   c.data.tfds_name = "imagenet2012"  # placeholder: the streaming pipeline reads it
   c.data.tfds_data_dir = ""
   c.data.image_size = 224

@@ -29,7 +29,7 @@ def get_config():
   c = common.run("vit_b_cifar100", "classification", log_every=100, every_steps=1000)
   c.num_epochs = 300.0
   c.data = common.image_data("cifar100", batch_size=512, eval_batch_size=1000,
-                             augment="crop_flip")
+                             augment=("pad_crop(4)", "flip"))
   c.data.image_size = 32
   c.data.num_classes = 100
   c.data.num_train = 50_000

@@ -1,7 +1,8 @@
-"""DeiT-III's per-image augmentations (Touvron et al. 2022, "DeiT III: Revenge of the ViT").
+"""The pixel work of the augmentation ops (laplax.data.ops): DeiT-III's per-image augmentations
+(Touvron et al. 2022, "DeiT III: Revenge of the ViT"), crops of decoded records, a batched crop.
 
-Each function maps one uint8 image (H, W, C), C = 1 or 3, and a `np.random.Generator` to a new
-uint8 image, so it serves as a grain per-record map op or in a loop over a batch. They follow
+Most functions map one uint8 image (H, W, C), C = 1 or 3, and a `np.random.Generator` to a new
+uint8 image, so they serve as grain per-record map ops or in a loop over a batch. They follow
 DeiT-III's `augment.py` (torchvision on PIL images), with PIL doing the pixel work:
 
   random_resized_crop  RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3), bicubic)
@@ -9,7 +10,9 @@ DeiT-III's `augment.py` (torchvision on PIL images), with PIL doing the pixel wo
   color_jitter         ColorJitter(s, s, s): brightness, contrast, saturation factors in
                        [1 - s, 1 + s], applied in a random order (DeiT-III: s = 0.3; no hue)
 
-DeiT-III's recipe order is crop (+ flip), then 3-Augment, then colour jitter.
+DeiT-III's recipe order is crop (+ flip), then 3-Augment, then colour jitter. Streamed records
+are cropped from the decoded PIL image (`resized_crop_pil`, `pad_crop_pil`); in-memory batches
+are padded and cropped in one batched gather (`pad_crop_batch`).
 """
 
 from __future__ import annotations
@@ -136,3 +139,61 @@ def random_resized_crop(image: np.ndarray, rng: np.random.Generator, *,
   pil = _to_pil(image).resize((out_w, out_h), Image.Resampling.BICUBIC,
                               box=(left, top, left + w, top + h))
   return _from_pil(pil, image.shape[-1])
+
+
+def pad_crop_batch(images: np.ndarray, offsets: np.ndarray, *, pad: int,
+                   mode: str = 'constant') -> np.ndarray:
+  """Batched random crop of the padded images, the input size kept.
+
+  Args:
+    images: (B, H, W, C).
+    offsets: int (B, 2), the crop's top-left corner (row, column) in the padded image, each in
+      [0, 2 * pad]; (pad, pad) keeps the image in place.
+    pad: pixels added on every side before cropping.
+    mode: 'constant' (zeros, black before normalisation: torchvision's
+      RandomCrop(padding=pad)) or 'reflect' (DeiT-III's simple random crop).
+
+  Returns:
+    (B, H, W, C), same dtype, a new array.
+  """
+  b, h, w, _ = images.shape
+  if pad:
+    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode=mode)
+  # Two cheap gathers instead of one per pixel (about 4x faster): whole padded rows first,
+  # then each row's window of W pixels through a strided view.
+  rows = images[np.arange(b)[:, None], offsets[:, :1] + np.arange(h)]  # (B, H, W + 2 pad, C)
+  windows = np.lib.stride_tricks.sliding_window_view(rows, w, axis=2)  # (B, H, 2 pad + 1, C, W)
+  out = windows[np.arange(b)[:, None], np.arange(h), offsets[:, 1:]]  # (B, H, C, W)
+  return np.ascontiguousarray(np.moveaxis(out, 2, 3))
+
+
+def resize_shorter(image: Image.Image, size: int) -> Image.Image:
+  """torchvision Resize(size): the shorter side becomes `size` (bilinear, antialiased)."""
+  w, h = image.size
+  if w <= h:
+    new = (size, int(size * h / w))
+  else:
+    new = (int(size * w / h), size)
+  return image if new == (w, h) else image.resize(new, Image.Resampling.BILINEAR)
+
+
+def resized_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *,
+                     scale: tuple[float, float], ratio: tuple[float, float]) -> np.ndarray:
+  """RandomResizedCrop(size, scale, ratio) of a decoded PIL image -> uint8 (size, size, 3):
+  the box of `resized_crop_box`, cropped and resized in one PIL call (the box argument),
+  bilinear with antialiasing as torchvision on PIL images."""
+  top, left, h, w = resized_crop_box(image.height, image.width, rng, scale=scale, ratio=ratio)
+  out = image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+  return np.asarray(out)
+
+
+def pad_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *, pad: int = 4,
+                 mode: str = 'reflect') -> np.ndarray:
+  """DeiT-III's simple random crop of a decoded PIL image: shorter side resized to `size`,
+  padded by `pad` ('reflect' or 'constant' zeros), a random size x size crop -> uint8
+  (size, size, 3)."""
+  x = np.asarray(resize_shorter(image, size))
+  x = np.pad(x, ((pad, pad), (pad, pad), (0, 0)), mode=mode)
+  top = int(rng.integers(0, x.shape[0] - size + 1))
+  left = int(rng.integers(0, x.shape[1] - size + 1))
+  return x[top:top + size, left:left + size]

@@ -2,20 +2,21 @@
 
 The arrays come from `laplax.data.builders.load_split` (uint8 (N, H, W, C), int32 (N,)).
 Per-record Python work is slow (about 2k examples/s), so each element of these pipelines is a
-whole batch: grain shuffles and shards example *indices*, and one NumPy gather + one batched
-crop/flip + one normalisation make the batch.
+whole batch: grain shuffles and shards example *indices*, and one NumPy gather + batched
+crop / flip + one normalisation make the batch.
 
 Training stream (`train_dataset`): epoch e is a fresh permutation of all N examples (grain's
 `shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
 `batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
 skipped except the final remainder of a finite run. Host p takes the contiguous block p of each
-global batch (`HostBlock`), the rows its devices hold, so the global array a step sees is the
-same for any number of hosts, row for row (per-row randomness on the device, such as Mixup
-partners or DINO's crops, then does not depend on it either). Augmentation is drawn per global
-batch from (seed, step) (per-image augmentations: from (seed, step, position in the global
-batch)), so it does not depend on the number of hosts and a restored iterator reproduces it
-exactly. The per-image DeiT-III augmentations
-(laplax.data.augment) loop over the batch in Python: fine for CPU-sized data.
+global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step
+sees is the same for any number of hosts, row for row (per-row randomness on the device, such as
+Mixup partners or DINO's crops, then does not depend on it either). Augmentation (`augment`, the
+ops of laplax.data.ops) is drawn per global batch from (seed, step) for the leading ops that run
+on whole batches (pad_crop, flip), then per image from (seed, step, position in the global
+batch) (rrc, three_augment, color_jitter: a Python loop over the batch, fine for CPU-sized
+data), so it does not depend on the number of hosts and a restored iterator reproduces it
+exactly.
 """
 from __future__ import annotations
 
@@ -24,24 +25,8 @@ from typing import Sequence
 import grain
 import numpy as np
 
-from laplax.data import augment as augment_lib
-
-# 'crop' / 'crop_flip': random crop of the `pad`-padded image (DeiT-III's "simple random crop"
-# with pad_mode='reflect'); 'rrc' / 'rrc_flip': random-resized crop (augment.random_resized_crop,
-# area fraction in `crop_scale`) back to the input size; '_flip': horizontal flips, p = 1/2.
-AUGMENTATIONS = ('none', 'crop', 'crop_flip', 'rrc', 'rrc_flip')
-PAD_MODES = ('constant', 'reflect')
-
-# Streams of randomness derived from the user's seed (so the shuffle and the augmentation
-# never share a seed, and seed s's epoch e+1 is not seed s+1's epoch e).
-_SHUFFLE_STREAM = 0
-_AUGMENT_STREAM = 1
-_SPLIT_STREAM = 2
-
-
-def _derive_seed(seed: int, stream: int) -> int:
-  """A 32-bit seed for one use of the user's seed."""
-  return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+from laplax.data import grain_utils
+from laplax.data import ops as ops_lib
 
 
 def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
@@ -49,51 +34,6 @@ def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
     raise ValueError(f'images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}')
   if labels.shape != images.shape[:1]:
     raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
-
-
-def _check_seed(seed: int) -> None:
-  if not isinstance(seed, (int, np.integer)) or seed < 0:
-    raise ValueError(f'seed={seed!r} must be a non-negative integer')
-
-
-def _check_hosts(process_index: int, process_count: int) -> None:
-  if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f'process_index={process_index} must be in [0, process_count='
-                     f'{process_count})')
-
-
-class HostBlock(grain.MapDataset):
-  """Host p's share of a stream cut into global batches of G = B * P elements: parent
-  positions [j G + p B, j G + (p + 1) B) for j = 0, 1, ... (a partial last global batch is
-  dropped). Only the elements read are computed, so a lazy parent (decoding, augmenting)
-  does this host's work alone."""
-
-  def __init__(self, parent: grain.MapDataset, batch_size: int, process_index: int,
-               process_count: int):
-    super().__init__(parent)
-    _check_hosts(process_index, process_count)
-    self._rows, self._offset = batch_size, process_index * batch_size
-    self._global = batch_size * process_count
-    self._length = len(parent) // self._global * batch_size
-
-  def __len__(self) -> int:
-    return self._length
-
-  def _parent_index(self, index: int) -> int:
-    j, k = divmod(index, self._rows)
-    return j * self._global + self._offset + k
-
-  def __getitem__(self, index):
-    if isinstance(index, slice):
-      return self.slice(index)
-    return self._parent[self._parent_index(index)]
-
-  def _getitems(self, indices):
-    parent_indices = [self._parent_index(i) for i in indices]
-    return self._parent._getitems(parent_indices)  # pylint: disable=protected-access
-
-  def __str__(self) -> str:
-    return f'HostBlock(rows={self._rows}, offset={self._offset}, global={self._global})'
 
 
 def normalization(mean: Sequence[float] | float, std: Sequence[float] | float,
@@ -138,69 +78,8 @@ def device_normalize(images, mean: Sequence[float] | float, std: Sequence[float]
   return images.astype(jnp.float32) * scale - shift
 
 
-def crop_and_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
-                  pad: int, pad_mode: str = 'constant') -> np.ndarray:
-  """Batched random crop with zero padding, then horizontal flip (one gather for both).
-
-  Args:
-    images: (B, H, W, C).
-    offsets: int (B, 2), the crop's top-left corner (row, column) in the padded image, each in
-      [0, 2 * pad]; (pad, pad) keeps the image in place.
-    flips: bool (B,), mirror left-right.
-    pad: pixels added on every side before cropping.
-    pad_mode: 'constant' (zeros, black before normalisation: torchvision's
-      RandomCrop(padding=pad)) or 'reflect' (DeiT-III's simple random crop).
-
-  Returns:
-    (B, H, W, C), same dtype.
-  """
-  b, h, w, _ = images.shape
-  if pad:
-    images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode=pad_mode)
-  # Two cheap gathers instead of one per pixel (about 4x faster): whole padded rows first,
-  # then each row's window of W pixels through a strided view.
-  rows = images[np.arange(b)[:, None], offsets[:, :1] + np.arange(h)]  # (B, H, W + 2 pad, C)
-  windows = np.lib.stride_tricks.sliding_window_view(rows, w, axis=2)  # (B, H, 2 pad + 1, C, W)
-  out = windows[np.arange(b)[:, None], np.arange(h), offsets[:, 1:]]  # (B, H, C, W)
-  out = np.ascontiguousarray(np.moveaxis(out, 2, 3))
-  out[flips] = out[flips, :, ::-1]
-  return out
-
-
-def augment_params(seed: int, step: int, global_batch_size: int, *, pad: int,
-                   flip: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Crop offsets int (G, 2) in [0, 2 * pad] and flips bool (G,) for global batch `step`."""
-  rng = np.random.default_rng([seed, step])
-  offsets = rng.integers(0, 2 * pad + 1, size=(global_batch_size, 2))
-  flips = rng.random(global_batch_size) < 0.5 if flip else np.zeros(global_batch_size, bool)
-  return offsets, flips
-
-
-def per_image_augment(image: np.ndarray, rng: np.random.Generator, *, rrc: bool = False,
-                      flip: bool = False, crop_scale: tuple[float, float] = (0.08, 1.0),
-                      three_augment: bool = False, color_jitter: float = 0.0) -> np.ndarray:
-  """DeiT-III's per-image chain on uint8 (H, W, C): random-resized crop to (H, W), flip,
-  3-Augment, colour jitter (each only if asked), drawn from `rng`."""
-  if rrc:
-    image = augment_lib.random_resized_crop(image, rng, scale=tuple(crop_scale))
-    if flip:
-      image = augment_lib.random_flip(image, rng)
-  if three_augment:
-    image = augment_lib.three_augment(np.ascontiguousarray(image), rng)
-  if color_jitter > 0:
-    image = augment_lib.color_jitter(np.ascontiguousarray(image), rng, strength=color_jitter)
-  return image
-
-
-def _read_options(num_threads: int, prefetch: int) -> grain.ReadOptions:
-  # grain's defaults (16 threads, 500 elements) would buffer 500 whole batches.
-  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
-
-
 def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, seed: int,
-                  augment: str = 'none', pad: int = 4, pad_mode: str = 'constant',
-                  crop_scale: tuple[float, float] = (0.08, 1.0), three_augment: bool = False,
-                  color_jitter: float = 0.0, mean: Sequence[float] | float,
+                  augment: ops_lib.Spec = (), mean: Sequence[float] | float,
                   std: Sequence[float] | float, process_index: int = 0, process_count: int = 1,
                   num_epochs: int | None = None, num_threads: int = 1,
                   prefetch: int = 2) -> grain.IterDataset:
@@ -212,12 +91,8 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
     batch_size: examples per batch on THIS host; the global batch is
       `batch_size * process_count`.
     seed: shuffling and augmentation seed (same on every host).
-    augment: 'none', 'crop' (random crop after `pad` pixels each side), 'rrc' (random-resized
-      crop back to (H, W)); '_flip' variants add horizontal flips with probability 1/2.
-    pad, pad_mode: padding for 'crop' ('constant' zeros or 'reflect').
-    crop_scale: (lo, hi) area fraction of the 'rrc' crop (DeiT-III: (0.08, 1)).
-    three_augment: after the crop, one of greyscale / solarise / blur per image (DeiT-III).
-    color_jitter: then brightness / contrast / saturation jitter of this strength (0: off).
+    augment: the augmentation ops (laplax.data.ops), e.g. ('pad_crop(4)', 'flip') or
+      ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)'); () for none.
     mean, std: per-channel normalisation in [0, 1] pixel units (see `dataset_info`).
     process_index, process_count: this host and the number of hosts.
     num_epochs: None repeats forever; otherwise the stream ends after `num_epochs` passes,
@@ -229,55 +104,34 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
     a `grain.DatasetIterator`; its `get_state()`/`set_state()` resume exactly.
   """
   _check_arrays(images, labels)
-  _check_seed(seed)
-  _check_hosts(process_index, process_count)
-  if augment not in AUGMENTATIONS:
-    raise ValueError(f'augment={augment!r} is not one of {AUGMENTATIONS}')
-  if pad < 0 or pad_mode not in PAD_MODES:
-    raise ValueError(f'pad={pad} must be >= 0 and pad_mode={pad_mode!r} one of {PAD_MODES}')
-  if pad_mode == 'reflect' and pad >= min(images.shape[1:3]):
-    raise ValueError(f'pad={pad} must be smaller than the image side to reflect')
-  if augment.startswith('rrc'):
-    augment_lib.resized_crop_box(2, 2, np.random.default_rng(0), scale=tuple(crop_scale))
-  if color_jitter < 0:
-    raise ValueError(f'color_jitter={color_jitter} must be >= 0 (0: off)')
-  n = len(images)
+  grain_utils.check_seed(seed)
+  grain_utils.check_hosts(process_index, process_count)
+  batch_ops, image_ops = ops_lib.in_memory(augment, images.shape[1:3])
   global_batch = batch_size * process_count
-  if batch_size < 1 or global_batch > n:
-    raise ValueError(f'batch_size={batch_size} x process_count={process_count} must be in '
-                     f'[1, {n}] (the number of training examples)')
-  if num_epochs is not None and num_epochs < 1:
-    raise ValueError(f'num_epochs={num_epochs} must be None (forever) or >= 1')
   scale, shift = normalization(mean, std, images.shape[-1])
-  augment_seed = _derive_seed(seed, _AUGMENT_STREAM)
-  per_image = augment.startswith('rrc') or three_augment or color_jitter > 0
+  augment_seed = grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM)
 
   def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     x = images[indices]
     # This host's examples sit at its block of positions of the global batch.
     host = slice(process_index * batch_size, (process_index + 1) * batch_size)
-    if augment in ('crop', 'crop_flip'):
-      offsets, flips = augment_params(augment_seed, step, global_batch, pad=pad,
-                                      flip=augment == 'crop_flip')
-      x = crop_and_flip(x, offsets[host], flips[host], pad=pad, pad_mode=pad_mode)
-    if per_image:
-      x = np.stack([per_image_augment(
-          im, np.random.default_rng([augment_seed, step, position]),
-          rrc=augment.startswith('rrc'), flip=augment == 'rrc_flip', crop_scale=crop_scale,
-          three_augment=three_augment, color_jitter=color_jitter)
+    if batch_ops:
+      rng = np.random.default_rng([augment_seed, step])
+      for op in batch_ops:
+        x = op.batch(x, rng, host, global_batch)
+    if image_ops:
+      x = np.stack([ops_lib.run_images(
+          image_ops, im, np.random.default_rng([augment_seed, step, position]))
           for im, position in zip(x, range(global_batch)[host])])
     return {'image': _apply_normalization(x, scale, shift),
             'label': labels[indices].astype(np.int32)}
 
-  # Example index at each position of the global stream; epoch e uses shuffle seed + e.
-  ds = grain.MapDataset.range(n).shuffle(_derive_seed(seed, _SHUFFLE_STREAM))
-  ds = ds.repeat(num_epochs)
-  if num_epochs is not None:
-    ds = ds[:len(ds) // global_batch * global_batch]  # Every host gets the same step count.
-  ds = HostBlock(ds, batch_size, process_index, process_count)
-  ds = ds.batch(batch_size, drop_remainder=True)
+  # Example index at each position of the global stream.
+  ds = grain_utils.epochs(grain.MapDataset.range(len(images)), seed=seed, batch_size=batch_size,
+                          process_count=process_count, num_epochs=num_epochs)
+  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
   ds = ds.map_with_index(make_batch)
-  return ds.to_iter_dataset(_read_options(num_threads, prefetch))
+  return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
 
 
 def eval_batches(images: np.ndarray, labels: np.ndarray, *, batch_size: int,
@@ -294,25 +148,19 @@ def eval_batches(images: np.ndarray, labels: np.ndarray, *, batch_size: int,
     (B,)}; padded entries are zero images, label 0, mask False.
   """
   _check_arrays(images, labels)
-  _check_hosts(process_index, process_count)
   n = len(images)
-  if batch_size < 1 or n == 0:
-    raise ValueError(f'batch_size={batch_size} must be >= 1 and the {n} images non-empty')
-  global_batch = batch_size * process_count
-  num_batches = -(-n // global_batch)
   scale, shift = normalization(mean, std, images.shape[-1])
 
-  def make_batch(step: int) -> dict[str, np.ndarray]:
-    positions = step * global_batch + process_index * batch_size + np.arange(batch_size)
-    mask = positions < n
-    indices = np.minimum(positions, n - 1)
+  def make_batch(positions: np.ndarray) -> dict[str, np.ndarray]:
+    indices, mask = grain_utils.padded(positions, n)
     x = _apply_normalization(images[indices], scale, shift)
     x[~mask] = 0.0
     return {'image': x, 'label': np.where(mask, labels[indices], 0).astype(np.int32),
             'mask': mask}
 
-  ds = grain.MapDataset.range(num_batches).map(make_batch)
-  return ds.to_iter_dataset(_read_options(num_threads, prefetch))
+  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  ds = ds.batch(batch_size).map(make_batch)
+  return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
 
 
 def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | float,
@@ -329,7 +177,7 @@ def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | f
   Returns:
     train_images, train_labels, val_images, val_labels; both parts keep the input order.
   """
-  _check_seed(seed)
+  grain_utils.check_seed(seed)
   n = len(labels)
   if labels.shape != (n,) or len(images) != n:
     raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
@@ -339,7 +187,7 @@ def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | f
     val_size = round(val_size * n)
   if not 0 < val_size < n:
     raise ValueError(f'val_size={val_size} must be in [1, {n - 1}] (N={n})')
-  rng = np.random.default_rng(_derive_seed(seed, _SPLIT_STREAM))
+  rng = np.random.default_rng(grain_utils.derive_seed(seed, grain_utils.SPLIT_STREAM))
   order = rng.permutation(n)
   if stratify:
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)

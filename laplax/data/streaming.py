@@ -9,52 +9,32 @@ ArrayRecord index, so host memory does not grow with the data set.
 Training stream (`train_dataset`): the same global stream as the in-memory pipeline
 (`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
 are concatenated and cut into global batches of `batch_size * process_count`; host p reads only
-its contiguous block of each global batch (`pipeline.HostBlock`). The per-record augmentation is
-drawn from (seed, position in the global stream), so it does not depend on the number of hosts,
-worker processes or threads, and a restored iterator continues the stream exactly.
+its contiguous block of each global batch (`grain_utils.HostBlock`). The per-record augmentation
+is drawn from (seed, position in the global stream), so it does not depend on the number of
+hosts, worker processes or threads, and a restored iterator continues the stream exactly.
 
-Per-record training ops: a crop (`CROPS`: torchvision's random-resized crop, or DeiT-III's
-simple random crop), then the ops named by `data.record_ops`, looked up in `RECORD_OPS`
-(name -> fn(uint8 (H, W, C), np.random.Generator) -> uint8 (H, W, C)); register new
-augmentations there.
+Training augmentation: the ops of `data.augment` (laplax.data.ops, the in-memory pipeline's
+language): the first crops the decoded record to data.image_size ('rrc(0.08,1)': torchvision's
+random-resized crop; 'pad_crop(4,reflect)': DeiT-III's simple random crop), the rest (flip,
+three_augment, color_jitter, any registered op with an `image` method) run on each record.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grain
 import numpy as np
 from PIL import Image
 
-from laplax.data import augment, pipeline
+from laplax.data import augment, grain_utils
+from laplax.data import ops as ops_lib
 from laplax.data.builders import DataError
 
-RecordOp = Callable[[np.ndarray, np.random.Generator], np.ndarray]
-
-
-# Per-record augmentations after the crop, by config name (data.record_ops); 'color_jitter' has
-# DeiT-III's strength 0.3.
-RECORD_OPS: dict[str, RecordOp] = {'flip': augment.random_flip,
-                                   'three_augment': augment.three_augment,
-                                   'color_jitter': augment.color_jitter}
-CROPS = ('rrc', 'simple')
-
-
 # ----------------------------------------------------------------------------------------------
-# Geometry (torchvision semantics; the crop box is augment.resized_crop_box)
-
-
-def _resize_shorter(image: Image.Image, size: int) -> Image.Image:
-  """torchvision Resize(size): the shorter side becomes `size` (bilinear, antialiased)."""
-  w, h = image.size
-  if w <= h:
-    new = (size, int(size * h / w))
-  else:
-    new = (int(size * w / h), size)
-  return image if new == (w, h) else image.resize(new, Image.Resampling.BILINEAR)
+# Decoding and the evaluation crop (torchvision semantics)
 
 
 def _center_crop(image: np.ndarray, size: int) -> np.ndarray:
@@ -70,31 +50,10 @@ def decode(encoded: bytes) -> Image.Image:
   return image if image.mode == 'RGB' else image.convert('RGB')
 
 
-def resized_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *,
-                     scale: Sequence[float], ratio: Sequence[float]) -> np.ndarray:
-  """RandomResizedCrop(size, scale, ratio) of a decoded PIL image -> uint8 (size, size, 3):
-  the box of `augment.resized_crop_box`, cropped and resized in one PIL call (the box
-  argument), bilinear with antialiasing as torchvision on PIL images."""
-  top, left, h, w = augment.resized_crop_box(image.height, image.width, rng,
-                                             scale=tuple(scale), ratio=tuple(ratio))
-  out = image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-  return np.asarray(out)
-
-
-def simple_random_crop(image: Image.Image, size: int, rng: np.random.Generator, *,
-                       pad: int = 4) -> np.ndarray:
-  """DeiT-III's simple random crop: shorter side resized to `size`, reflect-padded by `pad`,
-  a random size x size crop -> uint8 (size, size, 3)."""
-  x = np.asarray(_resize_shorter(image, size))
-  x = np.pad(x, ((pad, pad), (pad, pad), (0, 0)), mode='reflect')
-  top = int(rng.integers(0, x.shape[0] - size + 1))
-  left = int(rng.integers(0, x.shape[1] - size + 1))
-  return x[top:top + size, left:left + size]
-
-
 def resize_center_crop(image: Image.Image, *, resize: int, crop: int) -> np.ndarray:
   """Evaluation: Resize(resize) on the shorter side, CenterCrop(crop) -> uint8 (crop, crop, 3)."""
-  return np.ascontiguousarray(_center_crop(np.asarray(_resize_shorter(image, resize)), crop))
+  return np.ascontiguousarray(_center_crop(np.asarray(augment.resize_shorter(image, resize)),
+                                           crop))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,21 +62,16 @@ def resize_center_crop(image: Image.Image, *, resize: int, crop: int) -> np.ndar
 
 @dataclasses.dataclass(frozen=True)
 class TrainTransform(grain.transforms.RandomMap):
-  """record {'image': encoded bytes, 'label'} -> {'image': uint8 (S, S, 3), 'label': int32}."""
+  """record {'image': encoded bytes, 'label'} -> {'image': uint8 (S, S, 3), 'label': int32}:
+  `crop` (an op's `decoded`) to S = size, then `ops` (their `image`), all drawing from the
+  record's generator."""
   size: int
-  crop: str = 'rrc'
-  scale: tuple[float, float] = (0.08, 1.0)
-  ratio: tuple[float, float] = (3 / 4, 4 / 3)
-  ops: tuple[str, ...] = ('flip',)
+  crop: ops_lib.Op
+  ops: tuple[ops_lib.Op, ...] = ()
 
   def random_map(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    image = decode(record['image'])
-    if self.crop == 'rrc':
-      x = resized_crop_pil(image, self.size, rng, scale=self.scale, ratio=self.ratio)
-    else:
-      x = simple_random_crop(image, self.size, rng)
-    for name in self.ops:
-      x = RECORD_OPS[name](x, rng)
+    x = ops_lib.run_images(self.ops, self.crop.decoded(decode(record['image']), self.size, rng),
+                           rng)
     return {'image': np.ascontiguousarray(x, dtype=np.uint8),
             'label': np.int32(record['label'])}
 
@@ -192,45 +146,19 @@ def _subset(source, limit: int) -> grain.MapDataset:
 # Pipelines
 
 
-def _check_ops(ops: Sequence[str]) -> None:
-  unknown = [o for o in ops if o not in RECORD_OPS]
-  if unknown:
-    raise ValueError(f'data.record_ops: unknown {unknown}; known: {sorted(RECORD_OPS)}')
-
-
-def check_train_options(*, image_size: int, crop: str, scale: Sequence[float],
-                        ratio: Sequence[float], ops: Sequence[str]) -> None:
-  """One-line ValueErrors for bad training-augmentation settings."""
+def check_train_options(*, image_size: int, augment: ops_lib.Spec
+                        ) -> tuple[ops_lib.Op, tuple[ops_lib.Op, ...]]:
+  """(crop, per-record ops) of a training augmentation (`ops_lib.streamed`); one-line
+  ValueErrors for bad settings."""
   if not isinstance(image_size, int) or image_size < 1:
     raise ValueError(f'data.image_size={image_size!r} must be a positive integer')
-  if crop not in CROPS:
-    raise ValueError(f'data.crop={crop!r}; use one of {CROPS}')
-  if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
-    raise ValueError(f'data.rrc_scale={tuple(scale)} must be (lo, hi) with 0 < lo <= hi <= 1')
-  if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1]:
-    raise ValueError(f'data.rrc_ratio={tuple(ratio)} must be (lo, hi) with 0 < lo <= hi')
-  _check_ops(ops)
+  return ops_lib.streamed(augment, image_size)
 
 
-def _iterate(ds: grain.MapDataset, num_workers: int, num_threads: int, prefetch: int):
-  """MapDataset of batches -> IterDataset; worker processes each make whole batches (worker
-  i takes batches i, i + W, ...), so the stream does not depend on the number of workers."""
-  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
-                                            prefetch_buffer_size=prefetch))
-  if num_workers > 0:
-    from absl import flags
-    if not flags.FLAGS.is_parsed():  # grain reads its absl flags (notebooks, tests: unparsed)
-      flags.FLAGS.mark_as_parsed()
-    it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
-        num_workers=num_workers, per_worker_buffer_size=prefetch))
-  return it
-
-
-def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: str = 'rrc',
-                  scale: Sequence[float] = (0.08, 1.0),
-                  ratio: Sequence[float] = (3 / 4, 4 / 3), ops: Sequence[str] = ('flip',),
-                  process_index: int = 0, process_count: int = 1, limit: int = 0,
-                  num_epochs: int | None = None, num_workers: int = 0, num_threads: int = 1,
+def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
+                  augment: ops_lib.Spec = ('rrc', 'flip'), process_index: int = 0,
+                  process_count: int = 1, limit: int = 0, num_epochs: int | None = None,
+                  num_workers: int = 0, num_threads: int = 1,
                   prefetch: int = 2) -> grain.IterDataset:
   """This host's training batches (see the module docstring).
 
@@ -239,8 +167,9 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: 
     batch_size: examples per batch on THIS host (global: batch_size * process_count).
     seed: shuffle and augmentation seed (same on every host).
     image_size: side S of the square training crop.
-    crop: 'rrc' (RandomResizedCrop(S, scale, ratio)) or 'simple' (DeiT-III's simple crop).
-    ops: per-record ops after the crop, names in RECORD_OPS, applied in order.
+    augment: the augmentation ops (laplax.data.ops): a crop of the decoded record to S
+      ('rrc(lo,hi)' or 'pad_crop(pad,mode)'), then per-record ops, e.g. ('rrc(0.08,1)', 'flip',
+      'three_augment', 'color_jitter(0.3)').
     limit: > 0 uses the first `limit` records only.
     num_epochs: None repeats forever, else that many passes (last partial global batch
       dropped).
@@ -251,26 +180,17 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int, crop: 
     grain.IterDataset of {'image': uint8 (B, S, S, 3), 'label': int32 (B,)}; its iterator's
     get_state()/set_state() resume exactly.
   """
-  check_train_options(image_size=image_size, crop=crop, scale=scale, ratio=ratio, ops=ops)
-  pipeline._check_seed(seed)
-  pipeline._check_hosts(process_index, process_count)
-  records = _subset(source, limit)
-  n, global_batch = len(records), batch_size * process_count
-  if batch_size < 1 or global_batch > n:
-    raise ValueError(f'batch_size={batch_size} x process_count={process_count} must be in '
-                     f'[1, {n}] (the number of training examples)')
-  if num_epochs is not None and num_epochs < 1:
-    raise ValueError(f'num_epochs={num_epochs} must be None (forever) or >= 1')
-  ds = records.shuffle(pipeline._derive_seed(seed, pipeline._SHUFFLE_STREAM)).repeat(num_epochs)
-  if num_epochs is not None:
-    ds = ds[:len(ds) // global_batch * global_batch]  # Every host gets the same step count.
+  crop, ops = check_train_options(image_size=image_size, augment=augment)
+  grain_utils.check_seed(seed)
+  grain_utils.check_hosts(process_index, process_count)
+  ds = grain_utils.epochs(_subset(source, limit), seed=seed, batch_size=batch_size,
+                          process_count=process_count, num_epochs=num_epochs)
   # Indices of the random map are global stream positions: augmentation independent of hosts.
-  ds = ds.random_map(TrainTransform(size=image_size, crop=crop, scale=tuple(scale),
-                                    ratio=tuple(ratio), ops=tuple(ops)),
-                     seed=pipeline._derive_seed(seed, pipeline._AUGMENT_STREAM))
-  ds = pipeline.HostBlock(ds, batch_size, process_index, process_count)
-  ds = ds.batch(batch_size, drop_remainder=True)
-  return _iterate(ds, num_workers, num_threads, prefetch)
+  ds = ds.random_map(TrainTransform(size=image_size, crop=crop, ops=ops),
+                     seed=grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM))
+  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
+  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
+                             prefetch=prefetch)
 
 
 def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_index: int = 0,
@@ -284,24 +204,16 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
     grain.IterDataset of {'image': uint8 (B, crop, crop, 3), 'label': int32 (B,), 'mask': bool
     (B,)}; padded entries are zero images, label 0, mask False.
   """
-  pipeline._check_hosts(process_index, process_count)
   if not 0 < crop <= resize:
     raise ValueError(f'eval crop={crop} must be in [1, resize={resize}]')
   records = _subset(source, limit)
   n = len(records)
-  if batch_size < 1 or n == 0:
-    raise ValueError(f'batch_size={batch_size} must be >= 1 and the {n} records non-empty')
-  global_batch = batch_size * process_count
-  num_batches = -(-n // global_batch)
-
-  def fetch(i: int):
-    j, k = divmod(i, batch_size)
-    position = j * global_batch + process_index * batch_size + k
-    return records[position] if position < n else {}  # grain drops None elements
-
-  ds = grain.MapDataset.range(num_batches * batch_size).map(fetch)
+  # grain drops None elements: padding is the empty record.
+  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  ds = ds.map(lambda position: records[position] if position < n else {})
   ds = ds.map(EvalTransform(resize=resize, crop=crop)).batch(batch_size)
-  return _iterate(ds, num_workers, num_threads, prefetch)
+  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
+                             prefetch=prefetch)
 
 
 # ----------------------------------------------------------------------------------------------

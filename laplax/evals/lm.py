@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from laplax.data import text
+from laplax.data.text import pipeline as text_pipeline
 from laplax.data.shared import shared_data_dir
 from laplax.evals import bpb as bpb_lib
 from laplax.evals import lm_tasks
@@ -90,8 +90,9 @@ class LmGeometry(Evaluator):
       raise ValueError(f"examples={config.examples} must be a positive integer")
 
   def run(self, weights, step) -> dict[str, Any]:
-    batches = text.eval_batches(self.ctx.task.val_shards, batch_size=self.config.batch_size,
-                                max_windows=self.config.examples)
+    batches = text_pipeline.eval_batches(self.ctx.task.val_shards,
+                                         batch_size=self.config.batch_size,
+                                         max_windows=self.config.examples)
     windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
     geo = lm_geometry.analyze_lm(self.ctx.model, {"params": weights.params}, windows,
                                  batch_size=self.config.batch_size)

@@ -72,8 +72,10 @@ def title(config) -> str:
 
 def setup(config) -> str:
   b = config.base
+  augment = b.data.augment  # as written (a report of an old study shows its old name)
+  augment = augment if isinstance(augment, str) else ", ".join(augment) or "none"
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}, "
-          f"augmentation {b.data.augment}; {schedule_line(config)} Geometry on "
+          f"augmentation {augment}; {schedule_line(config)} Geometry on "
           f"{config.study.analysis_examples} test images.")
 
 

@@ -25,7 +25,7 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, mixup as mixup_lib, pipeline, streaming
+from laplax.data import builders, mixup as mixup_lib, ops, pipeline, streaming
 from laplax.data.images import load_image_data
 from laplax.models import vit
 from laplax.train.task import Task
@@ -88,14 +88,6 @@ def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.
       name=data.tfds_name, num_classes=classes, image_shape=(size, size, 3), class_names=names,
       mean=tuple(data.get("mean", IMAGENET_MEAN)), std=tuple(data.get("std", IMAGENET_STD)),
       split_sizes=splits)
-
-
-def stream_augment(data: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The streamed training augmentation of a data config, as streaming.train_dataset's
-  crop / scale / ratio / ops arguments."""
-  return dict(crop=data.get("crop", "rrc"), scale=tuple(data.get("rrc_scale", (0.08, 1.0))),
-              ratio=tuple(data.get("rrc_ratio", (3 / 4, 4 / 3))),
-              ops=tuple(data.get("record_ops", ())))
 
 
 def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -181,18 +173,11 @@ class ClassificationTask(Task):
 
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
+    ops.check_removed_keys(d)
     if self.streaming:
       self._validate_streaming()
-    elif d.augment not in pipeline.AUGMENTATIONS:
-      raise ValueError(f"data.augment={d.augment!r}; use one of {pipeline.AUGMENTATIONS}")
-    if d.get("pad_mode", "constant") not in pipeline.PAD_MODES:
-      raise ValueError(f"data.pad_mode={d.pad_mode!r}; use one of {pipeline.PAD_MODES}")
-    if d.get("color_jitter", 0.0) < 0:
-      raise ValueError(f"data.color_jitter={d.color_jitter} must be >= 0 (0: off)")
-    if d.get("augment", "").startswith("rrc"):
-      scale = tuple(d.get("crop_scale", (0.08, 1.0)))
-      if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
-        raise ValueError(f"data.crop_scale={scale} must be (lo, hi) with 0 < lo <= hi <= 1")
+    else:
+      ops.in_memory(d.get("augment", ()), self.info().image_shape[:2])
     mixup_config(self.config)
     loss = self.config.get("loss", "softmax_xent")
     if loss not in LOSSES:
@@ -206,7 +191,8 @@ class ClassificationTask(Task):
 
   def _validate_streaming(self) -> None:
     d = self.config.data
-    streaming.check_train_options(image_size=d.get("image_size", 0), **stream_augment(d))
+    streaming.check_train_options(image_size=d.get("image_size", 0),
+                                  augment=d.get("augment", ()))
     resize, crop = eval_geometry(d)
     if not 0 < crop <= resize:
       raise ValueError(f"data.eval_crop={crop} must be in [1, data.eval_resize={resize}]")
@@ -307,15 +293,12 @@ class ClassificationTask(Task):
     if self.streaming:
       return iter(streaming.train_dataset(
           self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
-          image_size=d.image_size, **stream_augment(d), process_index=process_index,
+          image_size=d.image_size, augment=d.get("augment", ()), process_index=process_index,
           process_count=process_count, limit=d.get("train_subset", 0), **self._loader_options()))
     info, (x, y) = self.data["info"], self.data["train"]
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        augment=d.augment, pad_mode=d.get("pad_mode", "constant"),
-        crop_scale=tuple(d.get("crop_scale", (0.08, 1.0))),
-        three_augment=bool(d.get("three_augment", False)),
-        color_jitter=float(d.get("color_jitter", 0.0)), mean=info.mean, std=info.std,
+        augment=d.get("augment", ()), mean=info.mean, std=info.std,
         process_index=process_index, process_count=process_count))
 
   def describe(self, m: dict[str, float]) -> str:

@@ -339,7 +339,7 @@ class DinoTask(Task):
     x, y = self.data["train"]
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        augment="none", mean=0.0, std=1.0, process_index=process_index,
+        mean=0.0, std=1.0, process_index=process_index,
         process_count=process_count))
 
   def describe(self, m: dict[str, float]) -> str:

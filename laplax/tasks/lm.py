@@ -20,7 +20,9 @@ import numpy as np
 import optax
 
 from laplax import flops as flops_lib
-from laplax.data import text
+from laplax.data.text import pipeline as text_pipeline
+from laplax.data.text import preparation, shards
+from laplax.data.tokenizer import Tokenizer
 from laplax.models import gpt
 from laplax.train import optim as optim_lib
 from laplax.train.task import Task
@@ -51,7 +53,7 @@ class LanguageModelTask(Task):
   unit = "tokens"
   study_section = "laplax.study.lm"
 
-  tokenizer: text.BPETokenizer | None = None
+  tokenizer: Tokenizer | None = None
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
@@ -70,19 +72,20 @@ class LanguageModelTask(Task):
     # (the others, run after it, would delete what it just wrote).
     if jax.process_index() == 0 and not (workdir / "config.json").exists():
       (workdir / "tokenizer.json").unlink(missing_ok=True)
-    self.tokenizer, token_dir = text.prepare(self.config.data, text_cache_dir(self.config.data),
-                                             tokenizer_path=workdir / "tokenizer.json", log=log)
-    self.corpus = text.describe_corpus(token_dir)
+    self.tokenizer, token_dir = preparation.prepare(
+        self.config.data, text_cache_dir(self.config.data),
+        tokenizer_path=workdir / "tokenizer.json", log=log)
+    self.corpus = shards.describe_corpus(token_dir)
     log(f"data: {self.corpus['documents']} documents, {self.corpus['tokens']['train']:,} train"
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")
-    self.train_shards = text.TokenShards(token_dir, "train", self.config.data.seq_len)
-    self.val_shards = text.TokenShards(token_dir, "val", self.config.data.seq_len)
+    self.train_shards = shards.TokenShards(token_dir, "train", self.config.data.seq_len)
+    self.val_shards = shards.TokenShards(token_dir, "val", self.config.data.seq_len)
 
   def load_assets(self, workdir: pathlib.Path) -> None:
     path = workdir / "tokenizer.json"
     if not path.exists():
       raise FileNotFoundError(f"{path} is missing: is {workdir} an lm training run?")
-    self.tokenizer = text.BPETokenizer.load(path)
+    self.tokenizer = Tokenizer.load(path)
 
   def build_model(self) -> gpt.GPT:
     vocab = self.tokenizer.vocab_size if self.tokenizer else self.config.data.vocab_size
@@ -140,7 +143,7 @@ class LanguageModelTask(Task):
     return loss_fn
 
   def train_iterator(self, process_index: int, process_count: int):
-    return iter(text.train_dataset(
+    return iter(text_pipeline.train_dataset(
         self.train_shards, batch_size=self.config.data.batch_size // process_count,
         seed=self.config.seed, process_index=process_index, process_count=process_count))
 
@@ -153,9 +156,10 @@ class LanguageModelTask(Task):
   def val_batches(self):
     """This host's share of the validation windows (data.eval_windows), in masked batches."""
     hosts = jax.process_count()
-    return text.eval_batches(self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
-                             max_windows=self.config.data.eval_windows,
-                             process_index=jax.process_index(), process_count=hosts)
+    return text_pipeline.eval_batches(
+        self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
+        max_windows=self.config.data.eval_windows, process_index=jax.process_index(),
+        process_count=hosts)
 
   def results_info(self, step: int) -> dict[str, Any]:
     return {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),

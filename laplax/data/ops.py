@@ -1,0 +1,424 @@
+"""The augmentation language of both image pipelines: `data.augment` is a sequence of op specs,
+
+  data.augment = ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)')
+
+parsed once (`parse`) against one registry (`register`) and run in order by the in-memory
+pipeline (laplax.data.pipeline) and the streamed one (laplax.data.streaming). A spec is `name`
+or `name(arg, ...)`; arguments are numbers (simple arithmetic such as 4/3 allowed), bare words
+(`pad_crop(4,reflect)`) or quoted strings, positional or by name. The ops:
+
+  pad_crop(pad=4, mode=constant)  random crop of the image padded by `pad` on every side
+      ('constant' zeros: torchvision's RandomCrop(padding); 'reflect': DeiT-III's simple random
+      crop); in memory the input size is kept, streamed the shorter side is first resized to
+      data.image_size
+  rrc(lo=0.08, hi=1, ratio_lo=3/4, ratio_hi=4/3)  random-resized crop, area fraction in
+      [lo, hi], aspect ratio log-uniform in [ratio_lo, ratio_hi]; in memory resized back to the
+      input size (bicubic, DeiT-III), streamed to data.image_size (bilinear, torchvision)
+  flip             horizontal flip with probability 1/2
+  three_augment    one of greyscale / solarise / Gaussian blur (DeiT-III's 3-Augment)
+  color_jitter(strength=0.3)  brightness, contrast, saturation jitter (DeiT-III: 0.3)
+
+Where an op can run is what its class implements (`Op`): `batch` (in memory, on a whole batch),
+`image` (in memory per image, streamed per record) and `decoded` (streamed, the first op: the
+decoded record -> the data.image_size training crop). `in_memory` and `streamed` check a spec
+against a pipeline (one-line ValueErrors, at config validation) and split it into stages:
+
+  in memory  the leading ops that run on batches do so, with one generator per global batch
+             from (seed, step); the rest run per image, one generator per image from
+             (seed, step, position in the global batch)
+  streamed   the first op crops the decoded record, then the rest run on it, all from one
+             generator per record from (seed, position in the global stream)
+
+so the draws never depend on the number of hosts. A new op is a registered `Op` subclass:
+
+  @ops.register('invert')
+  @dataclasses.dataclass(frozen=True)
+  class Invert(ops.Op):
+    def image(self, image, rng):
+      return 255 - image
+
+The keys that data.augment replaced (data.crop_scale, ...) fail validation with the spec that
+says the same (`check_removed_keys`).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import operator
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Union
+
+import numpy as np
+from PIL import Image
+
+from laplax.data import augment
+
+PAD_MODES = ('constant', 'reflect')
+RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  """One augmentation op, a parsed entry of data.augment; its fields are the spec's arguments.
+
+  A subclass implements the ways it can run (the pipelines check which, `runs`), uint8 in and
+  out, drawing only from the generator it is given:
+    batch(images (B, H, W, C), rng, rows, global_size) -> (B, H, W, C): in memory, this host's
+      rows `rows` (a slice) of a global batch of `global_size`; draws for the whole global
+      batch, so that a row's draw does not depend on the number of hosts. `images` belongs to
+      the pipeline: the op may change it in place.
+    image(image (H, W, C), rng) -> (H', W', C): one image (in memory) or record (streamed).
+    decoded(image: PIL RGB, size, rng) -> (size, size, 3): streamed, the first op.
+  """
+  name: ClassVar[str] = ''
+
+  def batch(self, images: np.ndarray, rng: np.random.Generator, rows: slice,
+            global_size: int) -> np.ndarray:
+    raise NotImplementedError
+
+  def image(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    raise NotImplementedError
+
+  def decoded(self, image: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
+    raise NotImplementedError
+
+  def check_size(self, height: int, width: int) -> None:
+    """Raises ValueError when the op cannot work on (height, width) images."""
+
+  def __str__(self) -> str:
+    """The spec, without the trailing arguments that have their defaults: 'rrc(0.25,1)'."""
+    fields = dataclasses.fields(self)
+    values = [getattr(self, f.name) for f in fields]
+    while values and values[-1] == fields[len(values) - 1].default:
+      values.pop()
+    return f"{self.name}({','.join(map(_format, values))})" if values else self.name
+
+
+Spec = Union[str, Sequence[Union[str, Op]]]
+REGISTRY: dict[str, type[Op]] = {}
+
+
+def register(name: str):
+  """Class decorator: `name` in data.augment makes an instance of the (dataclass) Op subclass,
+  the spec's arguments its fields."""
+  def add(cls: type[Op]) -> type[Op]:
+    if not (isinstance(cls, type) and issubclass(cls, Op) and dataclasses.is_dataclass(cls)):
+      raise TypeError(f'augment op {name!r}: {cls!r} is not a dataclass subclass of ops.Op')
+    if REGISTRY.get(name, cls) is not cls:
+      raise ValueError(f'augment op {name!r} is already registered ({REGISTRY[name]!r})')
+    cls.name = name
+    REGISTRY[name] = cls
+    return cls
+  return add
+
+
+def runs(op: Op | type[Op], how: str) -> bool:
+  """Whether op implements `how`: 'batch', 'image' or 'decoded'."""
+  cls = op if isinstance(op, type) else type(op)
+  return getattr(cls, how) is not getattr(Op, how)
+
+
+def _format(value) -> str:
+  if isinstance(value, float) and float(f'{value:g}') == value:
+    return f'{value:g}'
+  return str(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The ops
+
+
+def _set_floats(op: Op) -> None:
+  """Numeric fields as floats (a spec may write 1 for 1.0), or a ValueError naming the field."""
+  for f in dataclasses.fields(op):
+    value = getattr(op, f.name)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+      raise ValueError(f'{f.name}={value!r} must be a number')
+    object.__setattr__(op, f.name, float(value))
+
+
+def _check_range(what: str, lo: float, hi: float, top: float | None) -> None:
+  if not 0 < lo <= hi or (top is not None and hi > top):
+    bound = f' <= {top:g}' if top is not None else ''
+    raise ValueError(f'{what} ({lo:g}, {hi:g}) must satisfy 0 < lo <= hi{bound}')
+
+
+@register('pad_crop')
+@dataclasses.dataclass(frozen=True)
+class PadCrop(Op):
+  """Random crop of the image padded by `pad` pixels on every side ('constant' zeros or
+  'reflect'); streamed, the shorter side is first resized to the crop size."""
+  pad: int = 4
+  mode: str = 'constant'
+
+  def __post_init__(self):
+    if not isinstance(self.pad, (int, np.integer)) or self.pad < 0:
+      raise ValueError(f'pad={self.pad!r} must be an integer >= 0')
+    if self.mode not in PAD_MODES:
+      raise ValueError(f'mode={self.mode!r}; use one of {PAD_MODES}')
+
+  def check_size(self, height: int, width: int) -> None:
+    if self.mode == 'reflect' and self.pad >= min(height, width):
+      raise ValueError(f'pad={self.pad} must be smaller than the image side '
+                       f'({min(height, width)}) to reflect')
+
+  def batch(self, images, rng, rows, global_size):
+    offsets = rng.integers(0, 2 * self.pad + 1, size=(global_size, 2))
+    return augment.pad_crop_batch(images, offsets[rows], pad=self.pad, mode=self.mode)
+
+  def decoded(self, image, size, rng):
+    return augment.pad_crop_pil(image, size, rng, pad=self.pad, mode=self.mode)
+
+
+@register('rrc')
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCrop(Op):
+  """Random-resized crop: area fraction ~ U[lo, hi], aspect ratio log-uniform in
+  [ratio_lo, ratio_hi] (augment.resized_crop_box); in memory back to the input size (bicubic),
+  streamed to the crop size (bilinear)."""
+  lo: float = 0.08
+  hi: float = 1.0
+  ratio_lo: float = RATIO[0]
+  ratio_hi: float = RATIO[1]
+
+  def __post_init__(self):
+    _set_floats(self)
+    _check_range('scale', self.lo, self.hi, 1.0)
+    _check_range('ratio', self.ratio_lo, self.ratio_hi, None)
+
+  @property
+  def scale(self) -> tuple[float, float]:
+    return self.lo, self.hi
+
+  @property
+  def ratio(self) -> tuple[float, float]:
+    return self.ratio_lo, self.ratio_hi
+
+  def image(self, image, rng):
+    return augment.random_resized_crop(image, rng, scale=self.scale, ratio=self.ratio)
+
+  def decoded(self, image, size, rng):
+    return augment.resized_crop_pil(image, size, rng, scale=self.scale, ratio=self.ratio)
+
+
+@register('flip')
+@dataclasses.dataclass(frozen=True)
+class Flip(Op):
+  """Mirrors left-right with probability 1/2."""
+
+  def batch(self, images, rng, rows, global_size):
+    flips = (rng.random(global_size) < 0.5)[rows]
+    images[flips] = images[flips, :, ::-1]
+    return images
+
+  def image(self, image, rng):
+    return augment.random_flip(image, rng)
+
+
+@register('three_augment')
+@dataclasses.dataclass(frozen=True)
+class ThreeAugment(Op):
+  """DeiT-III's 3-Augment: one of greyscale, solarise, Gaussian blur, each with chance 1/3."""
+
+  def image(self, image, rng):
+    return augment.three_augment(image, rng)
+
+
+@register('color_jitter')
+@dataclasses.dataclass(frozen=True)
+class ColorJitter(Op):
+  """Brightness, contrast and saturation factors in [1 - s, 1 + s], in a random order."""
+  strength: float = 0.3
+
+  def __post_init__(self):
+    _set_floats(self)
+    if self.strength < 0:
+      raise ValueError(f'strength={self.strength:g} must be >= 0')
+
+  def image(self, image, rng):
+    return augment.color_jitter(image, rng, strength=self.strength)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing and the two pipelines' stages
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _value(node: ast.expr):
+  """An argument: a literal, a bare word (its name) or arithmetic on numbers."""
+  if isinstance(node, ast.Name):
+    return node.id
+  if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+    return node.value
+  if isinstance(node, ast.UnaryOp) and type(node.op) in _ARITHMETIC:
+    return _ARITHMETIC[type(node.op)](_number(node.operand))
+  if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+    return _ARITHMETIC[type(node.op)](_number(node.left), _number(node.right))
+  raise ValueError(f'cannot read the argument {ast.unparse(node)!r}')
+
+
+def _number(node: ast.expr) -> float:
+  value = _value(node)
+  if isinstance(value, str):
+    raise ValueError(f'{value!r} is not a number')
+  return value
+
+
+def _known() -> str:
+  return ', '.join(sorted(REGISTRY))
+
+
+def _parse_one(text: str) -> Op:
+  where = f'data.augment op {text!r}'
+  if not isinstance(text, str):
+    raise ValueError(f'data.augment holds {text!r}: give op specs (strings) such as '
+                     "'rrc(0.08,1)' or 'flip'")
+  try:
+    node = ast.parse(text.strip(), mode='eval').body
+  except SyntaxError:
+    node = None
+  if isinstance(node, ast.Name):
+    name, node_args, node_kwargs = node.id, [], []
+  elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+    name, node_args, node_kwargs = node.func.id, node.args, node.keywords
+  else:
+    raise ValueError(f"{where}: write name or name(arg, ...), e.g. 'rrc(0.08,1)'; known ops: "
+                     f'{_known()}')
+  if name not in REGISTRY:
+    if name in _OLD_AUGMENT:
+      raise ValueError(f'data.augment={name!r} is gone: write data.augment='
+                       f'{legacy_spec({"augment": name})!r}')
+    raise ValueError(f'{where}: unknown op {name!r}; known ops: {_known()}')
+  cls = REGISTRY[name]
+  fields = [f.name for f in dataclasses.fields(cls)]
+  try:
+    args = [_value(a) for a in node_args]
+    kwargs = {k.arg: _value(k.value) for k in node_kwargs}
+    unknown = [k for k in kwargs if k not in fields]
+    if len(args) > len(fields) or unknown or None in kwargs:
+      raise ValueError(f'{name} takes ({", ".join(fields)})' if fields
+                       else f'{name} takes no arguments')
+    return cls(*args, **kwargs)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f'{where}: {e}') from None
+
+
+def parse(spec: Spec) -> tuple[Op, ...]:
+  """data.augment (a sequence of op specs; one string is one op; parsed ops pass through) ->
+  its ops, in order. One-line ValueErrors name a bad op and list the known ones."""
+  if isinstance(spec, (str, Op)):
+    spec = (spec,)
+  return tuple(s if isinstance(s, Op) else _parse_one(s) for s in spec)
+
+
+def run_images(ops: Sequence[Op], image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  """The per-image stage: ops' `image` in order on uint8 (H, W, C), all drawing from rng."""
+  for op in ops:
+    image = op.image(np.ascontiguousarray(image), rng)
+  return image
+
+
+def in_memory(spec: Spec, image_size: tuple[int, int] | None = None
+              ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+  """(batch stage, per-image stage) of a spec for in-memory (H, W) = image_size images (None:
+  not checked): the leading ops that run on batches, then the rest, which must run per image."""
+  ops = parse(spec)
+  n = next((i for i, op in enumerate(ops) if not runs(op, 'batch')), len(ops))
+  for op in ops[n:]:
+    if runs(op, 'batch') and not runs(op, 'image'):
+      raise ValueError(f'data.augment: {op} runs on whole batches in memory, so it must come '
+                       f'before the per-image op {ops[n]}')
+    if not runs(op, 'image'):
+      raise ValueError(f'data.augment: {op} cannot run on in-memory images (it crops decoded '
+                       'records: streamed data sets only)')
+  if image_size is not None:
+    _check_sizes(ops, *image_size)
+  return ops[:n], ops[n:]
+
+
+def streamed(spec: Spec, image_size: int) -> tuple[Op, tuple[Op, ...]]:
+  """(crop of the decoded record to image_size, per-record ops after it) of a spec for the
+  streamed pipeline."""
+  ops = parse(spec)
+  if not ops or not runs(ops[0], 'decoded'):
+    crops = ', '.join(sorted(n for n, cls in REGISTRY.items() if runs(cls, 'decoded')))
+    first = f'not {ops[0]}' if ops else 'it is empty'
+    raise ValueError(f'data.augment of a streamed data set must start with a crop of the decoded '
+                     f'record to data.image_size ({crops}); {first}')
+  for op in ops[1:]:
+    if not runs(op, 'image'):
+      raise ValueError(f'data.augment: {op} cannot run per record on streamed data (only '
+                       f'{"as the first op" if runs(op, "decoded") else "in memory"})')
+  _check_sizes(ops, image_size, image_size)
+  return ops[0], ops[1:]
+
+
+def _check_sizes(ops: Sequence[Op], height: int, width: int) -> None:
+  for op in ops:
+    try:
+      op.check_size(height, width)
+    except ValueError as e:
+      raise ValueError(f'data.augment op {op} on {height} x {width} images: {e}') from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The keys data.augment replaced
+
+
+_OLD_AUGMENT = ('none', 'crop', 'crop_flip', 'rrc', 'rrc_flip')  # the old in-memory names
+REMOVED_KEYS = ('crop_scale', 'three_augment', 'color_jitter', 'pad_mode',  # in memory
+                'crop', 'rrc_scale', 'rrc_ratio', 'record_ops')  # streamed
+
+
+def _rrc(scale: Sequence[float], ratio: Sequence[float] = RATIO) -> str:
+  args = [_format(float(v)) for v in scale]
+  if tuple(ratio) != RATIO:
+    args += [_format(float(v)) for v in ratio]
+  return f"rrc({','.join(args)})"
+
+
+def legacy_spec(data: Mapping) -> tuple[str, ...] | None:
+  """The data.augment that does what a data config's removed keys did: streamed (data.tfds_name
+  set) data.crop / rrc_scale / rrc_ratio / record_ops; in memory an old data.augment name
+  with data.pad_mode / crop_scale / three_augment / color_jitter (None when data.augment is
+  already a spec)."""
+  get = data.get
+  if get('tfds_name'):
+    crop = ('pad_crop(4,reflect)' if get('crop', 'rrc') == 'simple'  # DeiT-III's simple crop
+            else _rrc(get('rrc_scale', (0.08, 1.0)), get('rrc_ratio', RATIO)))
+    jitter = {'color_jitter': 'color_jitter(0.3)'}  # the old record op's strength
+    return (crop, *(jitter.get(o, o) for o in get('record_ops', ())))
+  old = get('augment', 'none')
+  if old not in _OLD_AUGMENT:
+    return None
+  spec = []
+  if old.startswith('crop'):
+    mode = get('pad_mode', 'constant')
+    spec.append('pad_crop(4)' if mode == 'constant' else f'pad_crop(4,{mode})')
+  elif old.startswith('rrc'):
+    spec.append(_rrc(get('crop_scale', (0.08, 1.0))))
+  if old.endswith('_flip'):
+    spec.append('flip')
+  if get('three_augment', False):
+    spec.append('three_augment')
+  if get('color_jitter', 0.0) > 0:
+    spec.append(f"color_jitter({_format(float(get('color_jitter')))})")
+  return tuple(spec)
+
+
+def check_removed_keys(data: Mapping) -> None:
+  """One-line ValueError when a data config sets a key that data.augment replaced, with the
+  data.augment to write instead."""
+  removed = [k for k in REMOVED_KEYS if k in data]
+  if not removed:
+    return
+  also = f" (for data.{', data.'.join(removed)})" if len(removed) > 1 else ''
+  spec = legacy_spec(data)
+  if spec is None:
+    raise ValueError(f'data.{removed[0]} is gone: write its setting as ops in data.augment, '
+                     f"e.g. ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)') or "
+                     f"('pad_crop(4,reflect)', 'flip'){also}")
+  raise ValueError(f'data.{removed[0]} is gone: write data.augment={spec!r}{also}')
