@@ -3,9 +3,12 @@ import gzip
 import json
 import os
 import pathlib
+import platform
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import uuid
 
 import pytest
@@ -76,7 +79,7 @@ def test_infinite_loop_times_out():
 
 def test_memory_bomb_is_stopped():
   bomb = "chunks = []\nwhile True:\n  chunks.append(bytearray(10**7))\n"
-  result = sandbox.run_python(bomb, timeout_s=20, memory_mb=128)
+  result = sandbox.run_python(bomb, timeout_s=20, memory_mb=256)
   # RLIMIT_AS makes the allocation raise MemoryError long before the wall-clock limit.
   assert (result.status, result.returncode) == ("failed", 1)
   assert "MemoryError" in result.stderr
@@ -160,3 +163,203 @@ def test_bad_arguments_are_rejected():
     sandbox.run_python("pass", timeout_s=1, memory_mb=1)
   with pytest.raises(sandbox.SandboxError, match="cannot start"):
     sandbox.run_python("pass", timeout_s=5, memory_mb=256, python="/nonexistent/python3")
+
+
+def _no_cgroup(monkeypatch):
+  """Forces the fallback: no memory cgroup, the split RLIMIT_AS holds the total."""
+  monkeypatch.setattr(sandbox, "_make_cgroup", lambda memory_mb: (None, "off for the test"))
+
+
+def _no_syscall_filter(monkeypatch):
+  monkeypatch.setattr(sandbox, "_seccomp_filter", lambda: None)
+
+
+@pytest.fixture
+def unix_servers(world_writable_dir):
+  """Listening unix sockets anyone may connect to: in a tmp dir, in /tmp, and abstract."""
+  paths = [str(world_writable_dir / "server.sock"), f"/tmp/laplax_test_{uuid.uuid4().hex}.sock"]
+  servers = {}
+  for address in paths + ["\0laplax_test_" + uuid.uuid4().hex]:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    if not address.startswith("\0"):
+      os.chmod(address, 0o777)
+    server.listen()
+    server.setblocking(False)
+    servers[address] = server
+  yield servers
+  for server in servers.values():
+    server.close()
+  os.unlink(paths[1])
+
+
+# (isolate, syscall filter): both, namespaces + covered dirs only, filter only, neither (the
+# control: it shows the program reaches the sockets when nothing stops it).
+@pytest.mark.parametrize("isolate,syscall_filter", [(True, True), (True, False),
+                                                    (False, True), (False, False)])
+def test_unix_sockets_on_the_host_are_unreachable(unix_servers, monkeypatch, isolate,
+                                                  syscall_filter):
+  if not syscall_filter:
+    _no_syscall_filter(monkeypatch)
+  program = ("import json, socket\nout = []\n"
+             f"for address in {list(unix_servers)!r}:\n"
+             "  try:\n"
+             "    socket.socket(socket.AF_UNIX).connect(address)\n"
+             "    out.append('connected')\n"
+             "  except OSError as e:\n"
+             "    out.append(e.strerror)\n"
+             "print(json.dumps(out))\n")
+  result = sandbox.run_python(program, timeout_s=10, memory_mb=256, isolate=isolate)
+  assert result.status == "passed", result.stderr
+  kinds = {item.partition(":")[0] for item in result.missing}
+  assert ("namespaces" in kinds, "syscall filter" in kinds) == (not isolate, not syscall_filter)
+  # Namespaces alone: abstract names are per network namespace, paths need a covered directory.
+  covered = [os.path.realpath(d) + "/" for d in sandbox._COVERED_DIRS]
+  outcomes = json.loads(result.stdout)
+  assert len(outcomes) == len(unix_servers)
+  for (address, server), outcome in zip(unix_servers.items(), outcomes):
+    blocked = syscall_filter or isolate and (address.startswith("\0") or any(
+        os.path.realpath(address).startswith(d) for d in covered))
+    assert (outcome == "connected") == (not blocked), (address, outcome)
+    if blocked:
+      with pytest.raises(BlockingIOError):  # nobody connected
+        server.accept()
+    else:
+      server.accept()[0].close()
+
+
+def test_socket_directories_are_covered_by_empty_mounts(world_writable_dir):
+  program = ("import json, os\nprint(json.dumps({d: sorted(os.listdir(d)) for d in "
+             "['/tmp', '/run', '/var/tmp', '/var/lib', '/dev/shm'] if os.path.isdir(d)}))\n")
+  result = sandbox.run_python(program, timeout_s=5, memory_mb=256)
+  seen = json.loads(result.stdout)
+  assert world_writable_dir.parent == pathlib.Path("/tmp")  # a host entry that must not show
+  # /tmp holds only the path down to the sandbox's own working directory.
+  assert [name for name in seen.pop("/tmp") if not name.startswith("laplax_sandbox_")] == []
+  assert all(entries == [] for entries in seen.values()), seen
+
+
+def test_syscall_filter_refuses_unaccounted_memory_and_foreign_abis(monkeypatch):
+  is_x86 = platform.machine() == "x86_64"
+  program = (
+      "import ctypes, mmap, os, json\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+      "try:\n  os.close(os.memfd_create('x'))\n  out['memfd'] = 'ok'\n"
+      "except OSError as e:\n  out['memfd'] = e.errno\n"
+      "shm = libc.shmget(0, 1 << 20, 0o1600)\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+      "out['shmget'] = 'ok' if shm >= 0 else ctypes.get_errno()\n"
+      "if shm >= 0:\n  libc.shmctl(shm, 0, None)\n"  # IPC_RMID
+      f"if {is_x86}:\n"  # i386 getpid through int 0x80: foreign ABI
+      "  buf = mmap.mmap(-1, mmap.PAGESIZE, prot=7)\n"  # read, write, exec
+      "  buf.write(bytes.fromhex('b814000000cd80c3'))\n"  # mov eax, 20; int 0x80; ret
+      "  call = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))\n"
+      "  out['int80'] = 'ok' if call() == os.getpid() else 'refused'\n"
+      "print(json.dumps(out))\n")
+  filtered = json.loads(sandbox.run_python(program, timeout_s=5, memory_mb=256).stdout)
+  assert filtered == {"memfd": 1, "shmget": 1, **({"int80": "refused"} if is_x86 else {})}
+  _no_syscall_filter(monkeypatch)  # the control: the same program, no filter
+  unfiltered = json.loads(sandbox.run_python(program, timeout_s=5, memory_mb=256).stdout)
+  assert unfiltered == {"memfd": "ok", "shmget": "ok", **({"int80": "ok"} if is_x86 else {})}
+
+
+def _anon_rss_mb(prefix: str) -> tuple[float, dict[int, str]]:
+  """Summed RssAnon (MB) of the live processes whose comm starts with `prefix`; their comms."""
+  total, comms = 0.0, {}
+  for status in pathlib.Path("/proc").glob("[0-9]*/status"):
+    try:
+      fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+    except (OSError, ValueError):
+      continue
+    if fields.get("Name", "").strip().startswith(prefix) and "RssAnon" in fields:
+      total += int(fields["RssAnon"].split()[0]) / 1024
+      comms[int(status.parent.name)] = fields["Name"].strip()
+  return total, comms
+
+
+def _memory_hogs(children: int, memory_mb: int, max_processes: int):
+  """Runs `children` forked processes that each allocate until refused, measuring from outside.
+
+  Returns the result, the largest summed RssAnon seen (MB) and the children's reports. Each
+  child names itself <tag>a while allocating and <tag>d once refused, then waits; the parent
+  (<tag>w) renames itself <tag>p once it has printed all reports and ends when the test then
+  signals it (fallback), unless the cgroup's OOM kill ends them all first.
+  """
+  tag = "lpx" + uuid.uuid4().hex[:8]
+  program = f"""
+import ctypes, json, os, signal, sys
+name = lambda s: ctypes.CDLL(None).prctl(15, ('{tag}' + s).encode(), 0, 0, 0)
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
+name('w')
+report_r, report_w = os.pipe()
+hold_r, hold_w = os.pipe()
+for _ in range({children}):
+  if os.fork() == 0:
+    os.close(hold_w)
+    name('a')
+    chunks = []
+    try:
+      while True:
+        chunks.append(bytearray(b'\\1') * (4 << 20))
+    except MemoryError:
+      pass
+    name('d')
+    os.write(report_w, json.dumps(len(chunks) * 4).encode() + b'\\n')
+    os.read(hold_r, 1)  # held until the parent is gone
+    os._exit(0)
+reports = []
+with os.fdopen(report_r) as f:
+  os.close(report_w)
+  while len(reports) < {children}:
+    reports.append(json.loads(f.readline()))
+print(json.dumps(reports), flush=True)
+name('p')  # all children hold their memory now, until this process is gone
+signal.pause()
+"""
+  outcome, peak = {}, 0.0
+  run = threading.Thread(target=lambda: outcome.setdefault("result", sandbox.run_python(
+      program, timeout_s=60, memory_mb=memory_mb, max_processes=max_processes)))
+  run.start()
+  while run.is_alive():
+    total, comms = _anon_rss_mb(tag)
+    peak = max(peak, total)
+    parent = [pid for pid, comm in comms.items() if comm == tag + "p"]
+    if parent:
+      os.kill(parent[0], signal.SIGUSR1)
+      break
+    run.join(0.02)
+  run.join()
+  result = outcome["result"]
+  return result, peak, json.loads(result.stdout) if result.stdout else None
+
+
+def test_memory_budget_holds_for_the_whole_sandbox_without_a_cgroup(monkeypatch):
+  _no_cgroup(monkeypatch)
+  # 6 children, each allowed 512 // 8 = 64 MB of address space: every one is refused (its
+  # MemoryError ends its loop), and together they hold less than the 512 MB budget.
+  result, peak_mb, reports = _memory_hogs(children=6, memory_mb=512, max_processes=8)
+  assert (result.status, result.returncode) == ("passed", 0), result.stderr
+  assert len(reports) == 6 and all(0 < got <= 64 for got in reports), reports
+  assert 6 * 16 < peak_mb <= 512, peak_mb  # measured: they did hold memory, under the budget
+  assert any(item.startswith("memory cgroup:") for item in result.missing)
+  assert result.peak_memory_mb is None
+
+
+def test_a_share_too_small_for_python_is_refused_without_a_cgroup(monkeypatch):
+  _no_cgroup(monkeypatch)
+  with pytest.raises(sandbox.SandboxError, match="16 MB a process"):
+    sandbox.run_python("pass", timeout_s=5, memory_mb=256, max_processes=16)
+
+
+_CGROUP, _NO_CGROUP_WHY = sandbox._cgroup_parent()
+
+
+@pytest.mark.skipif(_CGROUP is None, reason=f"no memory cgroup here: {_NO_CGROUP_WHY} (the "
+                    "fallback's test runs instead)")
+def test_memory_cgroup_holds_the_whole_sandbox():
+  # Each process may use all 256 MB alone, so 6 of them go over together: the cgroup's OOM
+  # kill ends them all.
+  result, peak_mb, _ = _memory_hogs(children=6, memory_mb=256, max_processes=8)
+  assert (result.status, result.returncode) == ("killed", -9), result
+  assert not any(item.startswith("memory cgroup:") for item in result.missing)
+  assert peak_mb <= 256
+  assert result.peak_memory_mb is None or 6 * 16 < result.peak_memory_mb <= 256
