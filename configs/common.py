@@ -9,6 +9,8 @@
   classification_loss()  loss, mixup / cutmix (off by default) for the classification task
   evaluator(type)        one config.evals section (laplax.train.evaluator); *_evals(): a task's
   deit3(c)               DeiT-III's training recipe applied to a classification config
+  text_data(), gpt(), lm_optim(), muon()   the lm task's data, model and optimiser sections
+  dino_sections(c)       DINO's head, multicrop and dino sections
   study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
 """
 
@@ -168,6 +170,141 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.clip_mode = "global"  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
   o.grad_accum_steps = 1
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
+  return o
+
+
+def muon() -> ml_collections.ConfigDict:
+  """optim.muon: nanochat's optimiser (optim.name='muon'), values from nanochat's first release
+  (github.com/karpathy/nanochat, commit 3a5e0bc, 2025-10-13): nanochat/gpt.py setup_optimizers,
+  nanochat/muon.py, scripts/base_train.py.
+
+  Muon (lr matrix_lr, Nesterov momentum, 5 Newton-Schulz steps) on every hidden matrix
+  (attention q/k/v/out, MLP); AdamW (betas adam_b1/adam_b2, eps adam_eps, optim.weight_decay)
+  on the embedding (embedding_lr), the unembedding (unembedding_lr) and vectors / scalars
+  (scalar_lr: our choice, nanochat's first GPT has none). The AdamW lrs are scaled by
+  (width / width_reference) ** -0.5 (nanochat's dmodel_lr_scale, tuned at width 768). Muon's
+  momentum goes linearly from momentum_start to momentum over momentum_warmup_steps
+  (get_muon_momentum). Every lr follows optim's warm-up / warm-down shape; nanochat's is no
+  warm-up, a linear warm-down to 0 over the last 20 % of the steps, global-norm clipping at 1
+  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape).
+  """
+  m = ml_collections.ConfigDict()
+  m.matrix_lr = 0.02
+  m.embedding_lr = 0.2
+  m.unembedding_lr = 0.004
+  m.scalar_lr = 0.004
+  m.width_reference = 768
+  m.adam_b1 = 0.8
+  m.adam_b2 = 0.95
+  m.adam_eps = 1e-10
+  m.momentum_start = 0.85
+  m.momentum = 0.95
+  m.momentum_warmup_steps = 300
+  m.ns_steps = 5
+  return m
+
+
+def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size: int = 16,
+              eval_batch_size: int = 32) -> ml_collections.ConfigDict:
+  """A text corpus for the lm task: files, directories (recursive), globs, JSONL or parquet,
+  tokenised once by a BPE of `vocab_size` (laplax.data.text), in windows of seq_len + 1."""
+  d = ml_collections.ConfigDict()
+  d.name = "text"
+  d.sources = tuple(sources)  # files, directories (recursive) or globs
+  d.suffixes = (".txt", ".rst", ".py")  # what directory sources contribute
+  d.include_stdlib = False  # also the Python standard library (.py) as a code corpus
+  d.cache_dir = ""  # '' = ~/.cache/laplax/text (tokenizers and token shards)
+  d.vocab_size = vocab_size  # BPE vocabulary incl. the BOS token
+  d.tokenizer_train_chars = 2_000_000
+  d.val_fraction = 0.02  # the last 2 % of every document
+  d.seq_len = seq_len
+  d.batch_size = batch_size  # global, in windows of seq_len + 1 tokens
+  d.eval_batch_size = eval_batch_size
+  d.eval_windows = 0  # first N validation windows (0 = all)
+  return d
+
+
+def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32) -> ml_collections.ConfigDict:
+  """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults."""
+  m = ml_collections.ConfigDict()
+  m.name = "gpt"
+  m.depth = depth
+  m.width = width  # 0 = 64 * depth
+  m.head_dim = head_dim  # width / head_dim heads
+  m.num_kv_heads = 0  # 0 = no GQA
+  m.mlp_ratio = 4
+  m.laplacian_heads = laplacian_heads(0)  # k or a per-layer list
+  m.rope_theta = 10000.0
+  m.logit_softcap = 15.0
+  m.attention_impl = ml_collections.FieldReference(None, field_type=str)
+  m.dtype = "float32"
+  m.param_dtype = "float32"
+  m.vocab_multiple = 64
+  m.scan_layers = False  # nn.scan over blocks (faster compiles; the pod configs' choice)
+  # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |
+  # save_qkv_attention_out (laplax.models.remat)
+  m.remat_policy = "none"
+  m.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
+  return m
+
+
+def lm_optim() -> ml_collections.ConfigDict:
+  """The lm task's optimiser section: AdamW with parameter groups on nanochat's warm-up /
+  constant / warm-down schedule, and Muon's settings for optim.name='muon'."""
+  o = ml_collections.ConfigDict()
+  # 'adamw' (with the parameter groups below) or 'muon' (optim.muon); laplax.train.optim.make
+  o.name = "adamw"
+  o.schedule = "warmdown"  # nanochat's: warm-up, constant, linear warm-down
+  o.lr = 3e-3  # AdamW's peak lr (unused by 'muon')
+  o.embed_lr_scale = 10.0  # AdamW's parameter groups: embedding and lm_head lr scales
+  o.unembed_lr_scale = 1.0
+  o.warmup_steps = 30
+  o.warmdown_fraction = 0.3
+  o.final_lr_fraction = 0.0
+  o.weight_decay = 0.0
+  o.b1 = 0.9
+  o.b2 = 0.95
+  o.clip_norm = 1.0
+  o.grad_accum_steps = 1
+  o.muon = muon()
+  o.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
+  return o
+
+
+def dino_sections(c: ml_collections.ConfigDict, *, out_dim: int = 1024, hidden_dim: int = 256,
+                  bottleneck_dim: int = 64, global_size: int = 32, local_size: int = 16,
+                  num_local: int = 4, blur_sigma=(0.1, 1.0), warmup_teacher_temp_epochs=0.3,
+                  freeze_last_layer_epochs=0.1) -> ml_collections.ConfigDict:
+  """DINO's head, multicrop and dino sections on c (the dino task; laplax.tasks.dino), with
+  DINO's optimiser: AdamW at `c.optim`'s lr with weight decay on a cosine 0.04 -> 0.4 and each
+  parameter's gradient clipped to norm 3.0. The defaults are CPU-sized (blur sigma (0.1, 2.0)
+  px is DINO's for 224 px crops); the temperatures and momenta are DINO's."""
+  c.head = ml_collections.ConfigDict({"out_dim": out_dim, "hidden_dim": hidden_dim,
+                                      "bottleneck_dim": bottleneck_dim, "num_layers": 3})
+  c.multicrop = ml_collections.ConfigDict()
+  c.multicrop.global_size = global_size
+  c.multicrop.local_size = local_size
+  c.multicrop.num_local = num_local
+  c.multicrop.global_scale = (0.4, 1.0)
+  c.multicrop.local_scale = (0.05, 0.4)
+  c.multicrop.blur_sigma = tuple(blur_sigma)
+  c.dino = ml_collections.ConfigDict()
+  c.dino.student_temp = 0.1
+  c.dino.teacher_temp = 0.07
+  c.dino.warmup_teacher_temp = 0.04
+  c.dino.warmup_teacher_temp_epochs = warmup_teacher_temp_epochs
+  c.dino.momentum_teacher = 0.996
+  c.dino.centre_momentum = 0.9
+  c.dino.freeze_last_layer_epochs = freeze_last_layer_epochs
+  return c
+
+
+def dino_optim(lr: float, *, warmup_steps: int) -> ml_collections.ConfigDict:
+  """DINO's AdamW: weight decay on a cosine 0.04 -> 0.4, each parameter's gradient clipped to
+  norm 3.0 (main_dino.py's clip_gradients)."""
+  o = adamw(lr, warmup_steps=warmup_steps, weight_decay=0.04, clip_norm=3.0)
+  o.weight_decay_end = 0.4
+  o.clip_mode = "per_tensor"
   return o
 
 

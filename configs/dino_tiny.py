@@ -39,33 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
                              augment=())  # DINO's multi-crop runs in the step
   c.model = common.vit("tiny", patch_size=4, drop_path_rate=0.1)  # student only
 
-  c.head = ml_collections.ConfigDict()
-  c.head.out_dim = 1024
-  c.head.hidden_dim = 256
-  c.head.bottleneck_dim = 64
-  c.head.num_layers = 3
-
-  c.multicrop = ml_collections.ConfigDict()
-  c.multicrop.global_size = 32
-  c.multicrop.local_size = 16
-  c.multicrop.num_local = 4
-  c.multicrop.global_scale = (0.4, 1.0)
-  c.multicrop.local_scale = (0.05, 0.4)
-  c.multicrop.blur_sigma = (0.1, 1.0)  # DINO's (0.1, 2.0) px is for 224 px crops
-
-  c.dino = ml_collections.ConfigDict()
-  c.dino.student_temp = 0.1
-  c.dino.teacher_temp = 0.07
-  c.dino.warmup_teacher_temp = 0.04
-  c.dino.warmup_teacher_temp_epochs = 0.3
-  c.dino.momentum_teacher = 0.996
-  c.dino.centre_momentum = 0.9
-  c.dino.freeze_last_layer_epochs = 0.1
-
+  common.dino_sections(c)  # head out_dim 1024; 2 x 32 px + 4 x 16 px crops
   # DINO: lr 5e-4 * batch / 256, scaled up for the short run
-  c.optim = common.adamw(1e-3, warmup_steps=30, weight_decay=0.04, clip_norm=3.0)
-  c.optim.weight_decay_end = 0.4  # DINO's cosine 0.04 -> 0.4
-  c.optim.clip_mode = "per_tensor"  # DINO clips each parameter's gradient norm to 3.0
+  c.optim = common.dino_optim(1e-3, warmup_steps=30)
 
   # The frozen teacher's evaluations (laplax.evals.dino: each section's other keys keep the
   # evaluator's defaults, e.g. the probe protocol's 10,000 linear-probe training examples).

@@ -167,3 +167,12 @@ def test_unknown_task_is_one_line():
   config.task = "segmentation"
   with pytest.raises(ValueError, match="config.task='segmentation'; choose one of"):
     task_lib.for_config(config)
+
+
+def test_pod_configs_are_built_from_the_shared_sections():
+  """A pod config imports configs/common.py's sections, never a CPU config (a change to a CPU
+  config must not move a pod run)."""
+  for path in sorted((REPO / "configs" / "pod").glob("*.py")):
+    imports = [l for l in path.read_text().splitlines()
+               if l.startswith(("from configs", "import configs"))]
+    assert imports in ([], ["from configs import common"]), (path.name, imports)

@@ -10,7 +10,7 @@ compute, splash attention, scanned blocks; the multi-crop runs inside the step.
 Data: the streaming ImageNet pipeline (another issue; `data.tfds_name` is its placeholder)
 delivers 224 px images in [0, 1]; `data.image_size` / `data.num_classes` build the model
 without data. Evaluations: k-NN (bank: the whole training split), linear probes and the ADE20K
-segmentation probe (eval.ade20k_dir: the ADEChallengeData2016 folder); horses, photos and
+segmentation probe (evals.ade20k.dir: the ADEChallengeData2016 folder); horses, photos and
 transfer are off.
 
 Fit check (aot.json; 44.0M student parameters, backbone + head; 1.268e14 model FLOPs per step):
@@ -19,16 +19,12 @@ v5e:4x4 peak 3.53 GiB per chip of 16 (22 %), remat 'full'.
 
 import ml_collections
 
-from configs import common, dino_tiny
+from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = dino_tiny.get_config()  # the DINO sections; pod-scale values below
-  c.name = "dino_vit_s16"
-  c.total_steps = 0
+  c = common.run("dino_vit_s16", "dino", log_every=100, every_steps=2000)
   c.num_epochs = 100.0
-  c.log_every = 100
-  c.checkpoint.every_steps = 2000
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.data = common.image_data("imagenet2012", batch_size=1024, eval_batch_size=1024,
                              augment=())
@@ -42,19 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
                        dtype="bfloat16", scan_layers=True, remat_policy="full",
                        attention_impl="splash")
   c.model.laplacian_heads = 5
-  c.head.out_dim = 65_536
-  c.head.hidden_dim = 2048
-  c.head.bottleneck_dim = 256
-  c.multicrop.global_size = 224
-  c.multicrop.local_size = 96
-  c.multicrop.num_local = 10
-  c.multicrop.blur_sigma = (0.1, 2.0)
-  c.dino.warmup_teacher_temp_epochs = 30.0
-  c.dino.freeze_last_layer_epochs = 1.0
-  c.optim = common.adamw(5e-4 * 1024 / 256, warmup_steps=10 * 1251, weight_decay=0.04,
-                         clip_norm=3.0)
-  c.optim.weight_decay_end = 0.4
-  c.optim.clip_mode = "per_tensor"
+  common.dino_sections(c, out_dim=65_536, hidden_dim=2048, bottleneck_dim=256, global_size=224,
+                       local_size=96, num_local=10, blur_sigma=(0.1, 2.0),
+                       warmup_teacher_temp_epochs=30.0, freeze_last_layer_epochs=1.0)
+  c.optim = common.dino_optim(5e-4 * 1024 / 256, warmup_steps=10 * 1251)
   c.evals = ml_collections.ConfigDict()
   c.evals.probes = common.evaluator("dino_probes")
   # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210

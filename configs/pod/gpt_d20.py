@@ -3,7 +3,7 @@ parameters), k = 5 of 10 Laplacian heads, 2048-token context, 0.5M tokens per st
 
 head_dim 128 (nanochat's; laplax's GPTConfig default is 64) gives depth 20 its 10 heads: the
 paper's "5 Laplacian heads of 10". Optimiser: nanochat's (optim.name='muon', values and
-sources in configs/lm_tiny.py muon_section): Muon on the hidden matrices, AdamW on the
+sources in configs/common.py muon): Muon on the hidden matrices, AdamW on the
 embedding and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
 warm-down over the last 20 %.
 
@@ -34,27 +34,21 @@ With Muon (this config's optimiser; the figures above are AdamW's):
 
 import ml_collections
 
-from configs import common, lm_tiny
+from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = lm_tiny.get_config()  # the LM sections; pod-scale values below
-  c.name = "gpt_d20"
-  c.total_steps = 21_400  # about 11.2B tokens: nanochat's d20 budget (20 tokens / parameter)
-  c.log_every = 50
-  c.evals.val.every = 1000
-  c.checkpoint.every_steps = 1000
+  # about 11.2B tokens: nanochat's d20 budget (20 tokens / parameter)
+  c = common.run("gpt_d20", "lm", total_steps=21_400, log_every=50, every_steps=1000)
+  c.evals = common.lm_evals(every=1000)
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
-  c.data.sources = ()  # set to the pretraining corpus (files, globs, gs:// paths)
-  c.data.vocab_size = 65_536
+  # sources: set to the pretraining corpus (files, globs, gs:// paths); global batch 256 x
+  # 2048 = 524,288 tokens per step
+  c.data = common.text_data(sources=(), vocab_size=65_536, seq_len=2048, batch_size=256,
+                            eval_batch_size=256)
   c.data.tokenizer_train_chars = 2_000_000_000
-  c.data.seq_len = 2048
-  c.data.batch_size = 256  # global sequences: 256 x 2048 = 524,288 tokens per step
-  c.data.eval_batch_size = 256
   c.data.eval_windows = 4096
-  c.model.depth = 20
-  c.model.width = 1280
-  c.model.head_dim = 128  # 10 heads
+  c.model = common.gpt(depth=20, width=1280, head_dim=128)  # 10 heads
   c.model.laplacian_heads = common.laplacian_heads(5)
   c.model.attention_impl = "splash"
   c.model.dtype = "bfloat16"
@@ -62,10 +56,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = True
   c.model.remat_policy = "full"
   c.model.loss_chunk = 256
-  # nanochat's optimiser and schedule (configs/lm_tiny.py muon_section): Muon lr 0.02 on the
-  # hidden matrices; AdamW (0.8, 0.95) on the embedding, 0.2 x (1280 / 768) ** -0.5 = 0.155,
-  # and the unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0 over the
-  # last 20 %, Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
+  # nanochat's optimiser and schedule (configs/common.py muon): Muon lr 0.02 on the hidden
+  # matrices; AdamW (0.8, 0.95) on the embedding, 0.2 x (1280 / 768) ** -0.5 = 0.155, and the
+  # unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0 over the last 20 %,
+  # Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
+  c.optim = common.lm_optim()
   c.optim.name = "muon"
   c.optim.schedule = "warmdown"
   c.optim.warmup_steps = 0
