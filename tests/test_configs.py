@@ -8,7 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
-from configs import lm_tiny
+from configs import common
 from laplax import cli
 from laplax.data import builders
 from laplax.train import evaluator as evaluator_lib
@@ -128,7 +128,7 @@ def test_keys_of_older_configs_say_how_they_are_written_now():
 def test_an_optimiser_the_task_cannot_serve_fails_before_training(kind, message):
   config = _load(f"test:{kind}")
   config.optim.name = "muon"
-  config.optim.muon = lm_tiny.muon_section()
+  config.optim.muon = common.muon()
   with pytest.raises(ValueError, match=message):
     task_lib.for_config(config).validate(dp=1, hosts=1)
 
