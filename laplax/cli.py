@@ -237,6 +237,19 @@ def _quiet_failures() -> Iterator[tuple[_HoldBackgroundErrors, list]]:
       logger.removeFilter(held)
 
 
+def _drop_closed_loop_noise(previous=sys.unraisablehook):
+  """A sys.unraisablehook without asyncio's 'Event loop is closed': a failed async save (a full
+  disk) leaves tensorstore callbacks that reach orbax's closed event loop during shutdown, and
+  each printed a traceback (up to 98 of them) around the one error line."""
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+      return
+    previous(unraisable)
+  return hook
+
+
 def run_main(main: Callable[[], object]) -> None:
   """Runs `main`; a user error prints 'error: <one line>' and exits 1; Ctrl-C exits 130.
 
@@ -247,6 +260,7 @@ def run_main(main: Callable[[], object]) -> None:
     main()
     return
   quiet_logging()
+  sys.unraisablehook = _drop_closed_loop_noise()  # for the rest of the process: shutdown too
   with _quiet_failures() as (held, thread_failures):
     try:
       main()

@@ -357,3 +357,15 @@ def test_seek_reader_matches_the_memory_map(tmp_path):
   assert len(reader) == 1000 and reader.dtype == np.uint16
   for a, b in [(0, 17), (983, 1000), (500, 520), (990, 1010)]:
     np.testing.assert_array_equal(reader[a:b], data[a:b])
+
+
+def test_a_corpus_too_small_for_a_batch_fails_before_config_json(tmp_path):
+  (tmp_path / "text").mkdir()
+  (tmp_path / "text" / "a.txt").write_text("a few words only\n" * 3)
+  config = make_config("lm")
+  config.data.sources = (str(tmp_path / "text"),)
+  config.data.cache_dir = str(tmp_path / "cache")
+  with pytest.raises(ValueError, match=r"gives \d+ training and \d+ validation windows of 33 "
+                     r"tokens; data.batch_size=16 needs"):
+    trainer.train_and_evaluate(config, tmp_path / "run", log=lambda m: None)
+  assert not (tmp_path / "run" / "config.json").exists()

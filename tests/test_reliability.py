@@ -501,6 +501,35 @@ def test_failed_async_save_is_one_error_line(tmp_path):
   assert debug.communicate(timeout=120)[1].count("Traceback") >= 2
 
 
+_CLOSED_LOOP_NOISE = """
+    import asyncio
+    from laplax import cli
+    class Late:  # as tensorstore's callbacks that reach orbax's loop after it closed
+      def __init__(self, loop):
+        self.loop = loop
+      def __del__(self):
+        self.loop.call_soon_threadsafe(print)
+    def main():
+      loop = asyncio.new_event_loop()
+      loop.close()
+      for _ in range(5):
+        Late(loop)
+      raise OSError(28, "No space left on device")
+    cli.run_main(main)
+"""
+
+
+def test_closed_event_loop_noise_of_a_full_disk_is_dropped(tmp_path):
+  proc = _spawn(_CLOSED_LOOP_NOISE, tmp_path)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 1
+  assert err.strip().splitlines() == ["error: [Errno 28] No space left on device"], err
+  debug = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLOSED_LOOP_NOISE)], cwd=REPO,
+                         env=dict(ENV, LAPLAX_DEBUG="1"), capture_output=True, text=True,
+                         timeout=120)
+  assert debug.stderr.count("RuntimeError: Event loop is closed") == 5  # the control
+
+
 def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
   script = """
       import logging, threading

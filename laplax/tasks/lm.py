@@ -80,6 +80,13 @@ class LanguageModelTask(Task):
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")
     self.train_shards = shards.TokenShards(token_dir, "train", self.config.data.seq_len)
     self.val_shards = shards.TokenShards(token_dir, "val", self.config.data.seq_len)
+    d = self.config.data
+    if self.train_shards.num_windows < d.batch_size or self.val_shards.num_windows < 1:
+      raise ValueError(
+          f"the corpus of data.sources={tuple(d.sources)} gives {self.train_shards.num_windows} "
+          f"training and {self.val_shards.num_windows} validation windows of {d.seq_len + 1} "
+          f"tokens; data.batch_size={d.batch_size} needs that many training windows and "
+          "validation needs one: add text, or lower data.seq_len or data.batch_size")
 
   def load_assets(self, workdir: pathlib.Path) -> None:
     path = workdir / "tokenizer.json"

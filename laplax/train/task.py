@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.linen as nn
+import jax
 import ml_collections
 import numpy as np
 import optax
@@ -106,7 +107,11 @@ class Task(abc.ABC):
     if bs % hosts:
       raise ValueError(f"data.batch_size={bs} is not divisible by {hosts} hosts")
     optim_lib.check(c.optim)  # optim.name, optim.schedule and the optimiser's own rules
-    self.build_model()
+    model = self.build_model()
+    # Traced once with abstract values (no arrays, under a second for the pod configs): what
+    # only a forward pass checks (the attention implementation, a patch size that does not
+    # divide the image) fails here, before config.json, not after it.
+    jax.eval_shape(lambda key: self.init_params(model, key), jax.random.key(0))
     # Built once (optax closures, no arrays): an optimiser that cannot serve this task (Muon
     # without the model width, a frozen layer it cannot keep apart) fails here too.
     self.optimizer(max(int(c.get("total_steps", 0) or 1), 1))
