@@ -369,3 +369,22 @@ def test_a_corpus_too_small_for_a_batch_fails_before_config_json(tmp_path):
                      r"tokens; data.batch_size=16 needs"):
     trainer.train_and_evaluate(config, tmp_path / "run", log=lambda m: None)
   assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_damaged_corpus_files_fail_in_one_line_naming_the_file(tmp_path):
+  import gzip
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  lines = b"".join(json.dumps({"text": f"document {i} " * 40}).encode() + b"\n" for i in range(300))
+  packed = gzip.compress(lines)
+  (tmp_path / "cut.jsonl.gz").write_bytes(packed[:len(packed) // 2])
+  with pytest.raises(DataError, match="cut.jsonl.gz is a damaged or truncated gzip file"):
+    list(text_corpus.iter_records(tmp_path / "cut.jsonl.gz"))
+  pq.write_table(pa.table({"text": pa.array([1, 2, 3])}), tmp_path / "ints.parquet")
+  with pytest.raises(DataError, match="ints.parquet: its 'text' column holds int64, not strings"):
+    list(text_corpus.iter_records(tmp_path / "ints.parquet"))
+  (tmp_path / "noise.txt").write_bytes(np.random.default_rng(0).bytes(10_000))
+  with pytest.raises(DataError, match=r"noise.txt is not UTF-8 text \(\d+ % of its characters"):
+    text_corpus.read_document(tmp_path / "noise.txt")
+  (tmp_path / "latin.txt").write_bytes("caf\xe9 ".encode("latin-1") + b"plain ascii " * 100)
+  assert text_corpus.read_document(tmp_path / "latin.txt").startswith("caf\ufffd")  # a few: kept

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sysconfig
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -95,9 +96,20 @@ def list_documents(sources: Sequence[str], *, suffixes: Sequence[str] = DEFAULT_
   return [found[k] for k in sorted(found)]
 
 
+# Above this share of undecodable characters a "text" file is refused (random bytes, an image,
+# a compressed file without its suffix); below it, stray bytes become U+FFFD.
+MAX_REPLACED = 0.05
+
+
 def read_document(path: epath.Path) -> str:
-  """A plain file's text; bytes that are not UTF-8 become U+FFFD (tiktoken takes Unicode)."""
-  return epath.Path(path).read_bytes().decode("utf-8", "replace")
+  """A plain file's text; bytes that are not UTF-8 become U+FFFD (tiktoken takes Unicode), and
+  a file that is mostly not UTF-8 raises DataError (one line)."""
+  text = epath.Path(path).read_bytes().decode("utf-8", "replace")
+  replaced = text.count("\ufffd")
+  if text and replaced > MAX_REPLACED * len(text):
+    raise DataError(f"{path} is not UTF-8 text ({100 * replaced / len(text):.0f} % of its "
+                    "characters are not): remove it from data.sources or convert it")
+  return text
 
 
 def _record_text(record: Any, path, where: str) -> str:
@@ -113,6 +125,7 @@ def iter_records(path: epath.Path) -> Iterator[str]:
   path = epath.Path(path)
   name = path.name
   if name.endswith(".parquet"):
+    import pyarrow as pa
     import pyarrow.parquet as pq
     with path.open("rb") as f:
       try:
@@ -122,6 +135,9 @@ def iter_records(path: epath.Path) -> Iterator[str]:
       if TEXT_FIELD not in pf.schema_arrow.names:
         raise DataError(f"{path} has no {TEXT_FIELD!r} column (columns: "
                         f"{pf.schema_arrow.names})")
+      kind = pf.schema_arrow.field(TEXT_FIELD).type
+      if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: its {TEXT_FIELD!r} column holds {kind}, not strings")
       for g in range(pf.num_row_groups):
         for t in pf.read_row_group(g, columns=[TEXT_FIELD]).column(0).to_pylist():
           yield t or ""
@@ -129,7 +145,14 @@ def iter_records(path: epath.Path) -> Iterator[str]:
   with path.open("rb") as raw:
     f = gzip.open(raw, "rt", encoding="utf-8", errors="replace") if name.endswith(".gz") \
         else io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-    for n, line in enumerate(f):
+    lines = enumerate(f)
+    while True:
+      try:
+        n, line = next(lines)
+      except StopIteration:
+        return
+      except (EOFError, OSError, zlib.error) as e:  # a truncated or damaged .gz
+        raise DataError(f"{path} is a damaged or truncated gzip file ({e}): replace it") from None
       if line.strip():
         try:
           record = json.loads(line)
