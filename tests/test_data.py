@@ -468,3 +468,15 @@ def test_corrupt_prepared_cache_names_the_cache_and_the_fix(tmp_path, fashion_mn
     builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir,
                         cache_dir=tmp_path)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.slow
+def test_damaged_prepared_metadata_names_the_folder(tmp_path, fashion_mnist_dir):
+  builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir, cache_dir=tmp_path)
+  (info,) = (tmp_path / 'tfds').rglob('dataset_info.json')
+  info.write_text('{"name": "fashion_mnist_lo')  # cut mid-write
+  with pytest.raises(DataError, match=r'the prepared fashion_mnist metadata is unreadable '
+                     r'\(.*\): delete .*fashion_mnist_local and rerun') as e:
+    builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir,
+                        cache_dir=tmp_path)
+  assert '\n' not in str(e.value)

@@ -45,8 +45,18 @@ def dataset_info(name: str) -> ImageDatasetInfo:
 
 
 def _builder_for(name: str, source_dir: PathLike | None, tfds_dir: pathlib.Path):
-  """The builder (not yet prepared) for `name` and its source."""
-  return _MODULES[name].builder(source_dir, tfds_dir)
+  """The builder (not yet prepared) for `name` and its source; a prepared copy whose metadata
+  (dataset_info.json, features.json) is damaged raises DataError naming the folder."""
+  try:
+    return _MODULES[name].builder(source_dir, tfds_dir)
+  except DataError:
+    raise
+  except Exception as e:  # protobuf's ParseError, json errors: TFDS reads the metadata here
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    folders = sorted(p for p in pathlib.Path(tfds_dir).glob(f'{name.split("_coarse")[0]}*'))
+    where = ', '.join(map(str, folders)) or str(tfds_dir)
+    raise DataError(f'the prepared {name} metadata is unreadable ({first[:200]}): delete '
+                    f'{where} and rerun to prepare it again') from None
 
 
 def _decode(encoded: bytes, shape: tuple[int, int, int]) -> np.ndarray:
