@@ -349,8 +349,10 @@ def study(name: str, base: ml_collections.ConfigDict, specs, seeds=(0, 1, 2)
   c.name = name
   c.base = base
   c.study = ml_collections.ConfigDict()
-  c.study.laplacian_heads = list(specs)  # the first entry is the baseline of the paired test
-  c.study.seeds = list(seeds)
+  # the first entry is the baseline of the paired test; object: the command line may set it,
+  # e.g. --config.study.laplacian_heads="(0, 2, (0, 0, 4, 4))"
+  c.study.laplacian_heads = ml_collections.FieldReference(list(specs), field_type=object)
+  c.study.seeds = tuple(seeds)  # a tuple: --config.study.seeds="(0, 1)" sets it
   # Cells trained at once, each a one-core process (laplax.study.workers); 0: one per CPU core.
   c.study.workers = 1
   return c

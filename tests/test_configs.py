@@ -176,3 +176,10 @@ def test_pod_configs_are_built_from_the_shared_sections():
     imports = [l for l in path.read_text().splitlines()
                if l.startswith(("from configs", "import configs"))]
     assert imports in ([], ["from configs import common"]), (path.name, imports)
+
+
+def test_a_study_grid_from_the_command_line():
+  config = _parse("study_fmnist", "--config.study.laplacian_heads=(0, 2, (0, 0, 4, 4))",
+                  "--config.study.seeds=(5, 6)")
+  assert list(config.study.laplacian_heads) == [0, 2, (0, 0, 4, 4)]
+  assert tuple(config.study.seeds) == (5, 6)
