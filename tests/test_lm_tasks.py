@@ -131,6 +131,28 @@ def test_loader_errors(tmp_path):
     lm_tasks.get_task("nope")
 
 
+def test_garbage_task_files_name_the_file_and_line(tmp_path):
+  import gzip
+  (tmp_path / "arc").mkdir()
+  arc = tmp_path / "arc" / "arc_easy_test.jsonl"
+  arc.write_text('{"query": "Q?", "choices": ["a", "b"], "gold": 0}\nnot json\n')
+  with pytest.raises(lm_tasks.TaskDataError, match=f"{arc} line 2 is unreadable"):
+    lm_tasks.ARC("easy").load(tmp_path)
+  arc.write_text('{"question": "Q?"}\n')
+  with pytest.raises(lm_tasks.TaskDataError, match=f"{arc} line 1: no field 'query'"):
+    lm_tasks.ARC("easy").load(tmp_path)
+  (tmp_path / "humaneval").mkdir()
+  he = tmp_path / "humaneval" / "HumanEval.jsonl.gz"
+  he.write_bytes(gzip.compress(b'{"task_id": "x"}\n' * 500)[:40])
+  with pytest.raises(lm_tasks.TaskDataError, match=f"{he} line 1 is unreadable"):
+    lm_tasks.HumanEval().load(tmp_path)
+  (tmp_path / "mmlu" / "test").mkdir(parents=True)
+  mmlu = tmp_path / "mmlu" / "test" / "x_test.csv"
+  mmlu.write_text("question,choice0,choice1,choice2,choice3,answer\nQ,a,b,c,d,B\n")
+  with pytest.raises(lm_tasks.TaskDataError, match=f"{mmlu} line 2: not a row of"):
+    lm_tasks.MMLU().load(tmp_path)
+
+
 def _tiny_gpt():
   tok = Tokenizer.train(["the cat sat on the mat. " * 20], vocab_size=270)
   model = gpt.GPT(gpt.GPTConfig(vocab_size=320, depth=1, width=16, head_dim=8))

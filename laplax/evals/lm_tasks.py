@@ -66,19 +66,40 @@ def _check_limit(limit: int | None) -> None:
     raise ValueError(f"limit={limit!r} must be None (all items) or an integer >= 1")
 
 
-def _read_jsonl(path: pathlib.Path, limit: int | None) -> list[dict[str, Any]]:
+def _read_jsonl(path: pathlib.Path, limit: int | None, fields: Sequence[str] = ()
+                ) -> list[dict[str, Any]]:
+  """The first `limit` objects of a JSONL (.gz) file, each with `fields`; damage (not JSON, a
+  truncated .gz, bytes that are not UTF-8, a missing field) raises TaskDataError naming the file
+  and the line."""
   _check_limit(limit)
   if not path.exists():
     raise TaskDataError(f"{path} does not exist: pass data_dir= the folder that holds the "
                         "evaluation data (laid out like ../shared/data)")
   opener = gzip.open if path.suffix == ".gz" else open
-  rows = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for line in f:
-      if line.strip():
-        rows.append(json.loads(line))
+  rows: list[dict[str, Any]] = []
+  n = 0
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except ValueError as e:
+          raise TaskDataError(f"{path} line {n} is unreadable (not JSON: {str(e)[:120]}): "
+                              "replace the file") from None
+        missing = [k for k in fields if not isinstance(row, dict) or k not in row]
+        if missing:
+          raise TaskDataError(f"{path} line {n}: no field {missing[0]!r} (expected "
+                              f"{', '.join(fields)}): is it the right file?")
+        rows.append(row)
         if limit is not None and len(rows) >= limit:
           break
+  except TaskDataError:
+    raise
+  except (ValueError, OSError, EOFError) as e:  # UTF-8 or gzip damage, reading line n + 1
+    raise TaskDataError(f"{path} line {n + 1} is unreadable ({type(e).__name__}: "
+                        f"{str(e)[:120]}): replace the file") from None
   return rows
 
 
@@ -188,7 +209,8 @@ class ARC(MultipleChoiceTask):
     self.name = f"arc_{subset}"
 
   def load(self, data_dir, limit: int | None = None) -> list[ChoiceItem]:
-    rows = _read_jsonl(pathlib.Path(data_dir) / "arc" / f"arc_{self.subset}_test.jsonl", limit)
+    rows = _read_jsonl(pathlib.Path(data_dir) / "arc" / f"arc_{self.subset}_test.jsonl", limit,
+                       ("query", "choices", "gold"))
     items = []
     for r in rows:
       q = r["query"]
@@ -222,10 +244,14 @@ class MMLU(MultipleChoiceTask):
     for path in files:
       subject = path.name[:-len(f"_{self.split}.csv")]
       with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-          items.append(ChoiceItem(r["question"].strip(),
-                                  tuple(r[f"choice{i}"] for i in range(4)),
-                                  int(r["answer"]), subject))
+        for row, r in enumerate(csv.DictReader(f), 2):
+          try:
+            items.append(ChoiceItem(r["question"].strip(),
+                                    tuple(r[f"choice{i}"] for i in range(4)),
+                                    int(r["answer"]), subject))
+          except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise TaskDataError(f"{path} line {row}: not a row of question,choice0..choice3,"
+                                f"answer (0-3) ({type(e).__name__}: {e})") from None
           if limit is not None and len(items) >= limit:
             return items
     return items
@@ -263,7 +289,8 @@ class GSM8K:
     self.split, self.max_new_tokens = split, max_new_tokens
 
   def load(self, data_dir, limit: int | None = None) -> list[GSM8KItem]:
-    rows = _read_jsonl(pathlib.Path(data_dir) / "gsm8k" / f"{self.split}.jsonl", limit)
+    rows = _read_jsonl(pathlib.Path(data_dir) / "gsm8k" / f"{self.split}.jsonl", limit,
+                       ("question", "answer"))
     items = []
     for r in rows:
       gold = extract_answer(r["answer"]) if "####" in r["answer"] else None
@@ -321,7 +348,8 @@ class HumanEval:
     self.max_new_tokens, self.timeout_s, self.memory_mb = max_new_tokens, timeout_s, memory_mb
 
   def load(self, data_dir, limit: int | None = None) -> list[HumanEvalItem]:
-    rows = _read_jsonl(pathlib.Path(data_dir) / "humaneval" / "HumanEval.jsonl.gz", limit)
+    rows = _read_jsonl(pathlib.Path(data_dir) / "humaneval" / "HumanEval.jsonl.gz", limit,
+                       ("task_id", "prompt", "entry_point", "canonical_solution", "test"))
     return [HumanEvalItem(r["task_id"], r["prompt"], r["entry_point"], r["canonical_solution"],
                           r["test"]) for r in rows]
 
@@ -352,7 +380,7 @@ class Lambada:
 
   def load(self, data_dir, limit: int | None = None) -> list[LambadaItem]:
     rows = _read_jsonl(pathlib.Path(data_dir) / "llmfoundry_extra" / "lambada_openai.jsonl",
-                       limit)
+                       limit, ("context", "continuation"))
     return [LambadaItem(r["context"], r["continuation"].strip()) for r in rows]
 
   def evaluate(self, items, *, generate_fn: GenerateFn, **_) -> dict[str, Any]:
