@@ -73,28 +73,29 @@ class _TeacherEvaluator(Evaluator):
     self.kw = dict(mesh=ctx.mesh, rules=ctx.rules)
 
 
-def _check_protocol(config, task) -> None:
-  ks = tuple(config.knn_ks)
-  if not ks or min(ks) < 1:  # and <= the training split: Probes.__init__
-    raise ValueError(f"knn_ks={ks} must be >= 1")
-  if config.probe_train_size < 0:
-    raise ValueError(f"probe_train_size={config.probe_train_size} must be >= 0 (0: all)")
-  if config.linear_probe not in ("fast", "dino"):
-    raise ValueError(f"linear_probe={config.linear_probe!r}: use 'fast' or 'dino'")
+class _ProbeEvaluator(_TeacherEvaluator):
+  """An evaluator that runs the probe protocol (PROBE_PROTOCOL's keys)."""
 
-
-class Probes(_TeacherEvaluator):
-  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen teacher on the run's
-  val and test splits -> {'val': {...}, 'test': {...}} (probes.probe_scores)."""
-
-  type = "dino_probes"
-  defaults = dict(PROBE_PROTOCOL)
   last_layers_key = "last_layers"
 
   @classmethod
   def check(cls, config, task) -> None:
     super().check(config, task)
-    _check_protocol(config, task)
+    ks = tuple(config.knn_ks)
+    if not ks or min(ks) < 1:  # and <= the training split: Probes.__init__
+      raise ValueError(f"knn_ks={ks} must be >= 1")
+    if config.probe_train_size < 0:
+      raise ValueError(f"probe_train_size={config.probe_train_size} must be >= 0 (0: all)")
+    if config.linear_probe not in ("fast", "dino"):
+      raise ValueError(f"linear_probe={config.linear_probe!r}: use 'fast' or 'dino'")
+
+
+class Probes(_ProbeEvaluator):
+  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen teacher on the run's
+  val and test splits -> {'val': {...}, 'test': {...}} (probes.probe_scores)."""
+
+  type = "dino_probes"
+  defaults = dict(PROBE_PROTOCOL)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -111,7 +112,7 @@ class Probes(_TeacherEvaluator):
     return probes.summary_line(result)
 
 
-class Transfer(_TeacherEvaluator):
+class Transfer(_ProbeEvaluator):
   """Probes of the frozen teacher on other labelled data sets ({name: source_dir}, '': the
   builder's default place), converted to this model's channels and crop size ->
   {name: {'val': ..., 'test': ...}}. Loaded at construction: missing data stops a run before
@@ -119,12 +120,6 @@ class Transfer(_TeacherEvaluator):
 
   type = "dino_transfer"
   defaults = {**PROBE_PROTOCOL, "data": {}}
-  last_layers_key = "last_layers"
-
-  @classmethod
-  def check(cls, config, task) -> None:
-    super().check(config, task)
-    _check_protocol(config, task)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
