@@ -116,7 +116,12 @@ def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=
                      "(its checkpoint is its export)")
   evaluator_lib.check(config, task)
   task.load_data(run.workdir, log)  # the evaluators read the task's data
-  mesh = sharding.make_mesh({"data": -1})
+  # The run's own mesh where this machine can build it (the same reductions: the numbers
+  # training's final evaluation gave), else every local device on the data axis.
+  try:
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+  except ValueError:
+    mesh = sharding.make_mesh({"data": -1})
   rules = sharding.rules_from_config(config.get("axis_rules"))
   weights = dataclasses.replace(run, **jax.device_put(
       {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
