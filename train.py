@@ -7,6 +7,9 @@ Fit check (no training, no data): compile the config's train step for a TPU topo
 workdir/aot.json (needs libtpu: requirements-tpu.txt; JAX_PLATFORMS=cpu):
 
   JAX_PLATFORMS=cpu python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot --aot=v5e:4x4
+
+A rerun resumes the run its checkpoints were trained as; a longer schedule or another batch is
+a deliberate change: --allow_change=total_steps,data.batch_size (laplax.train.identity).
 """
 
 from absl import app, flags
@@ -33,6 +36,10 @@ flags.DEFINE_integer("process_id", None, "With --multihost: this process's index
 flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
                     "fit (laplax.train.aot).")
+flags.DEFINE_list("allow_change", [], "Resume with these changed on purpose (the checkpoints "
+                  "record it): total_steps, data.batch_size, optim.grad_accum_steps, e.g. "
+                  "--allow_change=total_steps,data.batch_size. Anything else that differs from "
+                  "the checkpoints' run is refused.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,12 +53,15 @@ def main(argv):
   elif any(v is not None for v in (FLAGS.coordinator_address, FLAGS.num_processes,
                                    FLAGS.process_id)):
     cli.fail("--coordinator_address, --num_processes and --process_id need --multihost")
+  if FLAGS.allow_change and (FLAGS.aot or "study" in FLAGS.config):
+    cli.fail("--allow_change applies to resuming one run (not --aot, not a study)")
   if FLAGS.aot:
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
   elif "study" in FLAGS.config:  # a grid of ordinary runs and one report
     cli.run_main(lambda: grid.run_study(FLAGS.config, FLAGS.workdir))
   else:
-    cli.run_main(lambda: trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir))
+    cli.run_main(lambda: trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                                                    allow_change=FLAGS.allow_change))
 
 
 if __name__ == "__main__":

@@ -75,9 +75,14 @@ def count_per_layer(table: Sequence[Sequence[bool]]) -> tuple[int, ...]:
 
 def describe(spec: ModelSpec, num_heads: int, depth: int) -> str:
   """Short human name of a model spec: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]'."""
-  table = head_table(spec, num_heads, depth)
+  return describe_table(head_table(spec, num_heads, depth))
+
+
+def describe_table(table: Sequence[Sequence[bool]]) -> str:
+  """Short human name of a head table: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heads=.L/L.'."""
+  num_heads = len(table[0]) if len(table) else 0
   counts = count_per_layer(table)
-  uniform_last_k = all(row == head_mask(c, num_heads) for row, c in zip(table, counts))
+  uniform_last_k = all(tuple(row) == head_mask(c, num_heads) for row, c in zip(table, counts))
   if uniform_last_k and len(set(counts)) == 1:
     k = counts[0]
     return f"k={k}" + (" (all)" if k == num_heads and k else "")

@@ -1,5 +1,6 @@
 """Checkpointer: round trips, keep-N, corruption fallback, mismatch, mesh, kills."""
 import functools
+import json
 import os
 import pathlib
 import subprocess
@@ -437,3 +438,71 @@ def test_read_only_never_creates_deletes_moves_or_writes(tmp_path):
   reader.close()
   assert _tree(directory) == before
   assert logs[0].startswith(f"checkpoint step 2 in {directory} is corrupt (checksum mismatch")
+
+
+# --- A run's identity, kept with its checkpoints (laplax.train.identity) -----------------------
+
+from laplax.train import identity as identity_lib  # noqa: E402
+
+
+def _identity(**changes):
+  base = {"task": "classification", "model.depth": 4, "model.laplacian_heads": ["..LL"] * 4,
+          "data.name": "fashion_mnist", "seed": 0, "data.batch_size": 64,
+          "optim.grad_accum_steps": 1, "total_steps": 100, "data.corpus_sha256": "ab" * 32}
+  return {**base, **changes}
+
+
+def test_identity_is_checked_against_the_checkpoints_and_records_allowed_changes(tmp_path):
+  ckpt_dir, where = tmp_path / "checkpoints", str(tmp_path)
+  # No checkpoint yet: nothing to compare, the identity is (re)written.
+  verdict = identity_lib.check(ckpt_dir, where, _identity(**{"model.depth": 6}))
+  assert verdict.write and not verdict.changes and not verdict.unrecorded
+  with Checkpointer(ckpt_dir) as ckpt:
+    ckpt.save(40, {"w": np.zeros(3, np.float32)}, {})
+  # A checkpoint saved before laplax kept identities: recorded as this config's.
+  verdict = identity_lib.check(ckpt_dir, where, _identity())
+  assert verdict.unrecorded and verdict.latest == 40
+  identity_lib.record(ckpt_dir, _identity(), verdict, 40)
+  assert not identity_lib.check(ckpt_dir, where, _identity()).write
+  # A field only one side has (one a later laplax added) is not compared.
+  assert not identity_lib.check(ckpt_dir, where, _identity(**{"model.new": 1})).write
+  # Every differing field in one line, old -> new, heads by name, fingerprints cut.
+  new = _identity(**{"model.depth": 6, "data.batch_size": 128, "data.corpus_sha256": "cd" * 32,
+                     "model.laplacian_heads": ["...."] * 3 + [".LLL"]})
+  with pytest.raises(ValueError) as e:
+    identity_lib.check(ckpt_dir, where, new, ("data.batch_size",))
+  assert str(e.value) == (
+      f"{where} was trained with model.depth=4, model.laplacian_heads=2, data.batch_size=64, "
+      "data.corpus_sha256=abababababab; this config has model.depth=6, "
+      "model.laplacian_heads=[0,0,0,3], data.batch_size=128, data.corpus_sha256=cdcdcdcdcdcd: "
+      "use a fresh --workdir, or the config it was trained with")
+  # The schedule and the batch may change on purpose; the file records it.
+  longer = _identity(**{"data.batch_size": 32, "total_steps": 200})
+  with pytest.raises(ValueError, match=r"this config has data.batch_size=32, total_steps=200: "
+                     r"use a fresh --workdir, or --allow_change=data.batch_size,total_steps for "
+                     r"a deliberate change$"):
+    identity_lib.check(ckpt_dir, where, longer, ("total_steps",))
+  verdict = identity_lib.check(ckpt_dir, where, longer, ("total_steps", "data.batch_size"))
+  assert verdict.write and verdict.changes == {"data.batch_size": (64, 32),
+                                               "total_steps": (100, 200)}
+  identity_lib.record(ckpt_dir, longer, verdict, 40)
+  stored = json.loads((ckpt_dir / identity_lib.FILE).read_text())
+  assert stored == {"identity": longer, "changes": [{"step": 40, "data.batch_size": [64, 32],
+                                                     "total_steps": [100, 200]}]}
+  # Never shorter than the latest checkpoint, allowed or not.
+  shorter = _identity(**{"data.batch_size": 32, "total_steps": 30})
+  with pytest.raises(ValueError, match=r"total_steps=30: use a fresh --workdir, or total_steps "
+                     r">= 40 \(its latest checkpoint\) with --allow_change=total_steps$"):
+    identity_lib.check(ckpt_dir, where, shorter)
+  with pytest.raises(ValueError, match=f"^{where} has a checkpoint at step 40: total_steps=30 "
+                     "would end before it; use total_steps >= 40, or a fresh --workdir$"):
+    identity_lib.check(ckpt_dir, where, shorter, ("total_steps",))
+
+
+def test_allow_change_names_only_the_schedule_and_the_batch():
+  assert identity_lib.parse_allow_change("total_steps, data.batch_size") == (
+      "total_steps", "data.batch_size")
+  assert identity_lib.parse_allow_change("") == identity_lib.parse_allow_change(None) == ()
+  with pytest.raises(ValueError, match=r"^--allow_change=model.depth,seed: only total_steps, "
+                     r"data.batch_size, optim.grad_accum_steps may change on a resume"):
+    identity_lib.parse_allow_change(["total_steps", "model.depth", "seed"])

@@ -142,3 +142,94 @@ def test_corrupt_config_json_is_one_line_for_both_clis(tmp_path, cache):
     errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "config.json" in errors[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _one_error(out) -> str:
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert out.returncode == 1 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+  return errors[0]
+
+
+def test_a_resume_is_the_run_its_checkpoints_were_trained_as(tmp_path, cache):
+  """A finished run rerun changes nothing; a shorter schedule, another batch or model is
+  refused in one line naming each field (also with config.json lost); --allow_change makes a
+  longer schedule and another batch deliberate, recorded next to the checkpoints."""
+  work = tmp_path / "run"
+  run = lambda *extra: subprocess.run(_args(work, cache, "--config.total_steps=20", *extra),
+                                      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert run().returncode == 0
+  files = [work / "config.json", work / "results.json", work / "metrics.jsonl",
+           work / "checkpoints" / "identity.json"]
+  snapshot = lambda: [(p.stat().st_mtime_ns, p.read_bytes()) for p in files if p.exists()]
+  before = snapshot()
+  # Finished: another non-identity setting says so and changes nothing (no second final row).
+  out = run("--config.log_every=3", "--config.optim.lr=0.01", "--config.checkpoint.keep=1")
+  assert out.returncode == 0, out.stderr
+  assert (out.stdout + out.stderr).count("already finished its 20 steps") == 1
+  assert snapshot() == before
+  assert [r["split"] for r in read_metrics(work / "metrics.jsonl")].count("final") == 1
+  # Shorter than the checkpoint: refused, allowed or not; nothing is written.
+  assert _one_error(run("--config.total_steps=10")) == (
+      f"error: {work} was trained with total_steps=20; this config has total_steps=10: use a "
+      "fresh --workdir, or total_steps >= 20 (its latest checkpoint) with "
+      "--allow_change=total_steps")
+  assert _one_error(run("--config.total_steps=10", "--allow_change=total_steps")) == (
+      f"error: {work} has a checkpoint at step 20: total_steps=10 would end before it; use "
+      "total_steps >= 20, or a fresh --workdir")
+  # Another model: the field, not the model section.
+  assert _one_error(run("--config.model.laplacian_heads=1")) == (
+      f"error: {work} was trained with model.laplacian_heads=2; this config has "
+      "model.laplacian_heads=1: use a fresh --workdir, or the config it was trained with")
+  # A longer schedule and another batch: each named, then allowed on purpose.
+  longer = ("--config.total_steps=30", "--config.data.batch_size=32")
+  assert _one_error(run(*longer)) == (
+      f"error: {work} was trained with data.batch_size=64, total_steps=20; this config has "
+      "data.batch_size=32, total_steps=30: use a fresh --workdir, or "
+      "--allow_change=data.batch_size,total_steps for a deliberate change")
+  assert snapshot() == before
+  out = run(*longer, "--allow_change=total_steps,data.batch_size")
+  assert out.returncode == 0, out.stderr
+  assert ("changed on purpose (--allow_change): data.batch_size 64 -> 32, total_steps 20 -> 30"
+          in out.stdout)
+  assert json.loads((work / "results.json").read_text())["step"] == 30
+  assert json.loads((work / "config.json").read_text())["data"]["batch_size"] == 32
+  record = json.loads((work / "checkpoints" / "identity.json").read_text())
+  assert record["changes"] == [{"step": 20, "data.batch_size": [64, 32], "total_steps": [20, 30]}]
+  # config.json lost: the checkpoints' identity still refuses a k=0 resume of a k=2 run.
+  (work / "config.json").unlink()
+  before = snapshot()
+  assert _one_error(run(*longer, "--config.model.laplacian_heads=0")) == (
+      f"error: {work} was trained with model.laplacian_heads=2 (all); this config has "
+      "model.laplacian_heads=0: use a fresh --workdir, or the config it was trained with")
+  assert not (work / "config.json").exists() and snapshot() == before
+
+
+def test_sigterm_during_a_save_marks_the_rows_off_the_logging_grid(tmp_path, cache):
+  """SIGTERM while step 50 is saved stops the run at a later step, off the logging grid (every
+  100 steps): the row written at the stop and the first row after the resume say in 'steps'
+  how many steps they average; every step is in exactly one row."""
+  work, total = tmp_path / "run", 300
+  args = _args(work, cache, f"--config.total_steps={total}", "--config.log_every=100",
+               "--config.checkpoint.every_steps=50")
+  proc = _start(args)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None and not (
+      (work / "checkpoints").is_dir() and any(p.name.startswith("50")
+                                              for p in (work / "checkpoints").iterdir())):
+    time.sleep(0.005)
+  os.killpg(proc.pid, signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 143, out
+  step = int([l for l in out.splitlines() if l.startswith("preempted at step")][0].split()[3]
+             .rstrip(":"))
+  assert 50 < step < total
+  rerun = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0 and f"resumed from step {step}" in rerun.stdout, rerun.stderr
+  rows = [(r["step"], r.get("steps")) for r in read_metrics(work / "metrics.jsonl")
+          if r["split"] == "train"]
+  expected = [(s, None) for s in range(100, total + 1, 100)]
+  if step % 100:  # the stop's row, then the first row after the resume, both partial
+    after = step - step % 100 + 100
+    expected = sorted([r for r in expected if r[0] != after] +
+                      [(step, step % 100), (after, 100 - step % 100)])
+  assert rows == expected, (step, rows)

@@ -3,6 +3,7 @@ end-to-end training run through train_and_evaluate."""
 
 import json
 import math
+import os
 import re
 
 import jax
@@ -234,10 +235,11 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   assert 0 < results["val"]["bpb"] < val[0]["bpb"]
   assert (tmp_path / "run" / "tokenizer.json").exists()
   assert json.loads((tmp_path / "run" / "results.json").read_text())["step"] == 40
-  # Resume: 10 more steps from the step-40 checkpoint, not from scratch.
+  # Resume: 10 more steps from the step-40 checkpoint, not from scratch (a deliberate change).
   config.total_steps = 50
   lines.clear()
-  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append,
+                                       allow_change=("total_steps",))
   assert any("resumed from step 40" in l for l in lines) and results["step"] == 50
   # What eval.py and the geometry analysis load: the step-50 parameters and the tokenizer.
   run = restore.load_run(tmp_path / "run", log=lines.append)
@@ -246,6 +248,60 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
   prompt = tokenizer.encode("ROMEO:")[None]
   out = gpt.generate(model, variables, prompt, 4)
   assert out.shape == (1, prompt.shape[1] + 4) and int(out.max()) < model.config.vocab_size
+
+
+@pytest.mark.slow
+def test_a_resume_over_another_corpus_or_window_length_is_refused(tmp_path, shared_data):
+  """The checkpoints' identity holds the tokenizer's and the token shards' fingerprints: a
+  changed corpus (re-tokenised under the same tokenizer) or seq_len stops the resume in one
+  line, also without config.json; a touched but unchanged corpus resumes."""
+  src = tmp_path / "corpus"
+  src.mkdir()
+  text = (shared_data / "text" / "tinyshakespeare" / "input.txt").read_text()[:200_000]
+  (src / "a.txt").write_text(text)
+  config = make_config("lm", tmp_path / "cache", total_steps=10, **{
+      "data.sources": (str(src),), "checkpoint.every_steps": 10, "evals.val.every": 0})
+  work = tmp_path / "run"
+  trainer.train_and_evaluate(config, work, log=lambda m: None)
+  (src / "a.txt").write_text(text)  # the same text, a new mtime: re-tokenised, same tokens
+  config.total_steps = 20
+  lines = []
+  trainer.train_and_evaluate(config, work, log=lines.append, allow_change="total_steps")
+  assert any("resumed from step 10" in l for l in lines), lines
+  (src / "a.txt").write_text(text[:150_000])
+  (work / "config.json").unlink()
+  with pytest.raises(ValueError, match=f"^{work} was trained with data.corpus_sha256=[0-9a-f]{{12}}"
+                     "; this config has data.corpus_sha256=[0-9a-f]{12}: use a fresh --workdir"):
+    trainer.train_and_evaluate(config, work, log=lambda m: None)
+  (src / "a.txt").write_text(text)
+  config.data.seq_len = 16
+  with pytest.raises(ValueError, match=f"^{work} was trained with data.seq_len=32; this config "
+                     "has data.seq_len=16: use a fresh --workdir, or the config it was trained"):
+    trainer.train_and_evaluate(config, work, log=lambda m: None)
+  assert (work / "tokenizer.json").exists()  # kept without config.json: the checkpoints need it
+
+
+def test_a_corpus_fingerprint_follows_its_tokens_not_its_files_times(tmp_path):
+  src = _corpus(tmp_path)
+  paths = text_corpus.list_documents([str(src)])
+  tok = Tokenizer.train([p.read_text() for p in paths], vocab_size=300)
+
+  def fingerprints():
+    out = text_shards.tokenize_corpus(text_corpus.list_documents([str(src)]), tok,
+                                      tmp_path / "cache", val_fraction=0.1, shard_tokens=1000,
+                                      log=None)
+    return out, [text_shards.TokenShards(out, s, 16).fingerprint() for s in ("train", "val")]
+
+  out, first = fingerprints()
+  os.utime(src / "doc1.txt", (1, 1))  # touched: tokenised again elsewhere, the same tokens
+  again, same = fingerprints()
+  assert again != out and same == first
+  doc = src / "doc0.txt"  # a digit of the first line: as many tokens, others at position 0
+  doc.write_text(doc.read_text().replace("document 0 says 0 ", "document 9 says 0 ", 1))
+  os.utime(doc, (2, 2))  # the cache tells files apart by size and mtime (in whole seconds)
+  assert fingerprints()[1][0] != first[0]
+  doc.write_text(doc.read_text() + "one more line\n")  # longer: the val split changes too
+  assert all(a != b for a, b in zip(fingerprints()[1], first))
 
 
 def _record_corpus(tmp_path):

@@ -308,13 +308,14 @@ def _linear_setup(skip=False):
   return state, step
 
 
-def _run(tmp_path, state, step_fn, batches, total=12, **kwargs):
+def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, **kwargs):
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=None, save_interval_steps=2,
                       log=lambda m: None)
   return loop.run_steps(
-      state, step_fn, batches, ckpt, MetricsWriter(tmp_path), mesh=mesh,
-      rules=sharding.rules_from_config(()), start_step=0, total_steps=total, log_every=4,
+      state, step_fn, batches, ckpt, MetricsWriter(tmp_path, resume_step=start_step or None),
+      mesh=mesh, rules=sharding.rules_from_config(()), start_step=start_step,
+      total_steps=total, log_every=4,
       items_per_step=8, unit="examples", schedule=lambda s: 1e-2, name="t",
       describe=lambda s: "", **kwargs)
 
@@ -334,6 +335,30 @@ def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
   rows = read_metrics(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in rows] == [4]  # the interval holding step 7 is not written
+
+
+def test_a_stop_off_the_logging_grid_logs_its_rows_with_their_step_counts(tmp_path):
+  """Preempted at step 7 (log_every 4, saves every 2): the row at 7 averages its 3 steps, the
+  first row after resuming there 1; each says so in 'steps', full rows do not."""
+  state, step_fn = _linear_setup()
+  abstract = jax.eval_shape(lambda: state)
+  with pytest.raises(loop.Preempted, match="^preempted at step 7"):
+    _run(tmp_path, state, step_fn, _Batches(), stop_requested=lambda step: step == 7)
+  step, restored, extra = Checkpointer(tmp_path / "checkpoints", read_only=True).restore(abstract)
+  assert step == 7 and extra == {"data": {"i": 7}}
+  batches = _Batches()
+  batches.i = extra["data"]["i"]
+  _run(tmp_path, restored, step_fn, batches, start_step=7)
+  rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+  assert [(r["step"], r.get("steps")) for r in rows] == [(4, None), (7, 3), (8, 1), (12, None)]
+  # The same losses as a run never stopped: every step is in exactly one row.
+  state, step_fn = _linear_setup()
+  _run(tmp_path / "straight", state, step_fn, _Batches())
+  straight = {r["step"]: r for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")}
+  for r in (rows[0], rows[3]):
+    np.testing.assert_allclose(r["loss"], straight[r["step"]]["loss"], rtol=1e-6)
+  np.testing.assert_allclose((rows[1]["loss"] * 3 + rows[2]["loss"]) / 4,
+                             straight[8]["loss"], rtol=1e-6)
 
 
 def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):

@@ -131,9 +131,19 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   named = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(
       evals=("few",)), log=lambda m: None)
   assert set(named) == {"task", "step", "few"}
+  # A longer schedule is a deliberate change: refused without --allow_change, then recorded.
+  with pytest.raises(ValueError, match=f"^{tmp_path} was trained with total_steps=60; this config "
+                     "has total_steps=90: use a fresh --workdir, or --allow_change=total_steps "
+                     "for a deliberate change$"):
+    trainer.train_and_evaluate(toy_config(90), tmp_path, log=lambda m: None)
   lines = []
-  more = trainer.train_and_evaluate(toy_config(90), tmp_path, log=lines.append)
+  more = trainer.train_and_evaluate(toy_config(90), tmp_path, log=lines.append,
+                                    allow_change=("total_steps",))
   assert any("resumed from step 60" in l for l in lines) and more["step"] == 90
+  assert "changed on purpose (--allow_change): total_steps 60 -> 90" in lines
+  record = json.loads((tmp_path / "checkpoints" / "identity.json").read_text())
+  assert record["identity"]["total_steps"] == 90 and record["identity"]["task"] == "first_token"
+  assert record["changes"] == [{"step": 60, "total_steps": [60, 90]}]
   run = restore.load_run(tmp_path, log=lambda m: None)
   assert run.step == 90 and isinstance(run.task, FirstTokenTask)
   logits = run.model.apply({"params": run.params}, np.zeros((2, LENGTH), np.int32))
@@ -176,3 +186,53 @@ def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registe
   config.profile = (0, 2)
   with pytest.raises(ValueError, match="profile=\\(0, 2\\)"):
     trainer.train_and_evaluate(config, tmp_path / "run2", log=lambda m: None)
+
+
+def test_a_resume_is_the_run_its_checkpoints_were_trained_as(tmp_path, registered):
+  """The identity in checkpoints/identity.json decides, also without config.json; a finished
+  run rerun with another non-identity setting says so and changes nothing."""
+  trainer.train_and_evaluate(toy_config(20), tmp_path, log=lambda m: None)
+  files = {n: (tmp_path / n).stat().st_mtime_ns for n in ("results.json", "config.json",
+                                                          "metrics.jsonl")}
+  config = toy_config(20)
+  config.log_every, config.optim.lr, config.evals.acc.every = 4, 0.5, 5  # not the identity
+  lines = []
+  trainer.train_and_evaluate(config, tmp_path, log=lines.append)
+  assert lines == [f"{tmp_path} already finished its 20 steps (results.json): nothing to do"]
+  assert {n: (tmp_path / n).stat().st_mtime_ns for n in files} == files
+  (tmp_path / "config.json").unlink()  # lost: the checkpoints' identity still decides
+  for change, message in [
+      (lambda c: c.model.update(laplacian_heads=0), "model.laplacian_heads=1; this config has "
+       "model.laplacian_heads=0: use a fresh --workdir, or the config it was trained with"),
+      (lambda c: c.data.update(batch_size=16), "data.batch_size=32; this config has "
+       "data.batch_size=16: use a fresh --workdir, or --allow_change=data.batch_size for a "
+       "deliberate change"),
+      (lambda c: c.update(seed=1), "seed=0; this config has seed=1: use a fresh --workdir, or "
+       "the config it was trained with")]:
+    config = toy_config(20)
+    change(config)
+    with pytest.raises(ValueError) as e:
+      trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
+    assert str(e.value) == f"{tmp_path} was trained with {message}"
+  with pytest.raises(ValueError, match=r"^--allow_change=model.depth: only total_steps, "
+                     r"data.batch_size, optim.grad_accum_steps may change"):
+    trainer.train_and_evaluate(toy_config(20), tmp_path, allow_change="total_steps,model.depth")
+  # Shorter than the checkpoint: refused even when allowed; a longer batch change is recorded.
+  with pytest.raises(ValueError, match=f"^{tmp_path} has a checkpoint at step 20: "
+                     "total_steps=10 would end before it; use total_steps >= 20"):
+    trainer.train_and_evaluate(toy_config(10), tmp_path, allow_change=("total_steps",))
+  assert {n: (tmp_path / n).stat().st_mtime_ns for n in files if n != "config.json"} == {
+      n: t for n, t in files.items() if n != "config.json"}
+  assert not (tmp_path / "config.json").exists()
+  config = toy_config(30)
+  config.data.batch_size = 16
+  lines = []
+  results = trainer.train_and_evaluate(config, tmp_path, log=lines.append,
+                                       allow_change="total_steps,data.batch_size")
+  assert results["step"] == 30 and any("resumed from step 20" in l for l in lines)
+  assert ("changed on purpose (--allow_change): data.batch_size 32 -> 16, total_steps 20 -> 30"
+          in lines)
+  record = json.loads((tmp_path / "checkpoints" / "identity.json").read_text())
+  assert record["changes"] == [{"step": 20, "data.batch_size": [32, 16],
+                                "total_steps": [20, 30]}]
+  assert record["identity"]["model.laplacian_heads"] == [".L"]

@@ -37,6 +37,7 @@ from laplax.data.images import load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
+from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
@@ -286,6 +287,11 @@ class DinoTask(Task):
   def init_extra(self, params):
     return {"teacher": params,
             "centre": jnp.zeros((self.config.head.out_dim,), jnp.float32)}
+
+  def model_identity(self, model: dino_lib.DINO) -> dict[str, Any]:
+    """The backbone under config.model's names, the projection head under config.head's."""
+    return {**identity_lib.module_fields(model.backbone, "model"),
+            **identity_lib.module_fields(model.head, "head")}
 
   def describe_model(self, model, num_params: int) -> str:
     crops = multicrop_config(self.config)

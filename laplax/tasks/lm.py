@@ -8,6 +8,8 @@ collapse and per-layer spectra.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import pathlib
 import time
@@ -24,6 +26,7 @@ from laplax.data.text import pipeline as text_pipeline
 from laplax.data.text import preparation, shards
 from laplax.data.tokenizer import Tokenizer
 from laplax.models import gpt
+from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train.task import Task
 
@@ -69,12 +72,15 @@ class LanguageModelTask(Task):
   def load_data(self, workdir, log) -> None:
     t0 = time.time()
     # A fresh start: a failed start's file is stale. Process 0 alone removes and writes it
-    # (the others, run after it, would delete what it just wrote).
-    if jax.process_index() == 0 and not (workdir / "config.json").exists():
-      (workdir / "tokenizer.json").unlink(missing_ok=True)
+    # (the others, run after it, would delete what it just wrote). Checkpoints keep it even
+    # without config.json: their identity holds its fingerprint.
+    self.tokenizer_path = workdir / "tokenizer.json"
+    if (jax.process_index() == 0 and not (workdir / "config.json").exists()
+        and not identity_lib.steps_saved(workdir / "checkpoints")):
+      self.tokenizer_path.unlink(missing_ok=True)
     self.tokenizer, token_dir = preparation.prepare(
-        self.config.data, text_cache_dir(self.config.data),
-        tokenizer_path=workdir / "tokenizer.json", log=log)
+        self.config.data, text_cache_dir(self.config.data), tokenizer_path=self.tokenizer_path,
+        log=log)
     self.corpus = shards.describe_corpus(token_dir)
     log(f"data: {self.corpus['documents']} documents, {self.corpus['tokens']['train']:,} train"
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")
@@ -167,6 +173,16 @@ class LanguageModelTask(Task):
         self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
         max_windows=self.config.data.eval_windows, process_index=jax.process_index(),
         process_count=hosts)
+
+  def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:
+    """The common identity, the window length (what the iterator's position means) and the
+    fingerprints of tokenizer.json and of the token shards (a changed corpus or split)."""
+    corpus = {"description": self.corpus, "train": self.train_shards.fingerprint(),
+              "val": self.val_shards.fingerprint()}
+    return {**super().identity(model, total_steps), "data.seq_len": self.config.data.seq_len,
+            "data.tokenizer_sha256": hashlib.sha256(self.tokenizer_path.read_bytes()).hexdigest(),
+            "data.corpus_sha256": hashlib.sha256(
+                json.dumps(corpus, sort_keys=True).encode()).hexdigest()}
 
   def results_info(self, step: int) -> dict[str, Any]:
     return {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),

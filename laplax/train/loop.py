@@ -83,9 +83,10 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               flops_per_step: int | None = None) -> tuple[Any, dict[str, float]]:
   """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
 
-  Every log_every steps (and at the end): the interval's mean metrics and throughput
-  (items_per_step `unit`s per step) go to writer as 'train' and to the progress line
-  (describe(summary) -> text). After every step before the last, evaluate(state, step) runs
+  Every log_every steps (and at the end, and at a preemption stop): the interval's mean
+  metrics and throughput (items_per_step `unit`s per step) go to writer as 'train' and to the
+  progress line (describe(summary) -> text); a row of fewer than log_every steps carries
+  'steps', the number it averages. After every step before the last, evaluate(state, step) runs
   the evaluators due then and says whether any ran (their time is left out of the
   throughput). After every step the checkpointer decides
   whether to save the state with the iterator's state (always at the last step); it is closed
@@ -103,6 +104,26 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   pending: list[dict[str, jax.Array]] = []
   guard = _FiniteGuard(checkpointer, max_consecutive_skips)
   should_save = getattr(checkpointer, "should_save", None)
+
+  def log_interval(step: int, t_last: float) -> tuple[dict[str, float], float]:
+    """Writes the mean row of the pending steps (ending at `step`) -> (row, its time). A row of
+    fewer than log_every steps (a preemption stop off the grid, the first row after resuming
+    from it, a short last interval) says in 'steps' how many it averages."""
+    guard.check()  # before writing: no NaN row in metrics.jsonl
+    now = time.time()
+    row = interval_summary(pending, items_per_step=items_per_step, unit=unit,
+                           seconds=now - t_last, lr=schedule(step))
+    if len(pending) < log_every:
+      row["steps"] = len(pending)
+    if flops_per_step:
+      row.update(flops_lib.utilisation(flops_per_step * len(pending), now - t_last,
+                                       mesh.devices.size, mesh.devices.flat[0].device_kind))
+    writer.write(step, "train", row)
+    progress.update(step, describe(row) + (
+        f"  {row['tflops_per_chip']:.1f} TFLOP/s/chip  MFU {row['mfu']:.1%}"
+        if "mfu" in row else ""))
+    return row, now
+
   t_last, step, last = time.time(), start_step, {}
   tracing = False
   try:
@@ -129,21 +150,14 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         pending.append(metrics)
         guard.unchecked.append((step, metrics))
         if step % log_every == 0 or step == total_steps:
-          guard.check()  # before writing: no NaN row in metrics.jsonl
-          now = time.time()
-          last = interval_summary(pending, items_per_step=items_per_step, unit=unit,
-                                  seconds=now - t_last, lr=schedule(step))
-          if flops_per_step:
-            last.update(flops_lib.utilisation(flops_per_step * len(pending), now - t_last,
-                                              mesh.devices.size, mesh.devices.flat[0].device_kind))
-          writer.write(step, "train", last)
-          progress.update(step, describe(last) + (
-              f"  {last['tflops_per_chip']:.1f} TFLOP/s/chip  MFU {last['mfu']:.1%}"
-              if "mfu" in last else ""))
-          pending, t_last = [], now
+          last, t_last = log_interval(step, t_last)
+          pending = []
         if evaluate is not None and step < total_steps and evaluate(state, step):
           t_last = time.time()
         stop = stop_requested is not None and stop_requested(step) and step < total_steps
+        if stop and pending:  # the steps since the last row are saved now, not redone: log them
+          last, t_last = log_interval(step, t_last)
+          pending = []
         force = step == total_steps or stop
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved

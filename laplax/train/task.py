@@ -21,6 +21,8 @@ asked, in this order:
                              laplax.train.steps.make_train_step)
   train_iterator()           a checkpointable grain iterator of host batches
   results_info(step)         facts for results.json (the LM: corpus, tokens seen)
+  identity(model, n)         what its checkpoints were trained as (laplax.train.identity),
+                             compared on every resume
 
 A task measures nothing: evaluators do (laplax.train.evaluator, picked by config.evals), reading
 the task's data. eval.py asks `load_assets(workdir)` (files build_model needs besides the
@@ -43,6 +45,7 @@ import numpy as np
 import optax
 
 from laplax import heads as heads_lib
+from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import ranges
 from laplax.train import steps as steps_lib
@@ -197,6 +200,24 @@ class Task(abc.ABC):
     """Facts of the run for results.json besides the evaluators' results (default: none)."""
     del step
     return {}
+
+  def identity(self, model: nn.Module, total_steps: int) -> dict[str, Any]:
+    """What a checkpoint of this run was trained as, {dotted name: JSON value}: a resume with
+    another value stops (laplax.train.identity). Called after load_data; a task adds what else
+    its checkpoints depend on (the LM: its tokenizer and corpus)."""
+    c = self.config
+    out = {"task": self.name, **self.model_identity(model),
+           identity_lib.HEADS: identity_lib.head_rows(model)}
+    out.update({f"data.{k}": identity_lib.plain(c.data[k]) for k in ("name", "tfds_name", "sources")
+                if k in c.data})
+    out.update({"seed": c.seed, "data.batch_size": c.data.batch_size,
+                "optim.grad_accum_steps": int(c.optim.get("grad_accum_steps", 1)),
+                "total_steps": int(total_steps)})
+    return out
+
+  def model_identity(self, model: nn.Module) -> dict[str, Any]:
+    """The resolved model section: the built module's fields as 'model.<field>'."""
+    return identity_lib.module_fields(model, "model")
 
   # --- Studies -------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from laplax import multihost
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import identity as identity_lib
 from laplax.train import loop
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -34,8 +35,10 @@ from laplax.train.metrics import MetricsWriter
 from laplax.train.state import abstract_state, create_state
 from laplax.train.task import Task
 
-# Sections whose change makes a workdir a different run (resuming it would mix two models).
-_IDENTITY = ("task", "model", "data.name", "seed")
+# The config sections of config.json compared before the data are loaded (laplax.train.identity
+# then compares the resolved run with its checkpoints'): a change would mix two runs.
+_IDENTITY = ("task", "model", "data.name", "data.tfds_name", "data.sources", "seed",
+             "data.batch_size", "optim.grad_accum_steps", "total_steps")
 _INIT_EVAL = "init_eval.json"
 
 
@@ -99,18 +102,25 @@ def _stop_signals():
       signal.signal(signum, handler)
 
 
-def check_workdir_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a workdir made with another task, model, data set or seed."""
+def check_workdir_config(workdir: epath.Path, config: ml_collections.ConfigDict,
+                         allow_change=()) -> None:
+  """Refuses to resume a workdir whose config.json has another task, model, data set, seed or
+  batch (one line naming each field that differs; allow_change: the fields that may)."""
   path = workdir / "config.json"
   if not path.exists():
     return
   old = workdir_lib.read_json(path, "run config")
   new = json.loads(config.to_json_best_effort())
-  for section in _IDENTITY:
-    get = lambda d: _get_path(d, section)
-    if get(old) != get(new) and not (section == "task" and get(old) is None):
-      raise ValueError(f"workdir {workdir} holds a run with {section}={get(old)!r}, not "
-                       f"{get(new)!r}: use a fresh --workdir or the config it was made with")
+  # A section only one side has (a key a later laplax added) is not compared.
+  leaves = lambda d: {k: v for section in _IDENTITY if _get_path(d, section) is not None
+                      for k, v in identity_lib.flatten(_get_path(d, section), section).items()}
+  diffs = identity_lib.differences(leaves(old), leaves(new))
+  if not all(diffs.get("total_steps", (1, 1))):
+    del diffs["total_steps"]  # 0: from num_epochs and the data, compared once they are loaded
+  if any(k not in allow_change for k in diffs):
+    steps = identity_lib.steps_saved(workdir / "checkpoints")
+    raise ValueError(identity_lib.refusal(str(workdir), diffs, identity_lib.advice(
+        diffs, steps[-1] if steps else None)))
 
 
 def _get_path(d: dict, dotted: str):
@@ -126,11 +136,15 @@ def write_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLike,
-                       *, log=print) -> dict[str, Any]:
+                       *, log=print, allow_change=()) -> dict[str, Any]:
   """Trains (resuming from workdir's latest good checkpoint), then evaluates; -> results.
 
   Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json and the task's files.
+  A resume must be the run its checkpoints were trained as (laplax.train.identity);
+  allow_change names what may differ on purpose: total_steps, data.batch_size,
+  optim.grad_accum_steps (a sequence or 'total_steps,data.batch_size').
   """
+  allow_change = identity_lib.parse_allow_change(allow_change)
   task = task_lib.for_config(config)
   workdir = workdir_lib.as_path(workdir)  # gs://bucket/run stays a bucket path
   if config.get("compilation_cache_dir"):  # compiled steps persist across runs and restarts
@@ -141,23 +155,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   with workdir_lib.lock_run(workdir):  # one run per workdir, on all its hosts
-    return _train(task, config, workdir, mesh, rules, log)
+    return _train(task, config, workdir, mesh, rules, log, allow_change)
 
 
-def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[str, Any]:
-  check_workdir_config(workdir, config)
+def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
+           allow_change) -> dict[str, Any]:
+  check_workdir_config(workdir, config, allow_change)
   # Missing or bad data stops a fresh start before config.json. Process 0 prepares first (into
   # a shared cache the others then find ready), so the hosts never prepare one entry at once.
   with multihost.process_0_first("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
+  model = task.build_model()
+  # Checked before anything is written: a refused resume leaves the workdir as it was.
+  identity = task.identity(model, total_steps)
+  verdict = identity_lib.check(workdir / "checkpoints", str(workdir), identity, allow_change)
   finished = _finished_results(workdir, total_steps)
   if finished is not None:
     log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
     return finished
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
   name = config.get("name", task.name)
-  model = task.build_model()
   # The evaluators load their own data (transfer sets, ADE20K, photos): missing data stops a
   # fresh start before config.json too. Those that run only in eval.py are not built.
   context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
@@ -179,6 +197,14 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log) -> dict[st
   # Restore into the abstract state: a resumed run never compiles the initialisers.
   checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
                                         shardings, train_iter, log=log)
+  if verdict.changes:
+    log(f"changed on purpose (--allow_change): {identity_lib.describe_changes(verdict.changes)}")
+  elif verdict.unrecorded:
+    log(f"{workdir / 'checkpoints'} has no {identity_lib.FILE} (saved before laplax kept one): "
+        "recording this config's")
+  if lead and verdict.write:  # before the first save of a fresh run
+    identity_lib.record(workdir / "checkpoints", identity, verdict,
+                        checkpointer.restored_step or 0)
   # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
   writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
   with contextlib.closing(writer):  # its TensorBoard event file too
