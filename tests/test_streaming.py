@@ -5,6 +5,7 @@ pod config training on CPU, and one-line errors for a bad data set."""
 import dataclasses
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -254,6 +255,13 @@ def test_bad_data_sets_are_one_line_errors(data_dir, tmp_path):
     streaming.open_source("planted_images", data_dir, "test")
   with pytest.raises(DataError, match="needs data.tfds_data_dir"):
     streaming.open_source("planted_images", "", "train")
+  copy = tmp_path / "copy"
+  shutil.copytree(data_dir, copy)
+  (shard,) = copy.rglob("*-validation.array_record-*")
+  shard.unlink()  # a partial copy of a prepared data set
+  with pytest.raises(DataError, match=f"split 'validation' in {copy}: 1 of its record files "
+                     "are missing"):
+    streaming.open_source("planted_images", str(copy), "validation")
 
 
 def _train_py(workdir, data_dir, *extra):

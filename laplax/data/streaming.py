@@ -134,6 +134,12 @@ def open_source(name: str, data_dir: str, split: str):
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise DataError(f'{name} in {where} cannot be read by random access ({first[:160]}); '
                     'prepare it with file_format=array_record') from None
+  # The reader opens its files at the first read: one missing now would stop a run after
+  # config.json (or hours into it, at a later shard).
+  missing = [f for f in builder.info.splits[split].filepaths if not epath.Path(f).exists()]
+  if missing:
+    raise DataError(f'{name} split {split!r} in {where}: {len(missing)} of its record files '
+                    f'are missing, e.g. {missing[0]}: copy them again or prepare it again')
   return source, builder.info
 
 
