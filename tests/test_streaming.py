@@ -259,8 +259,8 @@ def test_bad_data_sets_are_one_line_errors(data_dir, tmp_path):
   shutil.copytree(data_dir, copy)
   (shard,) = copy.rglob("*-validation.array_record-*")
   shard.unlink()  # a partial copy of a prepared data set
-  with pytest.raises(DataError, match=f"split 'validation' in {copy}: 1 of its record files "
-                     "are missing"):
+  with pytest.raises(DataError, match=f"split 'validation' in data.tfds_data_dir='{copy}': 1 "
+                     f"of its record files are missing, e.g. {shard}"):
     streaming.open_source("planted_images", str(copy), "validation")
 
 
