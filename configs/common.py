@@ -38,6 +38,10 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.seed = 0
   c.total_steps = total_steps  # > 0 overrides num_epochs where the task has epochs
   c.log_every = log_every
+  # A run starting from another run's parameters (a fine-tuning stage): its workdir, and the
+  # step to take (0: its latest good checkpoint); a fresh optimiser state and schedule.
+  c.init_from = ""
+  c.init_from_step = 0
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = every_steps
   c.checkpoint.keep = 2

@@ -236,3 +236,42 @@ def test_a_resume_is_the_run_its_checkpoints_were_trained_as(tmp_path, registere
   assert record["changes"] == [{"step": 20, "data.batch_size": [32, 16],
                                 "total_steps": [20, 30]}]
   assert record["identity"]["model.laplacian_heads"] == [".L"]
+
+
+def test_a_run_starts_from_another_runs_parameters(tmp_path, registered):
+  trainer.train_and_evaluate(toy_config(60), tmp_path / "a", log=lambda m: None)
+  source = restore.load_run(tmp_path / "a", log=lambda m: None)
+  config = toy_config(1)
+  config.init_from = str(tmp_path / "a")
+  config.optim.lr = 1e-9  # one step that barely moves: the start is the source's parameters
+  lines = []
+  results = trainer.train_and_evaluate(config, tmp_path / "b", log=lines.append)
+  assert any(l.startswith(f"starting from {tmp_path / 'a'} (step 60)") for l in lines), lines
+  assert results["acc"]["accuracy"] > 0.9  # a fresh model after one step is at chance (0.25)
+  started = restore.load_run(tmp_path / "b", log=lambda m: None)
+  assert started.step == 1
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), started.params,
+               source.params)
+  # A source that does not fit the model, or none, stops the run before config.json.
+
+  class WideTask(FirstTokenTask):
+    name = "first_token_wide"
+
+    def build_model(self):
+      return FirstTokenModel(laplacian_heads=self.config.model.laplacian_heads, num_heads=4)
+
+  task_lib.register("first_token_wide", WideTask)
+  try:
+    wide = toy_config(1)
+    wide.task, wide.init_from = "first_token_wide", str(tmp_path / "a")
+    with pytest.raises(ValueError, match=r"its parameters do not fit this model: "
+                       r"MultiHeadAttention_0/.* is \(16, 2, 8\) there, \(16, 4, 8\) here"):
+      trainer.train_and_evaluate(wide, tmp_path / "c", log=lambda m: None)
+  finally:
+    del task_lib.TASKS["first_token_wide"]
+  missing = toy_config(1)
+  missing.init_from = str(tmp_path / "nowhere")
+  with pytest.raises(ValueError, match="nowhere holds no config.json"):
+    trainer.train_and_evaluate(missing, tmp_path / "d", log=lambda m: None)
+  for run in ("c", "d"):
+    assert not (tmp_path / run / "config.json").exists()

@@ -50,7 +50,8 @@ AT_LEAST_ONE = Range(1, integer=True)
 
 RANGES: dict[str, Range] = {
     # The run
-    "seed": COUNT, "total_steps": COUNT, "num_epochs": POSITIVE, "log_every": AT_LEAST_ONE,
+    "seed": COUNT, "total_steps": COUNT, "init_from_step": COUNT, "num_epochs": POSITIVE,
+    "log_every": AT_LEAST_ONE,
     "checkpoint.every_steps": AT_LEAST_ONE, "checkpoint.keep": AT_LEAST_ONE,
     # Data
     "data.batch_size": AT_LEAST_ONE, "data.eval_batch_size": AT_LEAST_ONE,

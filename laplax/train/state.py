@@ -55,6 +55,14 @@ def create_state(task, model: nn.Module, tx, mesh, rules, seed: int):
   return state, shardings
 
 
+def state_from_params(task, tx, params, shardings, mesh, rules) -> TrainState:
+  """A fresh train state (step 0, a new optimiser state, the task's extra state such as DINO's
+  teacher made from them) around `params` (another run's), in its sharded layout."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    return jax.jit(lambda p: TrainState.create(p, tx, extra=task.init_extra(p)),
+                   out_shardings=shardings)(params)
+
+
 def _init_state(task, model: nn.Module, tx, rng) -> TrainState:
   params = task.init_params(model, rng)
   return TrainState.create(params, tx, extra=task.init_extra(params))

@@ -19,6 +19,7 @@ from typing import Any
 
 from etils import epath
 import flax.linen as nn
+import flax.traverse_util
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -29,10 +30,11 @@ from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import identity as identity_lib
 from laplax.train import loop
+from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import MetricsWriter
-from laplax.train.state import abstract_state, create_state
+from laplax.train.state import abstract_state, create_state, state_from_params
 from laplax.train.task import Task
 
 # The config sections of config.json compared before the data are loaded (laplax.train.identity
@@ -182,10 +184,15 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   with multihost.process_0_first("evaluators"):
     evaluators = evaluator_lib.build(config, context, [
         n for n, s in evaluator_lib.sections(config).items() if s.every or s.at_init or s.final])
-  if lead:
-    write_config(workdir, config)
   tx, schedule = task.optimizer(total_steps)
   abstract, shardings = abstract_state(task, model, tx, mesh, rules)
+  # A fresh start from another run's parameters: read (and checked against this model) now,
+  # so that a missing or unfitting source stops the run before config.json.
+  fresh = not identity_lib.steps_saved(workdir / "checkpoints")
+  start_params = (_start_params(config, abstract.params, log)
+                  if config.get("init_from") and fresh else None)
+  if lead:
+    write_config(workdir, config)
   n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
   log(f"model: {task.describe_model(model, n_params)}; mesh {dict(mesh.shape)}; "
       f"{total_steps} steps x {task.items_per_step():,} {task.unit}")
@@ -209,7 +216,10 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
   with contextlib.closing(writer):  # its TensorBoard event file too
     if state is abstract:
-      state, _ = create_state(task, model, tx, mesh, rules, config.seed)
+      if start_params is not None:
+        state = state_from_params(task, tx, start_params, shardings, mesh, rules)
+      else:
+        state, _ = create_state(task, model, tx, mesh, rules, config.seed)
       _evaluate_at_init(evaluators, state, workdir, writer, lead, log)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -256,6 +266,25 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
       workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
     log(f"done: {summary}")
     return results
+
+
+def _start_params(config, expected, log):
+  """The parameters of the run in config.init_from (its latest good checkpoint, or step
+  config.init_from_step), checked leaf by leaf against this model's `expected` shapes."""
+  source = workdir_lib.as_path(config.init_from)
+  step = int(config.get("init_from_step", 0) or 0) or None
+  run = restore.load_run(source, step=step, log=log)
+  want = flax.traverse_util.flatten_dict(expected, sep="/")
+  got = flax.traverse_util.flatten_dict(run.params, sep="/")
+  for key in sorted(set(want) | set(got)):
+    have = tuple(got[key].shape) if key in got else None
+    need = tuple(want[key].shape) if key in want else None
+    if have != need:
+      raise ValueError(f"init_from={source}: its parameters do not fit this model: {key} is "
+                       f"{have or 'missing'} there, {need or 'absent'} here")
+  log(f"starting from {source} (step {run.step}): its parameters, a fresh optimiser state "
+      "and schedule")
+  return run.params
 
 
 def _evaluate_at_init(evaluators, state, workdir: epath.Path, writer: MetricsWriter, lead: bool,
