@@ -80,8 +80,8 @@ def setup(config) -> str:
 
 
 def curve_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
-  """Test accuracy and the paired difference vs the baseline at every checkpoint step that all
-  cells kept: does the Laplacian gap grow, shrink or change sign as training goes on?"""
+  """Test accuracy and the paired difference vs the baseline at every checkpoint step all cells
+  evaluated: does the Laplacian gap grow, shrink or change sign as training goes on?"""
   rows = summary["rows"]
   cells = {row["name"]: {s: done[(spec, s)]["curve"] for s in row["seeds"]}
            for spec, row in zip(specs, rows)}
@@ -91,7 +91,7 @@ def curve_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
     return []
   base = rows[0]["name"]
   table = ["## Learning curve", "",
-           "Test accuracy (%) of the checkpoints each cell kept (mean +- std over seeds) and the "
+           "Test accuracy (%) at every checkpoint step (mean +- std over seeds) and the "
            "paired difference vs the baseline with its 95 % interval.", "",
            "| step | " + " | ".join(cells) + " | "
            + " | ".join(f"{n} - baseline" for n in list(cells)[1:]) + " |",
