@@ -107,7 +107,8 @@ def test_eval_export_and_analysis(finished_study, tmp_path):
   assert res["test"]["accuracy"] == pytest.approx(trained["test"]["accuracy"])
   assert (tmp_path / "out" / "analysis" / "geometry.json").exists()
   assert (tmp_path / "out" / "analysis" / "variance.png").exists()
-  again = offline.evaluate_workdir(tmp_path / "out", tmp_path / "out2", log=lambda m: None)  # from export
+  # From the export:
+  again = offline.evaluate_workdir(tmp_path / "out", tmp_path / "out2", log=lambda m: None)
   assert again["test"]["accuracy"] == pytest.approx(res["test"]["accuracy"])
   # The export is self-contained: config, head table, input normalisation, classes, step.
   meta = json.loads((tmp_path / "out" / "export.json").read_text())

@@ -104,8 +104,9 @@ def test_patch_spectra_match_numpy(finished_dino_study):
 def test_eval_dino_mode(finished_dino_study, tmp_path):
   _, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k0_s0"
-  res = offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(analyze=True, analysis_examples=48),
-                     log=lambda m: None)
+  res = offline.evaluate_workdir(cell, tmp_path / "out",
+                                 EvalOptions(analyze=True, analysis_examples=48),
+                                 log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["task"] == "dino"
   for key in ("knn_top1_k10", "knn_top1_k20", "linear_cls", "linear_last"):

@@ -2,8 +2,9 @@
 
 A cell pretrains with DINO (laplax.train.trainer); its evaluators (laplax.evals.dino) write
 everything the report reads into results.json: k-NN / linear / transfer / horse-segmentation
-scores and the per-layer patch-token spectra of its teacher. The report adds the spectra table and figure and PCA
-pictures of the baseline and the first Laplacian spec for the first seed that has both.
+scores and the per-layer patch-token spectra of its teacher. The report adds the spectra table
+and figure and PCA pictures of the baseline and the first Laplacian spec for the first seed
+that has both.
 """
 
 from __future__ import annotations
@@ -85,11 +86,12 @@ def title(config) -> str:
 
 def setup(config) -> str:
   b = config.base
+  train_size = evaluator_lib.sections(b)["probes"].probe_train_size  # its defaults filled in
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; DINO head "
           f"out_dim {b.head.out_dim}, crops 2 x {b.multicrop.global_size} px + "
           f"{b.multicrop.num_local} x {b.multicrop.local_size} px; {schedule_line(config)} "
           f"Probes on the frozen teacher (k-NN bank: all training images; linear-probe "
-          f"training set: {b.evals.probes.get('probe_train_size', 'default') or 'all'}); spectra over "
+          f"training set: {train_size or 'all'}); spectra over "
           f"{config.study.analysis_examples} test images.")
 
 
