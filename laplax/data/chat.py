@@ -24,13 +24,20 @@ order, empty content, unknown part type).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import gzip
+import io
+import json
+import math
+import random
+import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from laplax.data.builders import DataError
-from laplax.data.tokenizer import Tokenizer
+from laplax.data.tokenizer import Tokenizer, as_path
 
 PART_TYPES = ("text", "python", "python_output")
 
@@ -144,3 +151,89 @@ def render_mc(question: str, letters, choices) -> str:
   lines = [f"Multiple Choice question: {question}\n"]
   lines += [f"- {choice}={letter}\n" for letter, choice in zip(letters, choices)]
   return "".join(lines) + "\nRespond only with the letter of the correct answer."
+
+
+# --- Conversation files ---------------------------------------------------------------------
+
+
+def read_conversations(path, limit: int = 0) -> list[dict[str, Any]]:
+  """The conversations of a JSONL (.gz) file (one per line) or a parquet file (one per row,
+  a 'messages' column), local or gs://, each checked (check_conversation): the first row that
+  breaks the format raises one ChatFormatError naming the file and row. limit > 0: the first
+  `limit` only."""
+  path = as_path(path)
+  if not path.exists():
+    raise ChatFormatError(f"conversation file {path} does not exist")
+  out: list[dict[str, Any]] = []
+  for where, row in _records(path):
+    try:
+      check_conversation(row)
+    except ChatFormatError as e:
+      raise ChatFormatError(f"{path} {where}: {e}") from None
+    out.append(row)
+    if limit and len(out) >= limit:
+      break
+  return out
+
+
+def _records(path: epath.Path):
+  """(where, object) of every record of a JSONL (.gz) or parquet file."""
+  if path.name.endswith(".parquet"):
+    import pyarrow.parquet as pq  # pyarrow is heavy: only parquet readers import it
+    with path.open("rb") as f:
+      try:
+        pf = pq.ParquetFile(f)
+      except Exception as e:  # noqa: BLE001 - pyarrow raises several types
+        raise ChatFormatError(f"{path} is not a readable parquet file: {e}") from None
+      if "messages" not in pf.schema_arrow.names:
+        raise ChatFormatError(f"{path} has no 'messages' column (columns: "
+                              f"{pf.schema_arrow.names})")
+      n = 0
+      for g in range(pf.num_row_groups):
+        for row in pf.read_row_group(g).to_pylist():
+          n += 1
+          yield f"row {n}", _drop_nulls(row)
+    return
+  with path.open("rb") as raw:
+    f = (gzip.open(raw, "rt", encoding="utf-8") if path.name.endswith(".gz")
+         else io.TextIOWrapper(raw, encoding="utf-8"))
+    n = 0
+    try:
+      for n, line in enumerate(f, 1):
+        if line.strip():
+          try:
+            yield f"line {n}", json.loads(line)
+          except ValueError as e:
+            raise ChatFormatError(f"{path} line {n} is not JSON: {str(e)[:120]}") from None
+    except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:
+      raise ChatFormatError(f"{path} line {n + 1} is unreadable ({type(e).__name__}): "
+                            "replace the file") from None
+
+
+def _drop_nulls(x):
+  """parquet gives every struct field (a part's missing 'text' is None): drop the Nones."""
+  if isinstance(x, dict):
+    return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
+  if isinstance(x, list):
+    return [_drop_nulls(v) for v in x]
+  return x
+
+
+# --- Mixtures -------------------------------------------------------------------------------
+
+
+def mixture_order(sizes: Sequence[int], weights: Sequence[float], seed: int
+                  ) -> list[tuple[int, int]]:
+  """(source, row) pairs of a weighted mixture in a seeded shuffle (nanochat's TaskMixture).
+
+  Source s contributes floor(w_s) passes over its sizes[s] rows plus the first
+  round(frac(w_s) * sizes[s]) rows once more (weight 2: two epochs of it, 0.5: half of it)."""
+  pairs: list[tuple[int, int]] = []
+  for s, (n, w) in enumerate(zip(sizes, weights)):
+    if not (isinstance(w, (int, float)) and w >= 0 and math.isfinite(w)):
+      raise ValueError(f"mixture weight {w!r} must be a finite number >= 0")
+    whole, frac = int(w), w - int(w)
+    pairs += [(s, r) for _ in range(whole) for r in range(n)]
+    pairs += [(s, r) for r in range(int(round(frac * n)))]
+  random.Random(seed).shuffle(pairs)
+  return pairs
