@@ -228,6 +228,53 @@ def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size
   return d
 
 
+def chat_data(*, rows: str, train: dict, val: dict, seq_len: int, batch_size: int,
+              eval_batch_size: int, vocab_size: int) -> ml_collections.ConfigDict:
+  """Conversation mixtures for the chat task (laplax.tasks.chat): data.train / data.val are
+  {name: {kind, path, start, size, weight}} (kinds: laplax.data.text.conversations.KINDS),
+  rendered by the pretraining run's tokenizer into packed windows or padded rows."""
+  d = ml_collections.ConfigDict()
+  d.name = "chat"
+  d.rows = rows  # 'packed' (mid-training: all tokens) | 'padded' (SFT: assistant tokens)
+  d.train = ml_collections.ConfigDict(train)
+  d.val = ml_collections.ConfigDict(val)
+  d.tokenizer = ""  # '' = init_from's tokenizer.json (the ids the parameters were trained on)
+  d.vocab_size = vocab_size  # the pretraining run's (validation traces the model before data)
+  d.words = ""  # the spelling tasks' word list (one per line); '' = words of data.words_from
+  d.words_from = ()  # text files, directories or globs to take words from
+  d.mixture_seed = 42  # nanochat's TaskMixture shuffle seed
+  d.max_tokens = 2048  # render_conversation's cut (nanochat's)
+  d.epochs = 1.0  # passes over the training rows when total_steps = 0
+  d.seq_len = seq_len
+  d.batch_size = batch_size  # global, in rows
+  d.eval_batch_size = eval_batch_size
+  d.eval_windows = 0  # first N validation rows / windows (0 = all)
+  d.cache_dir = ""  # '' = ~/.cache/laplax/text
+  return d
+
+
+def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collections.ConfigDict,
+               lr_scale: float, warmdown_fraction: float) -> ml_collections.ConfigDict:
+  """A chat fine-tuning stage of the lm run `base` (its model and optimiser; set init_from to
+  that run's workdir): a fresh schedule without warm-up at lr_scale of every base lr, held,
+  then a linear warm-down to 0 over the last warmdown_fraction of the steps (nanochat's
+  mid-training: 1.0 and 0.2; its SFT: 0.02 and 1.0, a linear decay from the start)."""
+  c = run(name, "chat", total_steps=0, log_every=base.log_every,
+          every_steps=base.checkpoint.every_steps)
+  c.mesh = ml_collections.ConfigDict(base.mesh.to_dict())
+  c.axis_rules = base.axis_rules
+  c.model = ml_collections.ConfigDict(base.model.to_dict())
+  c.data = data
+  c.optim = ml_collections.ConfigDict(base.optim.to_dict())
+  c.optim.schedule = "warmdown"
+  c.optim.warmup_steps = 0
+  c.optim.warmdown_fraction = warmdown_fraction
+  c.optim.final_lr_fraction = 0.0
+  c.optim.lr_scale = lr_scale
+  c.evals = ml_collections.ConfigDict({"val": evaluator("bpb", every=0)})
+  return c
+
+
 def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32) -> ml_collections.ConfigDict:
   """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults."""
   m = ml_collections.ConfigDict()

@@ -57,6 +57,7 @@ class LanguageModelTask(Task):
   study_section = "laplax.study.lm"
 
   tokenizer: Tokenizer | None = None
+  min_total_steps = 1  # the chat task takes 0: one pass over its data
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
@@ -66,8 +67,8 @@ class LanguageModelTask(Task):
     if c.data.eval_batch_size % math.lcm(dp, hosts):
       raise ValueError(f"data.eval_batch_size={c.data.eval_batch_size} must divide over {dp} "
                        f"data-parallel devices and {hosts} hosts")
-    if c.total_steps < 1:
-      raise ValueError(f"total_steps={c.total_steps} must be >= 1")
+    if c.total_steps < self.min_total_steps:
+      raise ValueError(f"total_steps={c.total_steps} must be >= {self.min_total_steps}")
 
   def load_data(self, workdir, log) -> None:
     t0 = time.time()

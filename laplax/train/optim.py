@@ -79,8 +79,11 @@ SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
 
 def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
   """The learning rate on the schedule optim.schedule names (default 'cosine'), peaking at
-  `peak` (default optim.lr)."""
-  return SCHEDULES[optim.get("schedule", "cosine")](optim, total_steps, peak)
+  `peak` (default optim.lr) times optim.lr_scale (default 1; nanochat's init_lr_frac: a
+  fine-tuning stage's fraction of every pretraining lr)."""
+  peak = optim.lr if peak is None else peak
+  return SCHEDULES[optim.get("schedule", "cosine")](optim, total_steps,
+                                                    peak * optim.get("lr_scale", 1.0))
 
 
 def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:

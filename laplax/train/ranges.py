@@ -58,6 +58,7 @@ RANGES: dict[str, Range] = {
     "data.train_subset": COUNT, "data.eval_subset": COUNT, "data.val_size": COUNT,
     "data.image_size": COUNT, "data.num_classes": COUNT, "data.num_train": COUNT,
     "data.seq_len": Range(2, integer=True), "data.eval_windows": COUNT,
+    "data.max_tokens": Range(2, integer=True), "data.epochs": POSITIVE, "data.mixture_seed": COUNT,
     "data.val_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.vocab_size": AT_LEAST_ONE, "data.tokenizer_train_chars": AT_LEAST_ONE,
     "data.eval_crop": COUNT, "data.eval_resize": COUNT,
@@ -71,7 +72,7 @@ RANGES: dict[str, Range] = {
     # Optimiser
     "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,
-    "optim.final_lr_fraction": UNIT, "optim.warmdown_fraction": UNIT,
+    "optim.final_lr_fraction": UNIT, "optim.warmdown_fraction": UNIT, "optim.lr_scale": POSITIVE,
     "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA, "optim.eps": POSITIVE,
     "optim.label_smoothing": UNIT, "optim.grad_accum_steps": AT_LEAST_ONE,
     "optim.embed_lr_scale": POSITIVE, "optim.unembed_lr_scale": POSITIVE,

@@ -232,6 +232,7 @@ class Task(abc.ABC):
 TASKS: dict[str, str | type[Task]] = {
     "classification": "laplax.tasks.classification:ClassificationTask",
     "lm": "laplax.tasks.lm:LanguageModelTask",
+    "chat": "laplax.tasks.chat:ChatTask",
     "dino": "laplax.tasks.dino:DinoTask",
 }
 

@@ -1,0 +1,246 @@
+"""Conversation mixtures rendered once into a token cache, read as packed windows or padded rows.
+
+data.train / data.val name their sources ({name: {kind, path, size, weight}}; kinds in
+`source_conversations`); each split is a weighted mixture (laplax.data.chat.mixture_order,
+seeded), rendered with the run's tokenizer (render_conversation, data.max_tokens) into
+
+  cache_dir/chat-<key>/{split}_ids.npy      uint16 / uint32 (N,): every conversation's ids, in
+                                            mixture order, concatenated
+                       {split}_mask.npy     uint8 (N,): render_conversation's mask
+                       {split}_offsets.npy  int64 (R + 1,): conversation r is [off[r], off[r+1])
+                       meta.json            written last (the completion marker)
+
+The key hashes the tokenizer, the sources (their files' path, size and mtime), the seed and
+max_tokens; process 0 writes, the other hosts wait for meta.json (the cache must be shared).
+meta.json lists {split}_ids.npy as the split's one token shard, so `shards.TokenShards` reads
+it as is:
+
+  packed (nanochat's mid-training)  windows of seq_len + 1 tokens cut from the stream, every
+                                    token a target (as pretraining)
+  padded (nanochat's SFT)           one conversation per row, cut to seq_len + 1 tokens,
+                                    padded with <|assistant_end|>; targets weighted by the
+                                    mask (assistant tokens only; padding 0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grain
+import numpy as np
+from etils import epath
+
+from laplax.data import cache as cache_lib
+from laplax.data import chat
+from laplax.data import grain_utils
+from laplax.data.builders import DataError
+from laplax.data.text import corpus, shards
+from laplax.data.tokenizer import Tokenizer, as_path
+
+CACHE_VERSION = 1
+SOURCE_KEYS = ("kind", "path", "start", "size", "weight")
+ROWS = ("packed", "padded")
+WORD_KINDS = ("spelling_bee", "simple_spelling")  # the kinds that need a word list
+# A separate shuffle stream from pretraining's windows (grain_utils.derive_seed).
+CHAT_SHUFFLE_STREAM = 7
+
+
+def _read_file_source(kind: str, *, path: str, size: int, words) -> list[dict[str, Any]]:
+  del kind, words
+  return chat.read_conversations(path, size)
+
+
+# kind -> (kind, *, path, size, words) -> the first `size` conversations (0: all).
+# 'conversations': a JSONL / parquet file in the chat format (SmolTalk, an identity file, ...).
+KINDS: dict[str, Callable[..., list[dict[str, Any]]]] = {"conversations": _read_file_source}
+
+
+def check_sources(split: str, sources: Mapping[str, Mapping[str, Any]]) -> None:
+  """One-line ValueErrors for a data.train / data.val section that cannot be read."""
+  if not sources:
+    raise ValueError(f"data.{split} names no conversation source: give "
+                     f"{{name: {{'kind': ..., 'path': ..., 'weight': 1.0}}}}")
+  for name, spec in sources.items():
+    unknown = sorted(set(spec) - set(SOURCE_KEYS))
+    if unknown:
+      raise ValueError(f"data.{split}.{name}: unknown key {unknown[0]!r} (keys: {SOURCE_KEYS})")
+    if spec.get("kind") not in KINDS:
+      raise ValueError(f"data.{split}.{name}.kind={spec.get('kind')!r}: use one of "
+                       f"{tuple(KINDS)}")
+    w = spec.get("weight", 1.0)
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1e6:
+      raise ValueError(f"data.{split}.{name}.weight={w!r} must be a number >= 0")
+    for key in ("start", "size"):
+      v = spec.get(key, 0)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"data.{split}.{name}.{key}={v!r} must be an integer >= 0")
+
+
+def source_conversations(sources: Mapping[str, Mapping[str, Any]], *, words=None
+                         ) -> dict[str, list[dict[str, Any]]]:
+  """{name: conversations} of every source (sorted by name), each row checked: rows
+  [start, start + size) of the source (size 0: to its end)."""
+  out = {}
+  for name, spec in sorted(sources.items()):
+    start, size = int(spec.get("start", 0) or 0), int(spec.get("size", 0) or 0)
+    rows = KINDS[spec["kind"]](spec["kind"], path=spec.get("path", ""),
+                               size=start + size if size else 0, words=words)
+    if len(rows) <= start or (size and len(rows) < start + size):
+      raise DataError(f"source {name} ({spec['kind']} {spec.get('path', '')}) has {len(rows)} "
+                      f"rows; its start={start} and size={size} need more")
+    out[name] = rows[start:]
+  return out
+
+
+def mixture(by_source: Mapping[str, list], sources: Mapping[str, Mapping[str, Any]],
+            seed: int) -> list[dict[str, Any]]:
+  """The weighted, shuffled mixture of `by_source` (chat.mixture_order)."""
+  names = sorted(by_source)
+  order = chat.mixture_order([len(by_source[n]) for n in names],
+                             [float(sources[n].get("weight", 1.0)) for n in names], seed)
+  return [by_source[names[s]][r] for s, r in order]
+
+
+def _sources_fingerprint(sources: Mapping[str, Mapping[str, Any]]) -> str:
+  entries = []
+  for name, spec in sorted(sources.items()):
+    path = spec.get("path", "")
+    files = corpus.sources_fingerprint(corpus.list_documents([path])) if path else ""
+    entries.append([name, dict(sorted(spec.items())), files])
+  return json.dumps(entries, sort_keys=True, default=str)
+
+
+def cache_key(tokenizer: Tokenizer, splits: Mapping[str, Mapping[str, Any]], *, seed: int,
+              max_tokens: int, words_fingerprint: str = "") -> str:
+  body = json.dumps([CACHE_VERSION, tokenizer.fingerprint(), seed, max_tokens,
+                     words_fingerprint, {s: _sources_fingerprint(v)
+                                         for s, v in sorted(splits.items())}])
+  return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def render_cache(splits: Mapping[str, list[dict[str, Any]]], tokenizer: Tokenizer,
+                 cache_dir, key: str, *, max_tokens: int, stats: Mapping[str, Any] | None = None,
+                 log=print, process_index: int | None = None,
+                 timeout_s: float = 4 * 3600.0) -> epath.Path:
+  """Renders {split: conversations} into cache_dir/chat-<key> (layout in the module docstring)
+  unless it is there; process 0 writes, the others wait. -> that directory."""
+  process_index, _ = grain_utils.hosts(process_index, None)
+  root = as_path(cache_dir)
+  out = root / f"chat-{key}"
+  if (out / shards.META).exists():
+    return out
+  if process_index != 0:
+    shards.wait_for(out / shards.META, "the rendered conversations", timeout_s)
+    return out
+  root.mkdir(parents=True, exist_ok=True)
+  with cache_lib.entry_lock(root, f"chat-{key}", log=log):
+    if not (out / shards.META).exists():
+      _write(splits, tokenizer, root, out, key, max_tokens=max_tokens, stats=stats or {},
+             log=log)
+  return out
+
+
+def _write(splits, tokenizer: Tokenizer, root: epath.Path, out: epath.Path, key: str, *,
+           max_tokens: int, stats, log) -> None:
+  remote = corpus.is_remote(root)
+  tmp = out if remote else epath.Path(tempfile.mkdtemp(prefix=f".chat-{key}-",
+                                                       dir=os.fspath(root)))
+  tmp.mkdir(parents=True, exist_ok=True)
+  dtype = shards.token_dtype(tokenizer.vocab_size)
+  meta: dict[str, Any] = {"tokenizer": tokenizer.fingerprint(), "vocab_size":
+                          tokenizer.vocab_size, "dtype": dtype.name, "max_tokens": max_tokens,
+                          "shards": {}, "conversations": {}, "supervised": {}, "bytes": {},
+                          "sources": dict(stats)}
+  try:
+    for split, conversations in splits.items():
+      rendered = [chat.render_conversation(tokenizer, c, max_tokens) for c in conversations]
+      ids = (np.concatenate([r[0] for r in rendered]) if rendered else np.zeros(0)).astype(dtype)
+      mask = (np.concatenate([r[1] for r in rendered]) if rendered else np.zeros(0)
+              ).astype(np.uint8)
+      offsets = np.concatenate([[0], np.cumsum([len(r[0]) for r in rendered])]).astype(np.int64)
+      for name, array in (("ids", ids), ("mask", mask), ("offsets", offsets)):
+        with (tmp / f"{split}_{name}.npy").open("wb") as f:
+          np.save(f, array)
+      meta["shards"][split] = [{"file": f"{split}_ids.npy", "tokens": int(len(ids))}]
+      meta["conversations"][split] = len(rendered)
+      meta["supervised"][split] = int(mask.sum())
+      meta["bytes"][split] = int(tokenizer.token_byte_lengths()[ids].sum()) if len(ids) else 0
+      log(f"rendered {len(rendered):,} {split} conversations: {len(ids):,} tokens, "
+          f"{int(mask.sum()):,} supervised")
+    meta["documents"] = sum(meta["conversations"].values())
+    (tmp / shards.META).write_text(json.dumps(meta, indent=1))
+    if not remote:
+      try:
+        os.replace(os.fspath(tmp), os.fspath(out))
+      except OSError:  # another process finished the same key first: use theirs
+        if not (out / shards.META).exists():
+          raise
+  finally:
+    if not remote:
+      shutil.rmtree(os.fspath(tmp), ignore_errors=True)
+
+
+class Rows:
+  """One split of a rendered cache as padded rows: row r is conversation r cut to length + 1
+  tokens and padded with `pad_id`."""
+
+  def __init__(self, directory, split: str, length: int, pad_id: int):
+    directory = as_path(directory)
+    try:
+      self.meta = json.loads((directory / shards.META).read_text())
+      load = lambda name: np.load(os.fspath(directory / f"{split}_{name}.npy"), mmap_mode="r")
+      self.ids, self.mask, self.offsets = load("ids"), load("mask"), load("offsets")
+    except (OSError, ValueError, KeyError) as e:
+      raise DataError(f"conversation cache {directory} is unreadable ({e}); delete it to "
+                      "rebuild") from None
+    self.length, self.pad_id = length, pad_id
+    self.num_rows = len(self.offsets) - 1
+
+  def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """int (B,) -> {'tokens': int32 (B, length + 1), 'mask': int32 (B, length)}: mask[b, t]
+    weighs the prediction of tokens[b, t + 1] (1 on assistant tokens; 0 on padding)."""
+    indices = np.asarray(indices, np.int64).reshape(-1)
+    tokens = np.full((len(indices), self.length + 1), self.pad_id, np.int32)
+    mask = np.zeros((len(indices), self.length), np.int32)
+    for b, r in enumerate(indices):
+      a, z = int(self.offsets[r]), int(self.offsets[r + 1])
+      z = min(z, a + self.length + 1)
+      tokens[b, :z - a] = self.ids[a:z]
+      mask[b, :z - a - 1] = self.mask[a + 1:z]
+    return {"tokens": tokens, "mask": mask}
+
+
+def padded_train_dataset(rows: Rows, *, batch_size: int, seed: int, process_index: int = 0,
+                         process_count: int = 1, prefetch: int = 2) -> grain.IterDataset:
+  """Endless shuffled rows (an epoch a fresh permutation), host p its block of each global
+  batch: {'tokens': int32 (batch_size, L + 1), 'mask': int32 (batch_size, L)}; resumable."""
+  grain_utils.check_hosts(process_index, process_count)
+  ds = grain_utils.epochs(grain.MapDataset.range(rows.num_rows), seed=seed,
+                          batch_size=batch_size, process_count=process_count,
+                          stream=CHAT_SHUFFLE_STREAM, unit="training conversations")
+  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
+  return grain_utils.to_iter(ds.map(rows.rows), prefetch=prefetch)
+
+
+def padded_eval_batches(rows: Rows, *, batch_size: int, max_rows: int = 0,
+                        process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+  """Ordered rows {'tokens': int32 (B, L + 1), 'mask': int32 (B, L)} over the first max_rows
+  (0 = all); padding rows have mask 0 (the bpb evaluator takes a (B, L) mask as weights)."""
+  n = rows.num_rows if max_rows <= 0 else min(max_rows, rows.num_rows)
+  if n == 0:
+    raise DataError("the validation mixture holds no conversation")
+
+  def make_batch(positions: np.ndarray) -> dict[str, np.ndarray]:
+    indices, valid = grain_utils.padded(positions, n)
+    batch = rows.rows(indices)
+    batch["mask"] = batch["mask"] * valid[:, None].astype(np.int32)
+    return batch
+
+  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  return grain_utils.to_iter(ds.batch(batch_size).map(make_batch))

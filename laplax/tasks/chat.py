@@ -1,0 +1,269 @@
+"""Chat fine-tuning of a pretrained GPT: nanochat's mid-training and SFT stages.
+
+config.init_from (a pretraining run's workdir) -> its parameters and tokenizer.json ->
+data.train / data.val conversation mixtures (laplax.data.text.conversations; sources: chat
+files, benchmark *train* splits, spelling tasks) rendered once -> rows:
+
+  data.rows = 'packed'  mid-training: conversations concatenated and cut into windows of
+                        seq_len + 1 tokens; loss on every token (nanochat's mid_train.py)
+  data.rows = 'padded'  SFT: one conversation per row, padded; loss on the assistant's
+                        tokens only, the mean over the batch's supervised tokens
+                        (nanochat's chat_sft.py)
+
+The optimiser starts fresh (the lm task's optim section; the stage configs set nanochat's
+lr fraction and schedule). Evaluators: the lm task's (bpb: packed windows, or the
+supervised tokens of padded rows) and chat-format benchmarks (laplax.evals.chat). No test
+item of a benchmark the run evaluates may be in the training mixture (checked before
+config.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pathlib
+import shutil
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from laplax.data import chat
+from laplax.data.builders import DataError
+from laplax.data.text import conversations as conv_lib
+from laplax.data.text import corpus
+from laplax.data.text import pipeline as text_pipeline
+from laplax.data.text import shards
+from laplax.data.tokenizer import Tokenizer, as_path
+from laplax.models import gpt
+from laplax.tasks.lm import LanguageModelTask, text_cache_dir
+from laplax.train import identity as identity_lib
+
+
+class ChatTask(LanguageModelTask):
+  name = "chat"
+  min_total_steps = 0  # 0: data.epochs passes over the training rows (known after load_data)
+  study_section = "laplax.study.lm"
+
+  def validate(self, dp: int, hosts: int) -> None:
+    d = self.config.data
+    if d.get("rows") not in conv_lib.ROWS:
+      raise ValueError(f"data.rows={d.get('rows')!r}: use one of {conv_lib.ROWS}")
+    for split in ("train", "val"):
+      conv_lib.check_sources(split, d[split].to_dict() if split in d else {})
+    if not self.config.get("init_from") and not d.get("tokenizer"):
+      raise ValueError("the chat task fine-tunes a pretrained GPT: set init_from (a "
+                       "pretraining run's workdir) or data.tokenizer")
+    self._check_model_matches_source()
+    super().validate(dp, hosts)
+
+  def _check_model_matches_source(self) -> None:
+    """init_from's model section must be this one's up to how it computes (dtype, kernels,
+    remat): Laplacian heads have no parameters, so the shape check cannot see a changed k."""
+    if not self.config.get("init_from"):
+      return
+    path = as_path(self.config.init_from) / "config.json"
+    if not path.exists():
+      return  # the trainer's init_from check names the missing run
+    try:
+      theirs = json.loads(path.read_text()).get("model", {})
+    except ValueError:
+      return
+    ours = self.config.model.to_dict()
+    for key in sorted(set(theirs) | set(ours)):
+      if key in HOW_IT_COMPUTES:
+        continue
+      a, b = _plain(theirs.get(key)), _plain(ours.get(key))
+      if a != b:
+        raise ValueError(f"model.{key}={b!r} but init_from={self.config.init_from} was trained "
+                         f"with {a!r}: pass --config.model.{key}={a!r}")
+
+  # --- data ---------------------------------------------------------------------------------
+
+  def _tokenizer_source(self) -> pathlib.Path:
+    d = self.config.data
+    if d.get("tokenizer"):
+      return as_path(d.tokenizer)
+    return as_path(self.config.init_from) / "tokenizer.json"
+
+  def load_data(self, workdir, log) -> None:
+    t0, c, d = time.time(), self.config, self.config.data
+    self.tokenizer_path = workdir / "tokenizer.json"
+    fresh = (not (workdir / "config.json").exists()
+             and not identity_lib.steps_saved(workdir / "checkpoints"))
+    source = self._tokenizer_source()
+    if fresh or not self.tokenizer_path.exists():
+      if not source.exists():
+        raise DataError(f"{source} does not exist: init_from must be an lm run's workdir "
+                        "(its tokenizer.json), or set data.tokenizer")
+      tokenizer = Tokenizer.load(source)
+      if jax.process_index() == 0:
+        tokenizer.save(self.tokenizer_path)
+    self.tokenizer = Tokenizer.load(self.tokenizer_path if self.tokenizer_path.exists()
+                                    else source)
+    if c.get("init_from") and d.get("tokenizer"):
+      theirs = as_path(c.init_from) / "tokenizer.json"
+      if theirs.exists() and Tokenizer.load(theirs).fingerprint() != self.tokenizer.fingerprint():
+        raise ValueError(f"data.tokenizer={d.tokenizer} is not the tokenizer of init_from="
+                         f"{c.init_from}: its ids would mean other tokens; leave "
+                         "data.tokenizer empty")
+    self.words = self._words() if self._needs_words() else None
+    train_spec, val_spec = d.train.to_dict(), d.val.to_dict()
+    by_split = {split: conv_lib.source_conversations(spec, words=self.words)
+                for split, spec in (("train", train_spec), ("val", val_spec))}
+    seed = int(d.get("mixture_seed", 42))
+    splits = {"train": conv_lib.mixture(by_split["train"], train_spec, seed),
+              "val": conv_lib.mixture(by_split["val"], val_spec, seed)}
+    self._check_no_test_items(splits["train"])
+    stats = {f"{split}/{name}": len(rows) for split, group in by_split.items()
+             for name, rows in group.items()}
+    key = conv_lib.cache_key(self.tokenizer, {"train": train_spec, "val": val_spec}, seed=seed,
+                             max_tokens=int(d.max_tokens),
+                             words_fingerprint=_fingerprint(self.words))
+    self.cache = conv_lib.render_cache(splits, self.tokenizer, text_cache_dir(d), key,
+                                       max_tokens=int(d.max_tokens), stats=stats, log=log)
+    self.meta = json.loads((self.cache / shards.META).read_text())
+    pad = self.tokenizer.special_id("<|assistant_end|>")
+    if d.rows == "packed":
+      self.train_shards = shards.TokenShards(self.cache, "train", d.seq_len)
+      self.val_shards = shards.TokenShards(self.cache, "val", d.seq_len)
+      n_train, n_val = self.train_shards.num_windows, self.val_shards.num_windows
+    else:
+      self.train_rows = conv_lib.Rows(self.cache, "train", d.seq_len, pad)
+      self.val_rows = conv_lib.Rows(self.cache, "val", d.seq_len, pad)
+      # the lm evaluators (geometry) read validation windows: the val stream packed
+      self.val_shards = shards.TokenShards(self.cache, "val", d.seq_len)
+      n_train, n_val = self.train_rows.num_rows, self.val_rows.num_rows
+    unit = "windows" if d.rows == "packed" else "conversations"
+    if n_train < d.batch_size or n_val < 1:
+      raise ValueError(f"the mixture gives {n_train} training and {n_val} validation {unit} "
+                       f"of up to {d.seq_len + 1} tokens; data.batch_size={d.batch_size} needs "
+                       "that many training rows and validation one: add sources or raise their "
+                       "weights")
+    self.corpus = {"rows": d.rows, "conversations": self.meta["conversations"],
+                   "tokens": {s: v[0]["tokens"] for s, v in self.meta["shards"].items()},
+                   "supervised": self.meta["supervised"], "sources": stats}
+    log(f"data: {unit} {n_train:,} train / {n_val:,} val ({self.meta['conversations']['train']:,}"
+        f" training conversations, {self.corpus['tokens']['train']:,} tokens, "
+        f"{self.meta['supervised']['train']:,} supervised; {time.time() - t0:.1f} s)")
+
+  def _needs_words(self) -> bool:
+    d = self.config.data
+    return any(s.get("kind") in conv_lib.WORD_KINDS for split in ("train", "val")
+               for s in d[split].to_dict().values())
+
+  def _words(self) -> list[str]:
+    """The spelling tasks' word list: data.words (a file, one word per line), else words of
+    the texts in data.words_from."""
+    d = self.config.data
+    if d.get("words"):
+      return chat_tasks.load_words(d.words)
+    if not d.get("words_from"):
+      raise ValueError("the spelling sources need words: set data.words (a word list) or "
+                       "data.words_from (text files to take words from)")
+    files = corpus.list_documents(list(d.words_from))
+    return chat_tasks.words_from_text(corpus.read_document(f) for f in files)
+
+  def _check_no_test_items(self, train: list[dict[str, Any]]) -> None:
+    """Refuses a training mixture holding a test item of a chat benchmark this run scores."""
+    for name, section in self.config.get("evals", {}).items():
+      if section.get("type") != "chat" or not section.get("tasks"):
+        continue
+      keys = chat_evals.test_items_keys(list(section.tasks), section.get("data_dir", ""),
+                                        int(section.get("limit", 0)))
+      hits = [c for c in train if chat_tasks.question_key(c) in keys]
+      if hits:
+        raise ValueError(f"data.train holds {len(hits)} test item(s) of evals.{name} (first: "
+                         f"{chat_tasks.question_key(hits[0])[:80]!r}): train on train splits "
+                         "only")
+
+  # --- training -----------------------------------------------------------------------------
+
+  def total_steps(self) -> int:
+    c = self.config
+    if c.total_steps > 0:
+      return c.total_steps
+    n = (self.train_shards.num_windows if c.data.rows == "packed"
+         else self.train_rows.num_rows)
+    return max(int(c.data.get("epochs", 1) * n) // c.data.batch_size, 1)
+
+  def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """{'tokens': int32 (B, seq_len + 1)} (+ 'mask': int32 (B, seq_len), padded rows)."""
+    t = self.config.data.seq_len
+    batch = {"tokens": jax.ShapeDtypeStruct((global_batch_size, t + 1), jnp.int32)}
+    if self.config.data.rows == "padded":
+      batch["mask"] = jax.ShapeDtypeStruct((global_batch_size, t), jnp.int32)
+    return batch
+
+  def loss_fn(self, model: gpt.GPT):
+    """Packed rows: the lm task's loss. Padded rows: cross-entropy weighted by the mask,
+    sum(w * nll) / sum(w) over the (micro-)batch."""
+    if self.config.data.rows == "packed":
+      return super().loss_fn(model)
+    chunk = int(self.config.model.get("loss_chunk", 0))
+
+    def loss_fn(params, batch, rng):
+      del rng
+      tokens, w = batch["tokens"], batch["mask"].astype(jnp.float32)
+      if chunk:
+        features = model.apply({"params": params}, tokens[:, :-1], return_features=True)
+        loss = gpt.chunked_cross_entropy(
+            features, params["lm_head"], tokens[:, 1:], chunk=chunk, weights_BxT=w,
+            softcap=model.config.logit_softcap, dtype=model.config.dtype)
+      else:
+        logits = model.apply({"params": params}, tokens[:, :-1])
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+        loss = (nll * w).sum() / jnp.maximum(w.sum(), 1.0)
+      return loss, {"supervised_tokens": w.sum()}
+    return loss_fn
+
+  def train_iterator(self, process_index: int, process_count: int):
+    d = self.config.data
+    if d.rows == "packed":
+      return super().train_iterator(process_index, process_count)
+    return iter(conv_lib.padded_train_dataset(
+        self.train_rows, batch_size=d.batch_size // process_count, seed=self.config.seed,
+        process_index=process_index, process_count=process_count))
+
+  def val_batches(self):
+    d = self.config.data
+    if d.rows == "packed":
+      return super().val_batches()
+    hosts = jax.process_count()
+    return conv_lib.padded_eval_batches(
+        self.val_rows, batch_size=d.eval_batch_size // hosts,
+        max_rows=int(d.get("eval_windows", 0)), process_index=jax.process_index(),
+        process_count=hosts)
+
+  def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:
+    """The common identity, the rows and the fingerprints of the tokenizer and the rendered
+    mixture (its cache key)."""
+    base = super(LanguageModelTask, self).identity(model, total_steps)
+    return {**base, "data.seq_len": self.config.data.seq_len, "data.rows": self.config.data.rows,
+            "data.tokenizer_sha256": hashlib.sha256(
+                self.tokenizer_path.read_bytes()).hexdigest(),
+            "data.mixture": self.cache.name}
+
+  def results_info(self, step: int) -> dict[str, Any]:
+    return {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),
+            "corpus": self.corpus}
+
+
+# Model keys that change how the function is computed, not which function (free to differ from
+# init_from's).
+HOW_IT_COMPUTES = ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy",
+                   "loss_chunk")
+
+
+def _plain(x):
+  """JSON-comparable: tuples as lists."""
+  return json.loads(json.dumps(x, default=str))
+
+
+def _fingerprint(words) -> str:
+  return "" if words is None else hashlib.sha256("\n".join(words).encode()).hexdigest()[:16]
