@@ -39,11 +39,18 @@ def cell_config(config: ml_collections.ConfigDict, spec, seed: int) -> ml_collec
 
 
 def section_for(config: ml_collections.ConfigDict):
-  """The report section module of the study's base task (Task.study_section)."""
+  """The report section module: study.section if set (e.g. 'laplax.study.chat', a pipeline
+  of runs per cell), else the base task's (Task.study_section)."""
   task = task_lib.for_config(config.base)
-  if not task.study_section:
+  module = config.study.get("section") or task.study_section
+  if not module:
     raise ValueError(f"task {task.name!r} has no study section (Task.study_section)")
-  return task, importlib.import_module(task.study_section)
+  if not module.startswith("laplax.study."):
+    raise ValueError(f"study.section={module!r}: name a module of laplax.study")
+  try:
+    return task, importlib.import_module(module)
+  except ModuleNotFoundError:
+    raise ValueError(f"study.section={module!r} does not exist") from None
 
 
 def cell_finished(workdir: pathlib.Path, section, cell: str) -> bool:

@@ -1,0 +1,143 @@
+"""The chat study's section: nanochat's pipeline per cell, pretrain -> mid -> SFT -> chat eval.
+
+A cell of configs/study_chat.py is four runs in workdir/cells/<cell>/:
+
+  pretrain/  config.base (the lm task) with the cell's heads and seed
+  mid/       study.stages.mid (the chat task, packed rows), init_from pretrain/
+  sft/       study.stages.sft (the chat task, padded rows), init_from mid/, whose final
+             evaluator `chat` (laplax.evals.chat) scores the benchmarks in chat format
+  results.json  the cell's summary (written last: the cell is finished)
+
+Every stage takes the cell's model section and seed, so the heads never change between
+stages. Scores: validation bits per byte after each stage, each benchmark's accuracy and
+ChatCORE (nanochat's chance-centred mean), paired over seeds by the study grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+from typing import Any
+
+from laplax.study.grid import Claim, Score, schedule_line
+from laplax.train import trainer
+from laplax.train import workdir as workdir_lib
+
+FINISHED = ("results.json",)
+SCORES = [Score("chatcore", "ChatCORE (chance-centred mean accuracy, %)", scale=100.0,
+                digits=2),
+          Score("sft_bpb", "SFT validation bits per byte (assistant tokens)",
+                higher_is_better=False, scale=1.0, digits=4)]
+CLAIMS: list[Claim] = []
+STAGE_BPB = ("pretrain_bpb", "mid_bpb")
+
+
+def scale(key: str) -> tuple[float, int]:
+  return (100.0, 1) if key.startswith("chat/") else ((1.0, 4) if key.endswith("_bpb")
+                                                     else (1.0, 0))
+
+
+def label(key: str) -> str:
+  if key.startswith("chat/"):
+    return f"{key[5:]} accuracy (chat format, %)"
+  return {"pretrain_bpb": "pretraining validation bits per byte",
+          "mid_bpb": "mid-training validation bits per byte",
+          "train_time_s": "train time, all stages (s)"}.get(key, key)
+
+
+def validate(config) -> None:
+  order = tuple(config.study.get("stage_order", ()))
+  if order != ("mid", "sft") or any(s not in config.study.stages for s in order):
+    raise ValueError("study.stage_order must be ('mid', 'sft'), each a config in study.stages")
+  if "chat" not in config.study.stages.sft.get("evals", {}):
+    raise ValueError("study.stages.sft needs an evals.chat section (laplax.evals.chat)")
+
+
+def stage_config(study, name: str, base_cfg, init_from: pathlib.Path):
+  """Stage `name`'s run config for a cell: the cell's model and seed, started from
+  `init_from`; the SFT stage's chat evaluator runs at the end."""
+  cfg = copy.deepcopy(study.stages[name])
+  with cfg.unlocked(), cfg.ignore_type():
+    cfg.model = copy.deepcopy(base_cfg.model)
+    cfg.seed = base_cfg.seed
+    cfg.name = f"{base_cfg.name}_{name}"
+    cfg.init_from = str(init_from)
+    if "chat" in cfg.evals:
+      cfg.evals.chat.final = True
+  return cfg
+
+
+def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
+  """Runs (or resumes) the cell's stages in order -> {'results': the cell's summary}."""
+  if not (cell_dir / "results.json").exists():
+    runs: dict[str, dict[str, Any]] = {}
+    with cfg.unlocked():
+      for key in ("lm_tasks", "geometry"):  # the pipeline scores the chat model only
+        if key in cfg.evals:
+          cfg.evals[key].final = False
+    runs["pretrain"] = trainer.train_and_evaluate(cfg, cell_dir / "pretrain", log=log)
+    previous = cell_dir / "pretrain"
+    for name in study.stage_order:
+      runs[name] = trainer.train_and_evaluate(stage_config(study, name, cfg, previous),
+                                              cell_dir / name, log=log)
+      previous = cell_dir / name
+    summary = {"stages": {n: {"val": r["val"], "step": r["step"],
+                              "train_time_s": r["train_time_s"], "corpus": r.get("corpus")}
+                          for n, r in runs.items()},
+               "chat": runs["sft"]["chat"]}
+    workdir_lib.write_json_atomic(cell_dir / "results.json", summary, indent=2)
+  return {"results": json.loads((cell_dir / "results.json").read_text())}
+
+
+def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
+  r = cell["results"]
+  out = {f"{n}_bpb": s["val"]["bpb"] for n, s in r["stages"].items()}
+  out.update({f"chat/{k}": v["accuracy"] for k, v in r["chat"].items()
+              if isinstance(v, dict) and "accuracy" in v})
+  if "chatcore" in r["chat"]:
+    out["chatcore"] = r["chat"]["chatcore"]["value"]
+  out["train_time_s"] = sum(s["train_time_s"] for s in r["stages"].values())
+  return out
+
+
+def title(config) -> str:
+  return "GPT through nanochat's pipeline (pretrain, mid-training, SFT, chat evaluation)"
+
+
+def setup(config) -> str:
+  b, s = config.base, config.study
+  mid, sft = s.stages.mid, s.stages.sft
+  chat = sft.evals.chat
+  return (f"Model: GPT depth {b.model.depth}, width {b.model.width}, head_dim "
+          f"{b.model.head_dim}, vocabulary {b.data.vocab_size}. Pretraining: "
+          f"{schedule_line(config)} Mid-training: {len(mid.data.train)} sources, packed rows "
+          f"of {mid.data.seq_len} tokens, batch {mid.data.batch_size}, lr x "
+          f"{mid.optim.lr_scale}. SFT: {len(sft.data.train)} sources, padded rows of "
+          f"{sft.data.seq_len} tokens, batch {sft.data.batch_size}, lr x {sft.optim.lr_scale}. "
+          f"Chat evaluation: {', '.join(chat.tasks)} on the first {chat.limit or 'all'} items, "
+          f"greedy, up to {chat.max_new_tokens} new tokens.")
+
+
+def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
+  """Per-benchmark accuracies next to chance, and the bits per byte after each stage."""
+  first = done[(specs[0], summary["rows"][0]["seeds"][0])]["results"]["chat"]
+  tasks = [k for k, v in first.items() if isinstance(v, dict) and "accuracy" in v]
+  lines = ["## Chat benchmarks (accuracy %, mean over seeds; first row: chance)", "",
+           "| heads | " + " | ".join(tasks) + " | ChatCORE |",
+           "| --- |" + " --- |" * (len(tasks) + 1),
+           "| chance | " + " | ".join(f"{first[k]['chance'] * 100:.1f}" for k in tasks)
+           + " | 0.0 |"]
+  for row in summary["rows"]:
+    sc = row["scores"]
+    mean = lambda k: sum(sc[k]) / len(sc[k]) * 100 if k in sc else float("nan")
+    lines.append(f"| {row['name']} | " + " | ".join(f"{mean('chat/' + k):.1f}" for k in tasks)
+                 + f" | {mean('chatcore'):.2f} |")
+  lines += ["", "## Bits per byte after each stage (mean over seeds)", "",
+            "| heads | pretrain | mid | SFT (assistant tokens) |", "| --- | --- | --- | --- |"]
+  for row in summary["rows"]:
+    sc = row["scores"]
+    lines.append(f"| {row['name']} | " + " | ".join(
+        f"{sum(sc[k]) / len(sc[k]):.4f}" if k in sc else "-"
+        for k in ("pretrain_bpb", "mid_bpb", "sft_bpb")) + " |")
+  return lines + [""]
