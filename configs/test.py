@@ -12,7 +12,7 @@ Tests set data.cache_dir to the suite's shared cache.
 
 import ml_collections
 
-from configs import common, dino_tiny, fashion_mnist_vit, lm_tiny
+from configs import common, dino_tiny, fashion_mnist_vit, lm_mid, lm_sft, lm_tiny
 
 
 def vit() -> ml_collections.ConfigDict:
@@ -171,6 +171,34 @@ def study_lm() -> ml_collections.ConfigDict:
   return c
 
 
+def _chat_stage(module) -> ml_collections.ConfigDict:
+  """A chat stage of the test lm run (its model), on the conversations in $workdir-given files
+  (tests set data.train / data.val)."""
+  b = lm()
+  c = module.get_config()
+  c.name = f"test_{c.name}"
+  c.model = b.model
+  c.data.seq_len, c.data.vocab_size = 32, b.data.vocab_size
+  c.data.batch_size = c.data.eval_batch_size = 8
+  c.optim = b.optim
+  c.optim.schedule, c.optim.warmup_steps = "warmdown", 0
+  c.evals.val.every = 0
+  return c
+
+
+def chat_mid() -> ml_collections.ConfigDict:
+  c = _chat_stage(lm_mid)
+  c.optim.warmdown_fraction, c.optim.lr_scale = 0.2, 1.0
+  return c
+
+
+def chat_sft() -> ml_collections.ConfigDict:
+  c = _chat_stage(lm_sft)
+  c.optim.warmdown_fraction, c.optim.lr_scale = 1.0, 0.02
+  del c.evals["chat"]
+  return c
+
+
 def study_dino() -> ml_collections.ConfigDict:
   c = common.study("test_study_dino", dino_rgb(), specs=(0, 1), seeds=(0,))  # 'mu': 2 heads
   c.study.analysis_examples = 48
@@ -180,7 +208,7 @@ def study_dino() -> ml_collections.ConfigDict:
 
 
 _KINDS = {f.__name__: f for f in (vit, vit_deit3, lm, dino, dino_rgb, study_vit, study_lm,
-                                   study_dino)}
+                                   study_dino, chat_mid, chat_sft)}
 
 
 def get_config(kind: str = "vit") -> ml_collections.ConfigDict:

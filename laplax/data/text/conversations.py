@@ -171,8 +171,9 @@ def _write(splits, tokenizer: Tokenizer, root: epath.Path, out: epath.Path, key:
       meta["conversations"][split] = len(rendered)
       meta["supervised"][split] = int(mask.sum())
       meta["bytes"][split] = int(tokenizer.token_byte_lengths()[ids].sum()) if len(ids) else 0
-      log(f"rendered {len(rendered):,} {split} conversations: {len(ids):,} tokens, "
-          f"{int(mask.sum()):,} supervised")
+      if log:
+        log(f"rendered {len(rendered):,} {split} conversations: {len(ids):,} tokens, "
+            f"{int(mask.sum()):,} supervised")
     meta["documents"] = sum(meta["conversations"].values())
     (tmp / shards.META).write_text(json.dumps(meta, indent=1))
     if not remote:

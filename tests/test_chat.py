@@ -1,0 +1,231 @@
+"""Conversations (laplax.data.chat), their rendered caches and the chat task's stages."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from laplax.data import chat
+from laplax.data.text import conversations as conv_lib
+from laplax.data.tokenizer import Tokenizer
+
+TEXT = ("the quick brown fox jumps over the lazy dog. what is 12 plus 30? it is 42. "
+        "spell apple: a,p,p,l,e. ") * 40
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return Tokenizer.train([TEXT], 400)
+
+
+def _expected(tok, pieces):
+  """(ids, mask) from [(special name or text, mask)]: the rendering written out by hand."""
+  ids, mask = [], []
+  for piece, m in pieces:
+    new = [tok.special_id(piece)] if piece.startswith("<|") else list(tok.encode(piece))
+    ids += new
+    mask += [m] * len(new)
+  return ids, mask
+
+
+def test_render_follows_nanochats_rules_token_by_token(tok):
+  conv = {"messages": [
+      {"role": "system", "content": "be brief"},
+      {"role": "user", "content": "what is 12 plus 30?"},
+      {"role": "assistant", "content": [
+          {"type": "text", "text": "it is "},
+          {"type": "python", "text": "12+30"},
+          {"type": "python_output", "text": "42"},
+          {"type": "text", "text": ". #### 42"}]},
+      {"role": "user", "content": "spell apple"},
+      {"role": "assistant", "content": "a,p,p,l,e"}]}
+  ids, mask = chat.render_conversation(tok, conv)
+  want_ids, want_mask = _expected(tok, [
+      ("<|bos|>", 0),
+      ("<|user_start|>", 0), ("be brief\n\nwhat is 12 plus 30?", 0), ("<|user_end|>", 0),
+      ("<|assistant_start|>", 0), ("it is ", 1),
+      ("<|python_start|>", 1), ("12+30", 1), ("<|python_end|>", 1),
+      ("<|output_start|>", 0), ("42", 0), ("<|output_end|>", 0),
+      (". #### 42", 1), ("<|assistant_end|>", 1),
+      ("<|user_start|>", 0), ("spell apple", 0), ("<|user_end|>", 0),
+      ("<|assistant_start|>", 0), ("a,p,p,l,e", 1), ("<|assistant_end|>", 1)])
+  assert ids.dtype == np.int32 and mask.dtype == np.int32
+  assert ids.tolist() == want_ids and mask.tolist() == want_mask
+  # The system message merged into the first user message; the input is not modified.
+  assert conv["messages"][0]["role"] == "system" and len(conv["messages"]) == 5
+  # Truncation keeps the first max_tokens tokens of both.
+  short_ids, short_mask = chat.render_conversation(tok, conv, max_tokens=7)
+  assert short_ids.tolist() == want_ids[:7] and short_mask.tolist() == want_mask[:7]
+  # The prompt for a completion: everything before the last assistant message, then
+  # <|assistant_start|>; a string part renders as one text part.
+  prompt = chat.render_for_completion(tok, conv)
+  cut = len(want_ids) - len(_expected(tok, [("a,p,p,l,e", 1), ("<|assistant_end|>", 1)])[0])
+  assert prompt.tolist() == want_ids[:cut]
+  assert prompt[-1] == tok.special_id("<|assistant_start|>")
+
+
+@pytest.mark.parametrize("messages, error", [
+    ([], "'messages' is empty"),
+    ([{"role": "assistant", "content": "hi"}], "message 0 is from 'assistant'"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+     "message 1 is from 'user'"),
+    ([{"role": "user", "content": "  "}], "empty content"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}], "empty content"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "image", "text": "x"}]}], "unknown part type 'image'"),
+    ([{"role": "user", "content": ["a"]}], "content must be a string"),
+    ([{"role": "system", "content": "s"}, {"role": "assistant", "content": "x"}],
+     "system message must be followed by a user message"),
+])
+def test_a_conversation_that_breaks_the_format_is_refused(tok, messages, error):
+  with pytest.raises(chat.ChatFormatError, match=error):
+    chat.render_conversation(tok, {"messages": messages})
+
+
+def _rows(n, offset=0):
+  return [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
+                        {"role": "assistant", "content": f"it is {2 * i}."}]}
+          for i in range(offset, offset + n)]
+
+
+def test_conversation_files_are_read_and_a_bad_row_is_named(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  rows = _rows(5)
+  (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+    f.write("\n".join(json.dumps(r) for r in rows))
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet")
+  for name in ("a.jsonl", "a.jsonl.gz", "a.parquet"):
+    assert chat.read_conversations(tmp_path / name) == rows
+  assert chat.read_conversations(tmp_path / "a.jsonl", limit=2) == rows[:2]
+  bad = rows[:3] + [{"messages": [{"role": "user", "content": "x"},
+                                  {"role": "user", "content": "y"}]}]
+  (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(r) for r in bad))
+  with pytest.raises(chat.ChatFormatError, match=r"bad.jsonl line 4: message 1 is from 'user'"):
+    chat.read_conversations(tmp_path / "bad.jsonl")
+  (tmp_path / "broken.jsonl").write_text(json.dumps(rows[0]) + "\n{not json\n")
+  with pytest.raises(chat.ChatFormatError, match="broken.jsonl line 2 is not JSON"):
+    chat.read_conversations(tmp_path / "broken.jsonl")
+  with pytest.raises(chat.ChatFormatError, match="does not exist"):
+    chat.read_conversations(tmp_path / "nowhere.jsonl")
+
+
+def test_mixture_weights_repeat_and_cut_sources_in_a_seeded_shuffle():
+  order = chat.mixture_order([4, 10], [2.0, 0.5], seed=42)
+  assert sorted(order) == sorted([(0, r) for r in range(4)] * 2 + [(1, r) for r in range(5)])
+  assert order == chat.mixture_order([4, 10], [2.0, 0.5], seed=42)
+  assert order != chat.mixture_order([4, 10], [2.0, 0.5], seed=43)
+  with pytest.raises(ValueError, match="weight"):
+    chat.mixture_order([4], [-1.0], seed=0)
+
+
+def test_padded_rows_shift_the_mask_onto_targets_and_pad(tmp_path, tok):
+  convs = _rows(3)
+  key = "k"
+  directory = conv_lib.render_cache({"train": convs, "val": convs[:1]}, tok, tmp_path, key,
+                                    max_tokens=2048, log=None)
+  assert conv_lib.render_cache({"train": [], "val": []}, tok, tmp_path, key, max_tokens=2048,
+                               log=None) == directory  # a finished key is reused as is
+  pad = tok.special_id("<|assistant_end|>")
+  length = 40
+  rows = conv_lib.Rows(directory, "train", length, pad)
+  batch = rows.rows(np.array([2, 0]))
+  for b, r in enumerate([2, 0]):
+    ids, mask = chat.render_conversation(tok, convs[r])
+    n = len(ids)
+    assert batch["tokens"][b, :n].tolist() == ids.tolist()
+    assert (batch["tokens"][b, n:] == pad).all()
+    # mask[t] weighs the prediction of tokens[t + 1]
+    assert batch["mask"][b, :n - 1].tolist() == mask[1:].tolist()
+    assert (batch["mask"][b, n - 1:] == 0).all()
+  # A row longer than the window is cut to length + 1 tokens.
+  short = conv_lib.Rows(directory, "train", 5, pad).rows(np.array([0]))
+  ids, mask = chat.render_conversation(tok, convs[0])
+  assert short["tokens"][0].tolist() == ids[:6].tolist()
+  assert short["mask"][0].tolist() == mask[1:6].tolist()
+  # Evaluation batches are ordered and zero the padding rows' weights.
+  batches = list(conv_lib.padded_eval_batches(rows, batch_size=2))
+  assert len(batches) == 2 and batches[1]["mask"][1].sum() == 0 and batches[1]["mask"][0].sum()
+  # Packed: the same cache read as one token stream.
+  from laplax.data.text import shards
+  stream = shards.TokenShards(directory, "train", 8)
+  flat = np.concatenate([chat.render_conversation(tok, c)[0] for c in convs])
+  assert stream.num_tokens == len(flat)
+  assert stream.windows(np.array([1]))[0].tolist() == flat[8:17].tolist()
+
+
+def _stage(kind, tmp_path, init_from, train, val, **overrides):
+  from conftest import make_config
+  c = make_config(kind, tmp_path / "cache", **overrides)
+  c.init_from = str(init_from)
+  c.data.train = {"conv": {"kind": "conversations", "path": str(train)}}
+  c.data.val = {"conv": {"kind": "conversations", "path": str(val)}}
+  return c
+
+
+@pytest.mark.slow
+def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_path):
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from conftest import make_config
+  from laplax import sharding
+  from laplax.evals import bpb as bpb_lib
+  from laplax.train import restore, trainer
+
+  pre = make_config("lm", tmp_path / "cache", total_steps=20)
+  pre.evals.val.every = 0
+  trainer.train_and_evaluate(pre, tmp_path / "pre", log=lambda *_: None)
+  (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(120)))
+  (tmp_path / "val.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(16, 500)))
+  lines = []
+  mid = _stage("chat_mid", tmp_path, tmp_path / "pre", tmp_path / "train.jsonl",
+               tmp_path / "val.jsonl")
+  mid.evals.val.at_init = True
+  out = trainer.train_and_evaluate(mid, tmp_path / "mid", log=lines.append)
+  # The tokenizer and the parameters come from the source; total_steps 0 is one epoch.
+  assert (tmp_path / "mid" / "tokenizer.json").read_bytes() == \
+      (tmp_path / "pre" / "tokenizer.json").read_bytes()
+  assert any("starting from" in l and "pre" in l for l in lines)
+  windows = out["corpus"]["tokens"]["train"] // 32  # windows of 33 tokens overlap by one
+  assert out["step"] == (windows - (out["corpus"]["tokens"]["train"] % 32 == 0)) // 8 \
+      or out["step"] == windows // 8
+  # At step 0 the model is exactly the source's: its validation loss there equals the
+  # pretrained parameters' on the same batches.
+  init = json.loads((tmp_path / "mid" / "init_eval.json").read_text())["val"]["loss"]
+  source = restore.load_run(tmp_path / "pre", log=lambda *_: None)
+  mid_task = restore.load_run(tmp_path / "mid", log=lambda *_: None).task
+  mid_task.load_data(tmp_path / "mid", log=lambda *_: None)
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  step = bpb_lib.make_eval_fn(source.model, mid_task.tokenizer.token_byte_lengths(), mesh, ())
+  expected = bpb_lib.evaluate(step, source.params, mid_task.val_batches(), mesh, ())["loss"]
+  assert init == pytest.approx(expected, rel=1e-5)
+  assert out["val"]["loss"] < init  # mid-training on the format lowers the val loss
+
+  # A stage whose heads differ from the source is refused before anything is written.
+  wrong = _stage("chat_sft", tmp_path, tmp_path / "mid", tmp_path / "train.jsonl",
+                 tmp_path / "val.jsonl")
+  wrong.model.laplacian_heads = 1
+  with pytest.raises(ValueError, match="model.laplacian_heads=1 but init_from=.* was trained "
+                                       "with 0"):
+    trainer.train_and_evaluate(wrong, tmp_path / "wrong", log=lambda *_: None)
+  assert not (tmp_path / "wrong" / "config.json").exists()
+
+  sft = _stage("chat_sft", tmp_path, tmp_path / "mid", tmp_path / "train.jsonl",
+               tmp_path / "val.jsonl")
+  out = trainer.train_and_evaluate(sft, tmp_path / "sft", log=lambda *_: None)
+  assert out["step"] == 120 // 8 and out["corpus"]["rows"] == "padded"
+  # The SFT loss is the cross-entropy of the assistant's tokens only.
+  run = restore.load_run(tmp_path / "sft", log=lambda *_: None)
+  task = run.task
+  task.load_data(tmp_path / "sft", log=lambda *_: None)
+  batch = task.train_rows.rows(np.arange(4))
+  loss, _ = task.loss_fn(run.model)(run.params, jax.tree.map(jnp.asarray, batch), None)
+  logits = run.model.apply({"params": run.params}, batch["tokens"][:, :-1])
+  nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                                   batch["tokens"][:, 1:]))
+  m = batch["mask"].astype(bool)
+  assert 0 < m.sum() < m.size
+  assert float(loss) == pytest.approx(float(nll[m].mean()), rel=1e-5)
