@@ -199,6 +199,33 @@ def chat_sft() -> ml_collections.ConfigDict:
   return c
 
 
+def study_chat() -> ml_collections.ConfigDict:
+  """Two cells (k = 0, 2) of one seed through pretrain -> mid -> SFT -> chat evaluation."""
+  b = lm()
+  b.data.sources = (str(common.SHARED / "text" / "tinyshakespeare" / "input.txt"),)
+  b.data.tokenizer_train_chars = 20_000
+  b.total_steps = 4
+  b.evals.val.every = 0
+  b.checkpoint.every_steps = 4
+  c = common.study("test_study_chat", b, specs=(0, 2), seeds=(0,))
+  c.study.section = "laplax.study.chat"
+  mid, sft = chat_mid(), chat_sft()
+  gsm8k = str(common.SHARED / "gsm8k" / "train.jsonl")
+  mid.data.train = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "size": 40},
+                    "spelling": {"kind": "spelling_bee", "size": 8}}
+  mid.data.val = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "start": 7400}}
+  sft.data.train = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "size": 16}}
+  sft.data.val = mid.data.val
+  for stage in (mid, sft):
+    stage.data.words_from = b.data.sources
+  sft.evals.chat = common.evaluator(
+      "chat", final=False, tasks=("arc_easy", "gsm8k", "spelling_bee"), limit=2,
+      data_dir=str(common.SHARED), max_new_tokens=8, batch_size=2)
+  c.study.stages = ml_collections.ConfigDict({"mid": mid, "sft": sft})
+  c.study.stage_order = ("mid", "sft")
+  return c
+
+
 def study_dino() -> ml_collections.ConfigDict:
   c = common.study("test_study_dino", dino_rgb(), specs=(0, 1), seeds=(0,))  # 'mu': 2 heads
   c.study.analysis_examples = 48
@@ -208,7 +235,7 @@ def study_dino() -> ml_collections.ConfigDict:
 
 
 _KINDS = {f.__name__: f for f in (vit, vit_deit3, lm, dino, dino_rgb, study_vit, study_lm,
-                                   study_dino, chat_mid, chat_sft)}
+                                   study_dino, chat_mid, chat_sft, study_chat)}
 
 
 def get_config(kind: str = "vit") -> ml_collections.ConfigDict:

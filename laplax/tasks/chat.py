@@ -56,9 +56,6 @@ class ChatTask(LanguageModelTask):
       raise ValueError(f"data.rows={d.get('rows')!r}: use one of {conv_lib.ROWS}")
     for split in ("train", "val"):
       conv_lib.check_sources(split, d[split].to_dict() if split in d else {})
-    if not self.config.get("init_from") and not d.get("tokenizer"):
-      raise ValueError("the chat task fine-tunes a pretrained GPT: set init_from (a "
-                       "pretraining run's workdir) or data.tokenizer")
     self._check_model_matches_source()
     super().validate(dp, hosts)
 
@@ -93,6 +90,9 @@ class ChatTask(LanguageModelTask):
 
   def load_data(self, workdir, log) -> None:
     t0, c, d = time.time(), self.config, self.config.data
+    if not c.get("init_from") and not d.get("tokenizer"):
+      raise ValueError("the chat task fine-tunes a pretrained GPT: set init_from (a "
+                       "pretraining run's workdir) or data.tokenizer")
     self.tokenizer_path = workdir / "tokenizer.json"
     fresh = (not (workdir / "config.json").exists()
              and not identity_lib.steps_saved(workdir / "checkpoints"))

@@ -24,7 +24,8 @@ import optax
 from laplax import flops as flops_lib
 from laplax.data.text import pipeline as text_pipeline
 from laplax.data.text import preparation, shards
-from laplax.data.tokenizer import Tokenizer
+from laplax.data.builders import DataError
+from laplax.data.tokenizer import Tokenizer, as_path
 from laplax.models import gpt
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
@@ -79,6 +80,12 @@ class LanguageModelTask(Task):
     if (jax.process_index() == 0 and not (workdir / "config.json").exists()
         and not identity_lib.steps_saved(workdir / "checkpoints")):
       self.tokenizer_path.unlink(missing_ok=True)
+      if self.config.get("init_from"):  # continued pretraining: the source's ids
+        source = as_path(self.config.init_from) / "tokenizer.json"
+        if not source.exists():
+          raise DataError(f"{source} does not exist: is init_from={self.config.init_from} an "
+                          "lm run's workdir?")
+        Tokenizer.load(source).save(self.tokenizer_path)
     self.tokenizer, token_dir = preparation.prepare(
         self.config.data, text_cache_dir(self.config.data), tokenizer_path=self.tokenizer_path,
         log=log)

@@ -30,8 +30,11 @@ def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(config)
 
 
-def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> Run:
-  """A run's config, task, model and latest good (or `step`'s) parameters on one device.
+def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mesh=None,
+             rules=None) -> Run:
+  """A run's config, task, model and latest good (or `step`'s) parameters on one device, or
+  sharded over `mesh` (with `rules`; each device reads only its shards: a fine-tuning run on a
+  pod starts from a source too large for one chip).
 
   The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
   state (DINO: the teacher and centre). Reading never writes into the workdir.
@@ -41,8 +44,9 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print) -> 
   task = task_lib.for_config(config)
   task.load_assets(workdir)
   model = task.build_model()
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  rules = sharding.rules_from_config(config.get("axis_rules"))
+  if mesh is None:
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rules = sharding.rules_from_config(config.get("axis_rules"))
   tx, _ = task.optimizer(max(int(config.get("total_steps", 0) or 1), 1))
   abstract, _ = abstract_state(task, model, tx, mesh, rules)
   if not (workdir / "checkpoints").is_dir():

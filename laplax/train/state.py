@@ -58,9 +58,8 @@ def create_state(task, model: nn.Module, tx, mesh, rules, seed: int):
 def state_from_params(task, tx, params, shardings, mesh, rules) -> TrainState:
   """A fresh train state (step 0, a new optimiser state, the task's extra state such as DINO's
   teacher made from them) around `params` (another run's), in its sharded layout."""
-  # Read on one device (restore.load_run): through the host into this mesh's layout (every
-  # host holds the same values, so each places its own devices' shards).
-  params = jax.device_put(jax.device_get(params), shardings.params)
+  # Restored in this mesh's layout already (a no-op), or on one device: moved into it.
+  params = jax.device_put(params, shardings.params)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     return jax.jit(lambda p: TrainState.create(p, tx, extra=task.init_extra(p)),
                    out_shardings=shardings)(params)

@@ -189,7 +189,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   # A fresh start from another run's parameters: read (and checked against this model) now,
   # so that a missing or unfitting source stops the run before config.json.
   fresh = not identity_lib.steps_saved(workdir / "checkpoints")
-  start_params = (_start_params(config, abstract.params, log)
+  start_params = (_start_params(config, abstract.params, log, mesh, rules)
                   if config.get("init_from") and fresh else None)
   if lead:
     write_config(workdir, config)
@@ -268,12 +268,13 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     return results
 
 
-def _start_params(config, expected, log):
+def _start_params(config, expected, log, mesh, rules):
   """The parameters of the run in config.init_from (its latest good checkpoint, or step
-  config.init_from_step), checked leaf by leaf against this model's `expected` shapes."""
+  config.init_from_step), restored sharded over this run's mesh, checked leaf by leaf against
+  this model's `expected` shapes."""
   source = workdir_lib.as_path(config.init_from)
   step = int(config.get("init_from_step", 0) or 0) or None
-  run = restore.load_run(source, step=step, log=log)
+  run = restore.load_run(source, step=step, log=log, mesh=mesh, rules=rules)
   want = flax.traverse_util.flatten_dict(expected, sep="/")
   got = flax.traverse_util.flatten_dict(run.params, sep="/")
   for key in sorted(set(want) | set(got)):
