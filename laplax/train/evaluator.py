@@ -101,6 +101,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "bpb": "laplax.evals.lm:BitsPerByte",
     "lm_tasks": "laplax.evals.lm:Benchmarks",
     "lm_geometry": "laplax.evals.lm:LmGeometry",
+    "chat": "laplax.evals.chat:ChatEval",
     "dino_probes": "laplax.evals.dino:Probes",
     "dino_transfer": "laplax.evals.dino:Transfer",
     "horse": "laplax.evals.dino:Horse",
