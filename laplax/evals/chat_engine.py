@@ -26,6 +26,7 @@ only the (B,) argmax ids, so the host round trip is a few bytes per token.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -107,11 +108,11 @@ class ChatEngine:
 
   generate(variables, prompts) -> [int32 (n_i,)] output tokens of each prompt (see
   `tool_loop`); last_logits(variables, prompts, columns) -> [float32 (k_i,)] logits of chosen
-  ids at each prompt's last token. Prompts [[int]] start with BOS (render_for_completion). They go `batch_size` at a time,
-  sorted by length so that batches share a bucket; ids >= vocab_limit (vocabulary padding) are
-  never generated. With a mesh, batches are sharded over its data axes (batch_size must then be
-  a multiple of their size) and every process drives the same loop (multi-host: outputs are
-  gathered to all processes).
+  ids at each prompt's last token. Prompts [[int]] start with BOS (render_for_completion).
+  They go `batch_size` at a time, sorted by length so that batches share a bucket; ids >=
+  vocab_limit (vocabulary padding) are never generated. With a mesh, batches are sharded over
+  its data axes (batch_size must be a multiple of their size) and every process drives the
+  same loop on the same prompts (multi-host: the (B,) outputs are gathered to every process).
   """
 
   def __init__(self, model: gpt.GPT, tokenizer: Tokenizer, *, batch_size: int = 8,
@@ -199,7 +200,7 @@ class ChatEngine:
     return np.asarray(x)
 
   def _context(self):
-    import contextlib
+    """The mesh and logical axis rules to trace and run under (none without a mesh)."""
     stack = contextlib.ExitStack()
     if self.mesh is not None:
       stack.enter_context(jax.set_mesh(self.mesh))
