@@ -340,9 +340,8 @@ def _from_file(read: Callable[..., list[Conversation]], **kwargs):
   def build(*, path: str, split: str, size: int, words: Sequence[str] | None):
     if not path:
       raise ChatFormatError(f"{read.__name__} needs path= (the data file)")
-    if read is mmlu_conversations:
-      kwargs["split"] = split
-    return read(path, size, **kwargs)
+    extra = {"split": split} if read is mmlu_conversations else {}
+    return read(path, size, **kwargs, **extra)
   return build
 
 
