@@ -14,7 +14,7 @@ eval.py (laplax.evals.offline) runs the same evaluators on a checkpoint or an ex
 Flat rows hold a result's numbers with nested keys joined by '_' ('final' and 'init' rows
 prefix them with the evaluator's name: `test_accuracy`).
 
-The concrete evaluators live in laplax.evals (by task: classification, lm, dino); TYPES maps
+The concrete evaluators live in laplax.evals (by task: classification, lm, chat, dino); TYPES maps
 each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(type, cls)` at
 run time, e.g. from a test), a config section naming the type.
 """
@@ -101,6 +101,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "bpb": "laplax.evals.lm:BitsPerByte",
     "lm_tasks": "laplax.evals.lm:Benchmarks",
     "lm_geometry": "laplax.evals.lm:LmGeometry",
+    "chat": "laplax.evals.chat:ChatEval",
     "dino_probes": "laplax.evals.dino:Probes",
     "dino_transfer": "laplax.evals.dino:Transfer",
     "horse": "laplax.evals.dino:Horse",
