@@ -31,7 +31,7 @@ from typing import Any
 
 from etils import epath
 
-from laplax.data.chat import ChatFormatError, render_mc
+from laplax.data.chat import ChatFormatError, read_conversations, render_mc
 
 Conversation = dict[str, Any]
 LETTERS = "ABCDEFGHIJ"
@@ -325,27 +325,34 @@ def humaneval_conversations(path, size: int = 0) -> list[Conversation]:
 
 def _generated(name: str, prepare: Callable[[Sequence[str]], Sequence[str]],
                make: Callable[[Sequence[str], int, str], Conversation]):
-  def build(*, path: str, split: str, size: int, words: Sequence[str] | None):
+  def build(*, path: str, split: str, size: int, words: Sequence[str] | None, start: int = 0):
     if not words:
       raise ChatFormatError(f"{name} needs a word list (words=, e.g. load_words(path) or "
                             "words_from_text(corpus))")
     if size < 1:
       raise ChatFormatError(f"{name} rows are generated: pass size >= 1")
     prepared = prepare(words)
-    return [make(prepared, i, split) for i in range(size)]
+    return [make(prepared, i, split) for i in range(start, start + size)]
   return build
 
 
 def _from_file(read: Callable[..., list[Conversation]], **kwargs):
-  def build(*, path: str, split: str, size: int, words: Sequence[str] | None):
+  def build(*, path: str, split: str, size: int, words: Sequence[str] | None, start: int = 0):
     if not path:
       raise ChatFormatError(f"{read.__name__} needs path= (the data file)")
     extra = {"split": split} if read is mmlu_conversations else {}
-    return read(path, size, **kwargs, **extra)
+    rows = read(path, start + size if size else 0, **kwargs, **extra)
+    if len(rows) <= start or (size and len(rows) < start + size):
+      raise ChatFormatError(f"{path} has {len(rows)} rows; start={start} and size={size} need "
+                            "more")
+    return rows[start:]
   return build
 
 
+# kind -> build(*, path, split, size, words) -> conversations. 'conversations': a JSONL /
+# parquet file already in the chat format (SmolTalk, an identity file).
 KINDS: dict[str, Callable[..., list[Conversation]]] = {
+    "conversations": _from_file(read_conversations),
     "gsm8k": _from_file(gsm8k_conversations),
     "arc": _from_file(arc_conversations),
     "mmlu": _from_file(mmlu_conversations),
@@ -355,16 +362,18 @@ KINDS: dict[str, Callable[..., list[Conversation]]] = {
 }
 
 
-def conversations(kind: str, *, path: str = "", split: str = "train", size: int = 0,
-                  words: Sequence[str] | None = None) -> list[Conversation]:
-  """The conversations of one kind: the first `size` rows of the file at `path` (0: all), or
-  `size` generated rows of `split` ('train' / 'test', spelling kinds, from `words`). `split`
-  also picks the *_<split>.csv files of an MMLU directory."""
+def conversations(kind: str, *, path: str = "", split: str = "train", start: int = 0,
+                  size: int = 0, words: Sequence[str] | None = None) -> list[Conversation]:
+  """The conversations of one kind: rows [start, start + size) of the file at `path` (size 0:
+  to its end), or `size` generated rows of `split` ('train' / 'test', spelling kinds, from
+  `words`) from index `start`. `split` also picks the *_<split>.csv files of an MMLU
+  directory."""
   if kind not in KINDS:
     raise ValueError(f"unknown chat task kind {kind!r}; choose from {sorted(KINDS)}")
-  if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-    raise ValueError(f"size={size!r} must be an integer >= 0 (0: all rows)")
-  return KINDS[kind](path=str(path), split=split, size=size, words=words)
+  for name, v in (("start", start), ("size", size)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      raise ValueError(f"{name}={v!r} must be an integer >= 0")
+  return KINDS[kind](path=str(path), split=split, size=size, words=words, start=start)
 
 
 def question_key(conversation: Mapping[str, Any]) -> str:

@@ -32,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from laplax import sharding
 from laplax.data import chat_tasks
 from laplax.data.chat import ChatFormatError, render_for_completion
 from laplax.data.shared import shared_data_dir
 from laplax.data.tokenizer import Tokenizer
 from laplax.evals import lm_tasks
+from laplax.evals.chat_engine import ChatEngine
 from laplax.train.evaluator import Evaluator
 
 LogitsFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Sequence[np.ndarray]]
@@ -51,24 +53,24 @@ _CODE_BLOCK = re.compile(r"```(?:python)?\s*\n(.*?)\n```", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
-class ChatTask:
+class ChatBenchmark:
   kind: str  # chat_tasks.KINDS key
   path: str  # below data_dir ('' for generated rows)
   categorical: bool
   baseline: float  # ChatCORE's
 
 
-TASKS: dict[str, ChatTask] = {
-    "arc_easy": ChatTask("arc", "arc/arc_easy_test.jsonl", True, 0.25),
-    "arc_challenge": ChatTask("arc", "arc/arc_challenge_test.jsonl", True, 0.25),
-    "mmlu": ChatTask("mmlu", "mmlu/test", True, 0.25),
-    "gsm8k": ChatTask("gsm8k", "gsm8k/test.jsonl", False, 0.0),
-    "humaneval": ChatTask("humaneval", "humaneval/HumanEval.jsonl.gz", False, 0.0),
-    "spelling_bee": ChatTask("spelling_bee", "", False, 0.0),
+TASKS: dict[str, ChatBenchmark] = {
+    "arc_easy": ChatBenchmark("arc", "arc/arc_easy_test.jsonl", True, 0.25),
+    "arc_challenge": ChatBenchmark("arc", "arc/arc_challenge_test.jsonl", True, 0.25),
+    "mmlu": ChatBenchmark("mmlu", "mmlu/test", True, 0.25),
+    "gsm8k": ChatBenchmark("gsm8k", "gsm8k/test.jsonl", False, 0.0),
+    "humaneval": ChatBenchmark("humaneval", "humaneval/HumanEval.jsonl.gz", False, 0.0),
+    "spelling_bee": ChatBenchmark("spelling_bee", "", False, 0.0),
 }
 
 
-def get_task(name: str) -> ChatTask:
+def get_task(name: str) -> ChatBenchmark:
   if name not in TASKS:
     raise ValueError(f"unknown chat task {name!r}; choose from {sorted(TASKS)}")
   return TASKS[name]
@@ -265,8 +267,6 @@ class ChatEval(Evaluator):
 
   def engine(self):
     if self._engine is None:
-      from laplax import sharding
-      from laplax.evals.chat_engine import ChatEngine
       mesh = self.ctx.mesh
       dp = sharding.data_parallel_size(mesh) if mesh is not None else 1
       batch = -(-self.config.batch_size // dp) * dp

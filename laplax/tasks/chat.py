@@ -21,25 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import pathlib
-import shutil
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
-import numpy as np
 import optax
 
-from laplax.data import chat
+from laplax.data import chat_tasks
 from laplax.data.builders import DataError
 from laplax.data.text import conversations as conv_lib
 from laplax.data.text import corpus
-from laplax.data.text import pipeline as text_pipeline
 from laplax.data.text import shards
 from laplax.data.tokenizer import Tokenizer, as_path
+from laplax.evals import chat as chat_evals
 from laplax.models import gpt
 from laplax.tasks.lm import LanguageModelTask, text_cache_dir
 from laplax.train import identity as identity_lib
@@ -119,12 +115,10 @@ class ChatTask(LanguageModelTask):
     seed = int(d.get("mixture_seed", 42))
     splits = {"train": conv_lib.mixture(by_split["train"], train_spec, seed),
               "val": conv_lib.mixture(by_split["val"], val_spec, seed)}
-    self._check_no_test_items(splits["train"])
+    splits["train"] = self._check_no_test_items(splits["train"], log)
     stats = {f"{split}/{name}": len(rows) for split, group in by_split.items()
              for name, rows in group.items()}
-    key = conv_lib.cache_key(self.tokenizer, {"train": train_spec, "val": val_spec}, seed=seed,
-                             max_tokens=int(d.max_tokens),
-                             words_fingerprint=_fingerprint(self.words))
+    key = conv_lib.cache_key(self.tokenizer, splits, max_tokens=int(d.max_tokens))
     self.cache = conv_lib.render_cache(splits, self.tokenizer, text_cache_dir(d), key,
                                        max_tokens=int(d.max_tokens), stats=stats, log=log)
     self.meta = json.loads((self.cache / shards.META).read_text())
@@ -169,18 +163,28 @@ class ChatTask(LanguageModelTask):
     files = corpus.list_documents(list(d.words_from))
     return chat_tasks.words_from_text(corpus.read_document(f) for f in files)
 
-  def _check_no_test_items(self, train: list[dict[str, Any]]) -> None:
-    """Refuses a training mixture holding a test item of a chat benchmark this run scores."""
+  def _check_no_test_items(self, train: list[dict[str, Any]], log) -> list[dict[str, Any]]:
+    """The training mixture without test items of the chat benchmarks this run scores: a
+    benchmark file's test item there stops the run (one line); a generated one (SpellingBee
+    draws words, letters and templates at random, so train and test rows can coincide) is
+    dropped from training, and the count logged."""
+    out = train
     for name, section in self.config.get("evals", {}).items():
       if section.get("type") != "chat" or not section.get("tasks"):
         continue
-      keys = chat_evals.test_items_keys(list(section.tasks), section.get("data_dir", ""),
-                                        int(section.get("limit", 0)))
-      hits = [c for c in train if chat_tasks.question_key(c) in keys]
-      if hits:
-        raise ValueError(f"data.train holds {len(hits)} test item(s) of evals.{name} (first: "
-                         f"{chat_tasks.question_key(hits[0])[:80]!r}): train on train splits "
-                         "only")
+      for benchmark in section.tasks:
+        keys = chat_evals.test_items_keys([benchmark], section.get("data_dir", ""),
+                                          int(section.get("limit", 0)), words=self.words)
+        hits = [c for c in out if chat_tasks.question_key(c) in keys]
+        if not hits:
+          continue
+        if chat_evals.get_task(benchmark).path:
+          raise ValueError(f"data.train holds {len(hits)} test item(s) of evals.{name} "
+                           f"{benchmark} (first: {chat_tasks.question_key(hits[0])[:60]!r}): "
+                           "train on train splits only")
+        out = [c for c in out if chat_tasks.question_key(c) not in keys]
+        log(f"data: dropped {len(hits)} training rows equal to {benchmark} test items")
+    return out
 
   # --- training -----------------------------------------------------------------------------
 
@@ -265,5 +269,3 @@ def _plain(x):
   return json.loads(json.dumps(x, default=str))
 
 
-def _fingerprint(words) -> str:
-  return "" if words is None else hashlib.sha256("\n".join(words).encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """Conversation mixtures rendered once into a token cache, read as packed windows or padded rows.
 
-data.train / data.val name their sources ({name: {kind, path, size, weight}}; kinds in
-`source_conversations`); each split is a weighted mixture (laplax.data.chat.mixture_order,
+data.train / data.val name their sources ({name: {kind, path, split, start, size, weight}};
+kinds: laplax.data.chat_tasks.KINDS); each split is a weighted mixture (laplax.data.chat.mixture_order,
 seeded), rendered with the run's tokenizer (render_conversation, data.max_tokens) into
 
   cache_dir/chat-<key>/{split}_ids.npy      uint16 / uint32 (N,): every conversation's ids, in
@@ -29,7 +29,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grain
@@ -37,28 +37,18 @@ import numpy as np
 from etils import epath
 
 from laplax.data import cache as cache_lib
-from laplax.data import chat
+from laplax.data import chat, chat_tasks
 from laplax.data import grain_utils
 from laplax.data.builders import DataError
 from laplax.data.text import corpus, shards
 from laplax.data.tokenizer import Tokenizer, as_path
 
 CACHE_VERSION = 1
-SOURCE_KEYS = ("kind", "path", "start", "size", "weight")
+SOURCE_KEYS = ("kind", "path", "split", "start", "size", "weight")
 ROWS = ("packed", "padded")
 WORD_KINDS = ("spelling_bee", "simple_spelling")  # the kinds that need a word list
 # A separate shuffle stream from pretraining's windows (grain_utils.derive_seed).
 CHAT_SHUFFLE_STREAM = 7
-
-
-def _read_file_source(kind: str, *, path: str, size: int, words) -> list[dict[str, Any]]:
-  del kind, words
-  return chat.read_conversations(path, size)
-
-
-# kind -> (kind, *, path, size, words) -> the first `size` conversations (0: all).
-# 'conversations': a JSONL / parquet file in the chat format (SmolTalk, an identity file, ...).
-KINDS: dict[str, Callable[..., list[dict[str, Any]]]] = {"conversations": _read_file_source}
 
 
 def check_sources(split: str, sources: Mapping[str, Mapping[str, Any]]) -> None:
@@ -70,9 +60,11 @@ def check_sources(split: str, sources: Mapping[str, Mapping[str, Any]]) -> None:
     unknown = sorted(set(spec) - set(SOURCE_KEYS))
     if unknown:
       raise ValueError(f"data.{split}.{name}: unknown key {unknown[0]!r} (keys: {SOURCE_KEYS})")
-    if spec.get("kind") not in KINDS:
+    if spec.get("kind") not in chat_tasks.KINDS:
       raise ValueError(f"data.{split}.{name}.kind={spec.get('kind')!r}: use one of "
-                       f"{tuple(KINDS)}")
+                       f"{tuple(chat_tasks.KINDS)}")
+    if spec.get("split", "train") == "test":
+      raise ValueError(f"data.{split}.{name}.split='test': test splits are for evaluation")
     w = spec.get("weight", 1.0)
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1e6:
       raise ValueError(f"data.{split}.{name}.weight={w!r} must be a number >= 0")
@@ -88,13 +80,9 @@ def source_conversations(sources: Mapping[str, Mapping[str, Any]], *, words=None
   [start, start + size) of the source (size 0: to its end)."""
   out = {}
   for name, spec in sorted(sources.items()):
-    start, size = int(spec.get("start", 0) or 0), int(spec.get("size", 0) or 0)
-    rows = KINDS[spec["kind"]](spec["kind"], path=spec.get("path", ""),
-                               size=start + size if size else 0, words=words)
-    if len(rows) <= start or (size and len(rows) < start + size):
-      raise DataError(f"source {name} ({spec['kind']} {spec.get('path', '')}) has {len(rows)} "
-                      f"rows; its start={start} and size={size} need more")
-    out[name] = rows[start:]
+    out[name] = chat_tasks.conversations(
+        spec["kind"], path=spec.get("path", ""), split=spec.get("split", "train"),
+        start=int(spec.get("start", 0) or 0), size=int(spec.get("size", 0) or 0), words=words)
   return out
 
 
@@ -107,21 +95,16 @@ def mixture(by_source: Mapping[str, list], sources: Mapping[str, Mapping[str, An
   return [by_source[names[s]][r] for s, r in order]
 
 
-def _sources_fingerprint(sources: Mapping[str, Mapping[str, Any]]) -> str:
-  entries = []
-  for name, spec in sorted(sources.items()):
-    path = spec.get("path", "")
-    files = corpus.sources_fingerprint(corpus.list_documents([path])) if path else ""
-    entries.append([name, dict(sorted(spec.items())), files])
-  return json.dumps(entries, sort_keys=True, default=str)
-
-
-def cache_key(tokenizer: Tokenizer, splits: Mapping[str, Mapping[str, Any]], *, seed: int,
-              max_tokens: int, words_fingerprint: str = "") -> str:
-  body = json.dumps([CACHE_VERSION, tokenizer.fingerprint(), seed, max_tokens,
-                     words_fingerprint, {s: _sources_fingerprint(v)
-                                         for s, v in sorted(splits.items())}])
-  return hashlib.sha256(body.encode()).hexdigest()[:16]
+def cache_key(tokenizer: Tokenizer, splits: Mapping[str, list[dict[str, Any]]], *,
+              max_tokens: int) -> str:
+  """16 hex digits of what the cache holds: the tokenizer, max_tokens and every conversation
+  of every split, in order (a changed file, weight, seed or dropped row is a new key)."""
+  h = hashlib.sha256(json.dumps([CACHE_VERSION, tokenizer.fingerprint(), max_tokens]).encode())
+  for split in sorted(splits):
+    h.update(split.encode())
+    for c in splits[split]:
+      h.update(json.dumps(c, sort_keys=True, default=str).encode())
+  return h.hexdigest()[:16]
 
 
 def render_cache(splits: Mapping[str, list[dict[str, Any]]], tokenizer: Tokenizer,
