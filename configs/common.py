@@ -14,6 +14,8 @@
   study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
 """
 
+import copy
+
 import ml_collections
 
 from laplax.data.shared import shared_data_dir
@@ -263,9 +265,9 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
           every_steps=base.checkpoint.every_steps)
   c.mesh = ml_collections.ConfigDict(base.mesh.to_dict())
   c.axis_rules = base.axis_rules
-  c.model = ml_collections.ConfigDict(base.model.to_dict())
+  c.model = copy.deepcopy(base.model)  # keeps laplacian_heads' object-typed field
   c.data = data
-  c.optim = ml_collections.ConfigDict(base.optim.to_dict())
+  c.optim = copy.deepcopy(base.optim)
   c.optim.schedule = "warmdown"
   c.optim.warmup_steps = 0
   c.optim.warmdown_fraction = warmdown_fraction

@@ -215,7 +215,8 @@ def study_chat() -> ml_collections.ConfigDict:
                     "spelling": {"kind": "spelling_bee", "size": 8}}
   mid.data.val = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "start": 7400}}
   sft.data.train = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "size": 16}}
-  sft.data.val = mid.data.val
+  sft.data.val = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "start": 7460}}
+  sft.data.seq_len = 256  # a GSM8K answer starts after about 60 tokens of question
   for stage in (mid, sft):
     stage.data.words_from = b.data.sources
   sft.evals.chat = common.evaluator(

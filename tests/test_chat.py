@@ -229,3 +229,13 @@ def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_p
   m = batch["mask"].astype(bool)
   assert 0 < m.sum() < m.size
   assert float(loss) == pytest.approx(float(nll[m].mean()), rel=1e-5)
+
+
+def test_rows_count_the_supervised_targets_inside_the_cut(tmp_path, tok):
+  convs = _rows(4)
+  directory = conv_lib.render_cache({"train": convs}, tok, tmp_path, "s", max_tokens=2048,
+                                    log=None)
+  pad = tok.special_id("<|assistant_end|>")
+  for length in (3, 12, 40, 200):
+    rows = conv_lib.Rows(directory, "train", length, pad)
+    assert rows.supervised() == int(rows.rows(np.arange(4))["mask"].sum())

@@ -21,7 +21,8 @@ CONFIGS += sorted(f"pod.{p.stem}" for p in (REPO / "configs" / "pod").glob("*.py
                   if p.stem != "__init__")  # pod configs: validated without local data
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
 CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", "study_vit",
-                                  "study_lm", "study_dino")]
+                                  "study_lm", "study_dino", "chat_mid", "chat_sft",
+                                  "study_chat")]
 
 
 def _load(name):

@@ -96,7 +96,7 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   out.update({f"chat/{k}": v["accuracy"] for k, v in r["chat"].items()
               if isinstance(v, dict) and "accuracy" in v})
   if "chatcore" in r["chat"]:
-    out["chatcore"] = r["chat"]["chatcore"]["value"]
+    out["chatcore"] = r["chat"]["chatcore"]["chatcore"]
   out["train_time_s"] = sum(s["train_time_s"] for s in r["stages"].values())
   return out
 

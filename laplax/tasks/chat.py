@@ -108,7 +108,9 @@ class ChatTask(LanguageModelTask):
         raise ValueError(f"data.tokenizer={d.tokenizer} is not the tokenizer of init_from="
                          f"{c.init_from}: its ids would mean other tokens; leave "
                          "data.tokenizer empty")
-    self.words = self._words() if self._needs_words() else None
+    # Also for the chat evaluator's SpellingBee, which reads the task's words.
+    self.words = (self._words() if self._needs_words() or d.get("words") or d.get("words_from")
+                  else None)
     train_spec, val_spec = d.train.to_dict(), d.val.to_dict()
     by_split = {split: conv_lib.source_conversations(spec, words=self.words)
                 for split, spec in (("train", train_spec), ("val", val_spec))}
@@ -133,6 +135,10 @@ class ChatTask(LanguageModelTask):
       # the lm evaluators (geometry) read validation windows: the val stream packed
       self.val_shards = shards.TokenShards(self.cache, "val", d.seq_len)
       n_train, n_val = self.train_rows.num_rows, self.val_rows.num_rows
+      for split, rows in (("train", self.train_rows), ("val", self.val_rows)):
+        if rows.supervised() == 0:
+          raise ValueError(f"the {split} rows hold no assistant token within their first "
+                           f"{d.seq_len + 1} tokens: raise data.seq_len")
     unit = "windows" if d.rows == "packed" else "conversations"
     if n_train < d.batch_size or n_val < 1:
       raise ValueError(f"the mixture gives {n_train} training and {n_val} validation {unit} "

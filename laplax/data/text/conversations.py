@@ -186,6 +186,13 @@ class Rows:
     self.length, self.pad_id = length, pad_id
     self.num_rows = len(self.offsets) - 1
 
+  def supervised(self) -> int:
+    """Supervised targets inside the rows (the mask after the cut to length + 1 tokens)."""
+    starts = np.asarray(self.offsets[:-1])
+    ends = np.minimum(np.asarray(self.offsets[1:]), starts + self.length + 1)
+    csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, np.int64))])
+    return int((csum[ends] - csum[np.minimum(starts + 1, ends)]).sum())
+
   def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     """int (B,) -> {'tokens': int32 (B, length + 1), 'mask': int32 (B, length)}: mask[b, t]
     weighs the prediction of tokens[b, t + 1] (1 on assistant tokens; 0 on padding)."""
