@@ -32,7 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
       rows="padded", seq_len=base.data.seq_len, batch_size=32, eval_batch_size=32,
       vocab_size=base.data.vocab_size,
       train={"gsm8k": {"kind": "gsm8k", "path": gsm8k, "size": 1000},
-             "mmlu": {"kind": "mmlu", "path": str(common.SHARED / "mmlu" / "dev")},
+             "mmlu": {"kind": "mmlu", "path": str(common.SHARED / "mmlu" / "dev"),
+                      "split": "dev"},
              "simple_spelling": {"kind": "simple_spelling", "size": 300},
              "spelling_bee": {"kind": "spelling_bee", "size": 300}},
       val={"gsm8k": {"kind": "gsm8k", "path": gsm8k, "start": 7000}})

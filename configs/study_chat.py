@@ -11,8 +11,8 @@ the chat scores with paired intervals over seeds.
 
 Scale: a 2-layer GPT of width 128 (about 0.6M parameters) sees well under 1M tokens: it is
 at chance on the multiple-choice benchmarks (25 %) and near 0 on the generative ones; the
-report says so. What the study checks is the pipeline (every stage of every cell ran, the
-bits per byte fall stage by stage) and the size of seed noise for a claim at this scale.
+report says so. What the study measures at this scale: each stage's validation bits per byte
+before and after it (mid-training and SFT must lower theirs), and the size of seed noise.
 """
 
 import ml_collections

@@ -28,7 +28,9 @@ def test_each_cell_runs_the_pipeline_with_its_heads_and_the_report_reads_it(tmp_
     want = ((chat["arc_easy"]["accuracy"] - 0.25) / 0.75 + chat["gsm8k"]["accuracy"]
             + chat["spelling_bee"]["accuracy"]) / 3
     assert chat["chatcore"]["chatcore"] == pytest.approx(want)
+    # each fine-tuning stage measured its validation data before (the source's model) and after
+    assert all(summary["stages"][s]["init_val"]["bpb"] > 0 for s in ("mid", "sft"))
   report = (tmp_path / "study" / "report.md").read_text()
-  for heading in ("## Chat benchmarks", "## Bits per byte after each stage", "ChatCORE",
+  for heading in ("## Chat benchmarks", "before and after it", "ChatCORE",
                   "| chance | 25.0 | 0.0 | 0.0 | 0.0 |"):
     assert heading in report

@@ -26,6 +26,7 @@ Scoring goes through two callables, so tests can plant answers:
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +49,7 @@ Conversation = dict[str, Any]
 
 # nanochat evaluates 256 generated SpellingBee test rows.
 SPELLING_BEE_SIZE = 256
+ITEM_SEED = 42  # which `limit` items of a test set are scored
 _ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 _CODE_BLOCK = re.compile(r"```(?:python)?\s*\n(.*?)\n```", re.DOTALL)
 
@@ -78,20 +80,26 @@ def get_task(name: str) -> ChatBenchmark:
 
 def load_items(name: str, data_dir, limit: int = 0, words: Sequence[str] | None = None
                ) -> list[Conversation]:
-  """The test items of task `name`: the first `limit` (0: all; SpellingBee: SPELLING_BEE_SIZE)
-  from data_dir (laid out like ../shared/data)."""
+  """The test items of task `name` from data_dir (laid out like ../shared/data): all of them,
+  or `limit` drawn at random (a fixed seed, as nanochat shuffles each test set before taking
+  max_problems: the file order of MMLU is by subject, of ARC by source); SpellingBee:
+  `limit` (else SPELLING_BEE_SIZE) generated test rows."""
   task = get_task(name)
   if task.kind == "spelling_bee":
     return chat_tasks.conversations("spelling_bee", split="test",
                                     size=limit or SPELLING_BEE_SIZE, words=words)
   path = f"{data_dir}/{task.path}"
   try:
-    return chat_tasks.conversations(task.kind, path=path, split="test", size=limit)
+    items = chat_tasks.conversations(task.kind, path=path, split="test")
   except ChatFormatError as e:
     if "does not exist" in str(e) or "no *_test.csv" in str(e):
       raise lm_tasks.TaskDataError(f"{e}: pass data_dir= the folder that holds the evaluation "
                                    "data (laid out like ../shared/data)") from None
     raise
+  if limit and limit < len(items):
+    keep = sorted(random.Random(ITEM_SEED).sample(range(len(items)), limit))
+    items = [items[i] for i in keep]
+  return items
 
 
 def test_items_keys(tasks: Sequence[str], data_dir="", limit: int = 0,

@@ -43,6 +43,8 @@ def label(key: str) -> str:
     return f"{key[5:]} accuracy (chat format, %)"
   return {"pretrain_bpb": "pretraining validation bits per byte",
           "mid_bpb": "mid-training validation bits per byte",
+          "mid_bpb_before": "mid-training validation bits per byte, before it",
+          "sft_bpb_before": "SFT validation bits per byte, before it",
           "train_time_s": "train time, all stages (s)"}.get(key, key)
 
 
@@ -63,6 +65,7 @@ def stage_config(study, name: str, base_cfg, init_from: pathlib.Path):
     cfg.seed = base_cfg.seed
     cfg.name = f"{base_cfg.name}_{name}"
     cfg.init_from = str(init_from)
+    cfg.evals.val.at_init = True  # the stage's validation data before and after it
     if "chat" in cfg.evals:
       cfg.evals.chat.final = True
   return cfg
@@ -82,8 +85,9 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
       runs[name] = trainer.train_and_evaluate(stage_config(study, name, cfg, previous),
                                               cell_dir / name, log=log)
       previous = cell_dir / name
-    summary = {"stages": {n: {"val": r["val"], "step": r["step"],
-                              "train_time_s": r["train_time_s"], "corpus": r.get("corpus")}
+    summary = {"stages": {n: {"val": r["val"], "init_val": r.get("init", {}).get("val"),
+                              "step": r["step"], "train_time_s": r["train_time_s"],
+                              "corpus": r.get("corpus")}
                           for n, r in runs.items()},
                "chat": runs["sft"]["chat"]}
     workdir_lib.write_json_atomic(cell_dir / "results.json", summary, indent=2)
@@ -93,6 +97,8 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   r = cell["results"]
   out = {f"{n}_bpb": s["val"]["bpb"] for n, s in r["stages"].items()}
+  out.update({f"{n}_bpb_before": s["init_val"]["bpb"] for n, s in r["stages"].items()
+              if s.get("init_val")})
   out.update({f"chat/{k}": v["accuracy"] for k, v in r["chat"].items()
               if isinstance(v, dict) and "accuracy" in v})
   if "chatcore" in r["chat"]:
@@ -133,11 +139,16 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
     mean = lambda k: sum(sc[k]) / len(sc[k]) * 100 if k in sc else float("nan")
     lines.append(f"| {row['name']} | " + " | ".join(f"{mean('chat/' + k):.1f}" for k in tasks)
                  + f" | {mean('chatcore'):.2f} |")
-  lines += ["", "## Bits per byte after each stage (mean over seeds)", "",
-            "| heads | pretrain | mid | SFT (assistant tokens) |", "| --- | --- | --- | --- |"]
+  lines += ["", "## Bits per byte of each stage's validation data, before and after it "
+            "(mean over seeds)", "",
+            "Each stage has its own validation data: the text corpus (pretraining), held-out "
+            "conversations, every token (mid-training), held-out conversations, the "
+            "assistant's tokens (SFT).", "",
+            "| heads | pretrain | mid: before -> after | SFT: before -> after |",
+            "| --- | --- | --- | --- |"]
   for row in summary["rows"]:
     sc = row["scores"]
-    lines.append(f"| {row['name']} | " + " | ".join(
-        f"{sum(sc[k]) / len(sc[k]):.4f}" if k in sc else "-"
-        for k in ("pretrain_bpb", "mid_bpb", "sft_bpb")) + " |")
+    m = lambda k: f"{sum(sc[k]) / len(sc[k]):.4f}" if k in sc else "-"
+    lines.append(f"| {row['name']} | {m('pretrain_bpb')} | {m('mid_bpb_before')} -> "
+                 f"{m('mid_bpb')} | {m('sft_bpb_before')} -> {m('sft_bpb')} |")
   return lines + [""]
