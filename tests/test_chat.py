@@ -239,3 +239,26 @@ def test_rows_count_the_supervised_targets_inside_the_cut(tmp_path, tok):
   for length in (3, 12, 40, 200):
     rows = conv_lib.Rows(directory, "train", length, pad)
     assert rows.supervised() == int(rows.rows(np.arange(4))["mask"].sum())
+
+
+def test_a_benchmark_test_item_in_the_training_mixture_stops_the_run(tmp_path, tok, shared_data):
+  from conftest import make_config
+  from laplax.train import trainer
+  tok.save(tmp_path / "tokenizer.json")
+  c = make_config("chat_sft", tmp_path / "cache")
+  c.data.tokenizer = str(tmp_path / "tokenizer.json")
+  c.data.vocab_size = tok.vocab_size
+  test_file = str(shared_data / "gsm8k" / "test.jsonl")
+  c.data.train = {"leak": {"kind": "gsm8k", "path": test_file, "start": 100, "size": 3},
+                  "ok": {"kind": "gsm8k", "path": str(shared_data / "gsm8k" / "train.jsonl"),
+                         "size": 20}}
+  c.data.val = {"ok": {"kind": "gsm8k", "path": str(shared_data / "gsm8k" / "train.jsonl"),
+                       "start": 7000, "size": 8}}
+  c.data.seq_len = 256
+  c.evals.chat = {"type": "chat", "tasks": ("gsm8k",), "final": False}
+  with pytest.raises(ValueError, match=r"data.train holds 3 test item\(s\) of evals.chat gsm8k"):
+    trainer.train_and_evaluate(c, tmp_path / "run", log=lambda *_: None)
+  assert not (tmp_path / "run" / "config.json").exists()
+  with pytest.raises(ValueError, match="split='test': test splits are for evaluation"):
+    c.data.train.leak.split = "test"
+    trainer.train_and_evaluate(c, tmp_path / "run", log=lambda *_: None)
