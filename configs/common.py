@@ -122,7 +122,8 @@ def streamed_image_data(tfds_name: str, *, tfds_data_dir: str = "", image_size: 
   # image_size ('rrc(0.08,1)': RandomResizedCrop; 'pad_crop(4,reflect)': DeiT-III's resize, pad
   # 4, crop), then per-record ops ('flip', 'three_augment', 'color_jitter(0.3)').
   d.augment = ("rrc(0.08,1)", "flip")
-  d.eval_resize = 0  # shorter side before the centre crop; 0 = eval_crop / 0.875
+  d.eval_resize = 0  # shorter side before the centre crop; 0 = int(eval_crop / eval_crop_pct)
+  d.eval_crop_pct = 0.875  # DeiT's --eval-crop-ratio, timm's crop_pct (224 of 256)
   d.eval_crop = 0  # 0 = image_size
   d.mean = (0.485, 0.456, 0.406)  # ImageNet's, in [0, 1] pixel units
   d.std = (0.229, 0.224, 0.225)

@@ -3,8 +3,9 @@ or on any prepared TFDS image-classification data set such as ImageNet (streamed
 `data.tfds_name` is set: laplax.data.streaming).
 
 Loss (`config.loss`): 'softmax_xent' (cross-entropy with label smoothing) or 'sigmoid_xent'
-(DeiT-III's binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss;
-with `config.bce_binary_targets` the mixed targets become 1 wherever they are > 0, as DeiT-III's
+(binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss, against the
+mixed label-smoothed targets, as timm's BinaryCrossEntropy after its Mixup; with
+`config.bce_binary_targets` the mixed targets become 1 wherever they are > 0, as DeiT-III's
 `targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
 (`config.mixup`, laplax.data.mixup) run on the device in the step. Its evaluators
 (accuracy, per-layer geometry) are laplax.evals.classification, picked by config.evals; eval.py
@@ -28,6 +29,7 @@ from laplax import heads as heads_lib
 from laplax.data import builders, mixup as mixup_lib, ops, pipeline, streaming
 from laplax.data.images import load_image_data
 from laplax.models import vit
+from laplax.train import ranges
 from laplax.train.task import Task
 
 
@@ -93,10 +95,19 @@ def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.
 def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
   """(resize, crop) of streamed evaluation images: the shorter side resized to
   `data.eval_resize`, then a centre crop of `data.eval_crop` (0: image_size; resize 0:
-  crop / 0.875, the usual 224 -> 256)."""
+  int(crop / data.eval_crop_pct), as DeiT's and timm's eval transforms: 224 -> 256, 192 -> 219
+  at the usual 0.875)."""
   crop = int(data.get("eval_crop", 0) or data.image_size)
-  resize = int(data.get("eval_resize", 0) or round(crop / 0.875))
+  resize = int(data.get("eval_resize", 0) or crop / data.get("eval_crop_pct", 0.875))
   return resize, crop
+
+
+def train_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
+  """The patch grid (rows, cols) a classification config trains at: its training crop over
+  model.patch_size."""
+  d, p = config.data, config.model.patch_size
+  h, w = ((d.image_size,) * 2 if is_streaming(d) else image_info(d).image_shape[:2])
+  return h // p, w // p
 
 
 def vit_from_config(model_config: ml_collections.ConfigDict, num_classes: int) -> vit.ViT:
@@ -174,6 +185,7 @@ class ClassificationTask(Task):
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
     ops.check_removed_keys(d)
+    ranges.check(self.config)  # first: the checks below compute with them (eval_crop_pct)
     if self.streaming:
       self._validate_streaming()
     else:
@@ -311,6 +323,17 @@ class ClassificationTask(Task):
       workers = min(len(os.sched_getaffinity(0)) - 1, 32)
     return {"num_workers": workers, "num_threads": d.get("num_threads", 1),
             "prefetch": d.get("prefetch", 2)}
+
+  def adapt_params(self, source_params, source_config, expected):
+    """A source ViT trained at another resolution (DeiT-III: 192 px, then a 224 px fine-tune):
+    its position table (1, h*w, E) resized once (bicubic over the patch grid, as DeiT's
+    --finetune and timm's resample_abs_pos_embed; the class token has no position entry) to
+    this run's grid. Every other leaf is left for the trainer's shape check."""
+    del expected
+    if source_config.get("task") != self.name or "pos_embedding" not in source_params:
+      return source_params
+    return vit.params_for_grid(source_params, train_grid(source_config),
+                               train_grid(self.config))
 
   def params_for_eval(self, model: vit.ViT, params):
     """Streamed data: params with the position table resized from the training grid

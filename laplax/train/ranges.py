@@ -62,6 +62,7 @@ RANGES: dict[str, Range] = {
     "data.val_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.vocab_size": AT_LEAST_ONE, "data.tokenizer_train_chars": AT_LEAST_ONE,
     "data.eval_crop": COUNT, "data.eval_resize": COUNT,
+    "data.eval_crop_pct": Range(0, 1, low_open=True),  # crop / resize (0.875: 224 of 256)
     # Model
     "model.patch_size": AT_LEAST_ONE, "model.depth": AT_LEAST_ONE,
     "model.num_heads": AT_LEAST_ONE, "model.width": COUNT, "model.head_dim": AT_LEAST_ONE,

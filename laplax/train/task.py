@@ -150,6 +150,14 @@ class Task(abc.ABC):
     return model.init({"params": rng, "dropout": rng}, self.sample_input(),
                       train=False)["params"]
 
+  def adapt_params(self, source_params: Any, source_config: ml_collections.ConfigDict,
+                   expected: Any) -> Any:
+    """Another run's parameters made to fit this model at `init_from` (before the trainer's
+    leaf-by-leaf shape check against `expected`, this model's abstract parameters); default:
+    unchanged. A ViT trained at another resolution gets its position table resized here."""
+    del source_config, expected
+    return source_params
+
   def init_extra(self, params) -> Any:
     """Task state kept next to the parameters in TrainState.extra (default: none)."""
     del params

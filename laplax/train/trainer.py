@@ -189,7 +189,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   # A fresh start from another run's parameters: read (and checked against this model) now,
   # so that a missing or unfitting source stops the run before config.json.
   fresh = not identity_lib.steps_saved(workdir / "checkpoints")
-  start_params = (_start_params(config, abstract.params, log, mesh, rules)
+  start_params = (_start_params(task, abstract.params, log, mesh, rules)
                   if config.get("init_from") and fresh else None)
   if lead:
     write_config(workdir, config)
@@ -268,15 +268,18 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     return results
 
 
-def _start_params(config, expected, log, mesh, rules):
+def _start_params(task: Task, expected, log, mesh, rules):
   """The parameters of the run in config.init_from (its latest good checkpoint, or step
-  config.init_from_step), restored sharded over this run's mesh, checked leaf by leaf against
-  this model's `expected` shapes."""
+  config.init_from_step), restored sharded over this run's mesh, adapted to this model by the
+  task (`Task.adapt_params`: a ViT's position table resized to this resolution), then checked
+  leaf by leaf against this model's `expected` shapes."""
+  config = task.config
   source = workdir_lib.as_path(config.init_from)
   step = int(config.get("init_from_step", 0) or 0) or None
   run = restore.load_run(source, step=step, log=log, mesh=mesh, rules=rules)
+  params = task.adapt_params(run.params, run.config, expected)
   want = flax.traverse_util.flatten_dict(expected, sep="/")
-  got = flax.traverse_util.flatten_dict(run.params, sep="/")
+  got = flax.traverse_util.flatten_dict(params, sep="/")
   for key in sorted(set(want) | set(got)):
     have = tuple(got[key].shape) if key in got else None
     need = tuple(want[key].shape) if key in want else None
@@ -285,7 +288,7 @@ def _start_params(config, expected, log, mesh, rules):
                        f"{have or 'missing'} there, {need or 'absent'} here")
   log(f"starting from {source} (step {run.step}): its parameters, a fresh optimiser state "
       "and schedule")
-  return run.params
+  return params
 
 
 def _evaluate_at_init(evaluators, state, workdir: epath.Path, writer: MetricsWriter, lead: bool,
