@@ -20,6 +20,7 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
 CONFIGS += sorted(f"pod.{p.stem}" for p in (REPO / "configs" / "pod").glob("*.py")
                   if p.stem != "__init__")  # pod configs: validated without local data
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
+CONFIGS += ["pod.vit_b16_imagenet:deit3", "pod.vit_b16_imagenet_ft224:deit3"]  # named recipes
 CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", "study_vit",
                                   "study_lm", "study_dino", "chat_mid", "chat_sft",
                                   "study_chat")]
@@ -74,7 +75,7 @@ def test_pod_config_flags(name):
   """Pod configs validate at their data-parallel scale, name their target topology and take
   the fit-check overrides from the command line."""
   config = _load(name)
-  assert "Target: TPU " in importlib.import_module(f"configs.{name}").__doc__
+  assert "Target: TPU " in importlib.import_module(f"configs.{name.split(':')[0]}").__doc__
   task_lib.for_config(config).validate(dp=16, hosts=4)
   seq = ["--config.data.seq_len=8192"] if config.task == "lm" else []
   config = _parse(name, "--config.data.batch_size=16", "--config.model.attention_impl=xla",
