@@ -184,7 +184,8 @@ def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
     assert out.returncode == 1 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
 
 
-POD_CONFIGS = ("gpt_d20", "vit_b16_imagenet", "vit_b_cifar100", "dino_vit_s16")
+POD_CONFIGS = ("gpt_d20", "vit_b16_imagenet", "vit_b16_imagenet_ft224", "vit_b_cifar100",
+               "dino_vit_s16")
 
 
 @pytest.mark.slow
