@@ -293,7 +293,9 @@ def test_streamed_dino_run_resumes_exactly(tmp_path, data_dir):
     if int(step.name) > 3:
       shutil.rmtree(step)
   (killed / "results.json").unlink(missing_ok=True)
-  trainer.train_and_evaluate(_streamed_config(data_dir), killed, log=lambda m: None)
+  lines = []
+  trainer.train_and_evaluate(_streamed_config(data_dir), killed, log=lines.append)
+  assert any("resumed from step 3" in line for line in lines), lines
   want, got = _losses(straight), _losses(killed)
   assert max(got) == 6 and all(math.isfinite(v) for v in want.values())
   for step in (4, 5, 6):

@@ -300,8 +300,10 @@ class DinoTask(Task):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
 
   def info(self) -> builders.ImageDatasetInfo:
-    if self.streaming:
-      return streaming_info(self.config.data, self._tfds_info)
+    if self.streaming:  # labels unused: data.num_classes 0 needs no TFDS metadata
+      data = ml_collections.ConfigDict(self.config.data.to_dict())
+      data.num_classes = data.get("num_classes", 0) or 1
+      return streaming_info(data, self._tfds_info)
     return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
@@ -317,7 +319,10 @@ class DinoTask(Task):
 
   def _num_train(self) -> int:
     if not hasattr(self, "data"):  # ahead-of-time compiles load no data: the info stands in
-      return dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0)
+      n = dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0)
+      # A streamed split's size is known once opened; validate (before) checks only that the
+      # schedules build, with one step per epoch.
+      return n if n > 0 or not self.streaming else self.config.data.batch_size
     if self.streaming:
       n, cap = len(self.data["train"]), self.config.data.get("train_subset", 0)
       return min(n, cap) if cap else n
