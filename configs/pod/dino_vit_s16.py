@@ -12,9 +12,10 @@ compute, splash attention, scanned blocks.
 Data: a prepared TFDS `imagenet2012` (ArrayRecord) in data.tfds_data_dir, read per record,
 each host its share; the views are cut in grain workers from the decoded record
 (laplax.data.dino_stream) and reach the chips as uint8. data.num_workers = -1: one worker per
-host core but one. Host cost (benchmarks/dino_aug_bench.py, benchmarks/README.md): about 30
-images/s per core for DINO's 2 + 8 views, so a v5e chip at 64 images per step needs about
-HOST_CORES_PER_CHIP cores (see the README table for the step-time assumption).
+host core but one. Host cost (benchmarks/dino_aug_bench.py; benchmarks/README.md): 73
+images/s per core for decode + DINO's 2 + 8 views (AMD EPYC; torchvision's DataAugmentationDINO
+69 on the same JPEGs). At an assumed 40 % MFU of v5e's 197 TFLOP/s bf16 the step below takes
+1.166e14 / (16 x 197e12 x 0.4) = 92 ms, 692 images/s per chip: about 10 host cores per chip.
 
 DINO's values (facebookresearch/dino, main_dino.py): views DataAugmentationDINO (lines 419-464:
 RandomResizedCrop bicubic, flip, ColorJitter(0.4, 0.4, 0.2, 0.1) with p 0.8, greyscale p 0.2,
@@ -31,8 +32,8 @@ Evaluations: the ADE20K segmentation probe (evals.ade20k.dir: the ADEChallengeDa
 the k-NN / linear probes and spectra read in-memory splits and are refused for streamed runs
 until they stream (issue 22, item 2).
 
-Fit check (aot.json; 44.0M student parameters, backbone + head; MODEL_FLOPS model FLOPs per step):
-v5e:4x4 peak PEAK per chip of 16, remat 'full'.
+Fit check (aot.json; 44.0M student parameters, backbone + head; 1.166e14 model FLOPs per step):
+v5e:4x4 peak 2.49 GiB per chip of 16 (16 %), remat 'full'.
 """
 
 import ml_collections
