@@ -52,8 +52,9 @@ def _check_in_memory(type_: str, task) -> None:
   """One-line ValueError when an evaluator that reads the in-memory splits meets a streamed
   run (data.tfds_name): its features would need a streamed, sharded pass (not built yet)."""
   if getattr(task, "streaming", False):
-    raise ValueError(f"{type_} reads the in-memory splits, but data.tfds_name={task.config.data."
-                     "tfds_name!r} streams the data: drop this evaluator from config.evals")
+    name = task.config.data.tfds_name
+    raise ValueError(f"{type_} reads the in-memory splits, but data.tfds_name={name!r} streams "
+                     "the data: drop this evaluator from config.evals")
 
 
 class _TeacherEvaluator(Evaluator):
