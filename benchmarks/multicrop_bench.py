@@ -107,8 +107,8 @@ def _edge_taps(size: int, radius: int) -> np.ndarray:
 class HostMultiCrop(grain.transforms.RandomMap):
   """The recipe of laplax.data.multicrop for ONE example, on the host.
 
-  uint8 image (H, W, C) -> {'globals': (2, S, S, C), 'locals': (L, s, s, C)} float32,
-  normalised (no 'locals' when L = 0). Same parameters and distributions as `multicrop` (13
+  uint8 image (H, W, C) -> {'global': (2, S, S, C), 'local': (L, s, s, C)} float32,
+  normalised (no 'local' when L = 0). Same parameters and distributions as `multicrop` (13
   uniforms per crop in the same roles); the crops of one size are processed as one stack, so
   each NumPy op runs once per example and size rather than once per crop. Blur is a matrix
   product with the edge-padded Gaussian folded into an (S, S) matrix per crop.
@@ -143,10 +143,10 @@ class HostMultiCrop(grain.transforms.RandomMap):
       source = Image.fromarray(element[..., 0] if element.shape[-1] == 1 else element)
     else:
       source = element.astype(np.float32) * np.float32(1 / 255)
-    out = {"globals": self._views(source, element.shape, u[:2], c.global_size, c.global_scale,
+    out = {"global": self._views(source, element.shape, u[:2], c.global_size, c.global_scale,
                                   self._global_blur, self._global_solarize)}
     if c.num_local:
-      out["locals"] = self._views(source, element.shape, u[2:], c.local_size, c.local_scale,
+      out["local"] = self._views(source, element.shape, u[2:], c.local_size, c.local_scale,
                                   self._local_blur, self._local_solarize)
     return out
 
@@ -226,7 +226,7 @@ def host_dataset(images: np.ndarray, transform: HostMultiCrop, *, batch: int,
                  seed: int) -> grain.MapDataset:
   """grain: uint8 images (N, H, W, C) -> shuffled, repeated -> RandomMap -> batches of B.
 
-  Elements: {'globals': (B, 2, S, S, C), 'locals': (B, L, s, s, C)} float32 (batch-major).
+  Elements: {'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)} float32 (batch-major).
   """
   ds = grain.MapDataset.source(images).shuffle(seed).repeat()
   return ds.random_map(transform, seed=seed + 1).batch(batch, drop_remainder=True)
@@ -309,10 +309,10 @@ def run_check(images: np.ndarray, crops, mean, std, *, num: int, seed: int) -> d
     t = HostMultiCrop(crops, mean=mean, std=std, resize=resize)
     rng = np.random.default_rng(seed)
     per = [t.random_map(im, rng) for im in x]
-    out = {"global 1": np.stack([p["globals"][0] for p in per]),
-           "global 2": np.stack([p["globals"][1] for p in per])}
+    out = {"global 1": np.stack([p["global"][0] for p in per]),
+           "global 2": np.stack([p["global"][1] for p in per])}
     if crops.num_local:
-      out["locals"] = np.concatenate([p["locals"] for p in per])
+      out["locals"] = np.concatenate([p["local"] for p in per])
     outputs[f"host/{resize}"] = out
 
   # Same draws: replay the uniforms multicrop drew from its key (mirrors its key use: split
@@ -330,9 +330,9 @@ def run_check(images: np.ndarray, crops, mean, std, *, num: int, seed: int) -> d
   for resize in ("numpy", "pil"):
     t = HostMultiCrop(crops, mean=mean, std=std, resize=resize)
     per = [t.apply(im, ui.astype(np.float64)) for im, ui in zip(x[:replay], u)]
-    diff = np.abs(np.stack([p["globals"] for p in per], 1) - g).max()
+    diff = np.abs(np.stack([p["global"] for p in per], 1) - g).max()
     if crops.num_local:
-      diff = max(diff, np.abs(np.stack([p["locals"] for p in per], 1) - l).max())
+      diff = max(diff, np.abs(np.stack([p["local"] for p in per], 1) - l).max())
     same_draws[resize] = float(diff)
 
   print(f"\n--check: per-channel mean / std of the normalised crops over {len(x)} images "

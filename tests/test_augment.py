@@ -212,11 +212,11 @@ def test_specs_parse_to_ops_with_their_arguments():
 
 @pytest.mark.parametrize('spec, message', [
     (('rotate(10)',), "data.augment op 'rotate\\(10\\)': unknown op 'rotate'; known ops: "
-                      "color_jitter, flip, pad_crop, rrc, three_augment"),
+                      "blur, color_jitter, flip, grey, jitter, pad_crop, rrc, solarize, three_augment"),
     (('rrc(0.5,0.2)',), "'rrc\\(0.5,0.2\\)': scale \\(0.5, 0.2\\) must satisfy 0 < lo <= hi <= 1"),
     (('flip(2)',), "'flip\\(2\\)': flip takes no arguments"),
     (('pad_crop(1,2,3)',), "pad_crop takes \\(pad, mode\\)"),
-    (('rrc(size=3)',), "rrc takes \\(lo, hi, ratio_lo, ratio_hi\\)"),
+    (('rrc(size=3)',), "rrc takes \\(lo, hi, ratio_lo, ratio_hi, interp\\)"),
     (('pad_crop(2.5)',), "pad=2.5 must be an integer >= 0"),
     (('color_jitter(-1)',), "strength=-1 must be >= 0"),
     (('rrc(lo)',), "lo='lo' must be a number"),

@@ -337,8 +337,8 @@ def test_step_fed_precomputed_crops_equals_the_in_step_crops(initial_state, imag
   want, _ = jax.jit(dino_task.make_dino_step(model, tx, crops, dino_cfg, **kw))(
       state, {"image": images})
   step = dino_task.make_dino_step(model, tx, crops, dino_cfg, precomputed_crops=True, **kw)
-  got, _ = jax.jit(step)(state, {"globals": jnp.swapaxes(globals_, 0, 1),
-                                 "locals": jnp.swapaxes(locals_, 0, 1)})
+  got, _ = jax.jit(step)(state, {"global": jnp.swapaxes(globals_, 0, 1),
+                                 "local": jnp.swapaxes(locals_, 0, 1)})
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                (got.params, got.extra), (want.params, want.extra))
 

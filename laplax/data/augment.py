@@ -97,6 +97,42 @@ def color_jitter(image: np.ndarray, rng: np.random.Generator, *,
   return _from_pil(pil, image.shape[-1])
 
 
+def adjust_hue(image: np.ndarray, factor: float) -> np.ndarray:
+  """torchvision F.adjust_hue on a PIL RGB image: hue (PIL's HSV, 0..255 for a full turn)
+  shifted by uint8(int(factor * 255)) modulo 256, factor in [-0.5, 0.5]; grey images pass."""
+  _check(image)
+  if not -0.5 <= factor <= 0.5:
+    raise ValueError(f'hue factor={factor} must be in [-0.5, 0.5]')
+  if image.shape[-1] == 1:
+    return image.copy()
+  h, s, v = _to_pil(image).convert('HSV').split()
+  shifted = (np.asarray(h, np.int32) + int(factor * 255)) % 256  # int(): toward 0, as np.int32
+  hsv = Image.merge('HSV', (Image.fromarray(shifted.astype(np.uint8), 'L'), s, v))
+  return np.asarray(hsv.convert('RGB'))
+
+
+def jitter(image: np.ndarray, rng: np.random.Generator, *, brightness: float,
+           contrast: float, saturation: float, hue: float) -> np.ndarray:
+  """torchvision ColorJitter(brightness, contrast, saturation, hue) on PIL: the four factors
+  (b, c, s ~ U[max(0, 1 - x), 1 + x], hue ~ U[-hue, hue]) and their order (a random
+  permutation) drawn every call; a zero strength leaves its step out. uint8 (H, W, C) ->
+  same shape."""
+  _check(image)
+  order = rng.permutation(4)
+  lo_hi = [(max(0.0, 1.0 - x), 1.0 + x) for x in (brightness, contrast, saturation)]
+  factors = [rng.uniform(*b) for b in lo_hi] + [rng.uniform(-hue, hue)]
+  enhancers = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+  strengths = (brightness, contrast, saturation, hue)
+  for i in order:
+    if strengths[i] == 0:
+      continue
+    if i == 3:
+      image = adjust_hue(image, float(factors[3]))
+    else:
+      image = _from_pil(enhancers[i](_to_pil(image)).enhance(float(factors[i])), image.shape[-1])
+  return image
+
+
 def resized_crop_box(height: int, width: int, rng: np.random.Generator, *,
                      scale: tuple[float, float] = (0.08, 1.0),
                      ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
@@ -128,15 +164,16 @@ def resized_crop_box(height: int, width: int, rng: np.random.Generator, *,
 def random_resized_crop(image: np.ndarray, rng: np.random.Generator, *,
                         size: int | tuple[int, int] | None = None,
                         scale: tuple[float, float] = (0.08, 1.0),
-                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> np.ndarray:
-  """A random crop (see `resized_crop_box`) resized bicubically to `size` (default: the input's
-  (H, W)) -> uint8 (size, size, C)."""
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                        resample: Image.Resampling = Image.Resampling.BICUBIC) -> np.ndarray:
+  """A random crop (see `resized_crop_box`) resized (bicubic by default) to `size` (default:
+  the input's (H, W)) -> uint8 (size, size, C)."""
   _check(image)
   h_in, w_in = image.shape[:2]
   out_h, out_w = ((h_in, w_in) if size is None else (size, size) if isinstance(size, int)
                   else tuple(size))
   top, left, h, w = resized_crop_box(h_in, w_in, rng, scale=scale, ratio=ratio)
-  pil = _to_pil(image).resize((out_w, out_h), Image.Resampling.BICUBIC,
+  pil = _to_pil(image).resize((out_w, out_h), resample,
                               box=(left, top, left + w, top + h))
   return _from_pil(pil, image.shape[-1])
 
@@ -178,12 +215,13 @@ def resize_shorter(image: Image.Image, size: int) -> Image.Image:
 
 
 def resized_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *,
-                     scale: tuple[float, float], ratio: tuple[float, float]) -> np.ndarray:
-  """RandomResizedCrop(size, scale, ratio) of a decoded PIL image -> uint8 (size, size, 3):
-  the box of `resized_crop_box`, cropped and resized in one PIL call (the box argument),
-  bilinear with antialiasing as torchvision on PIL images."""
+                     scale: tuple[float, float], ratio: tuple[float, float],
+                     resample: Image.Resampling = Image.Resampling.BILINEAR) -> np.ndarray:
+  """RandomResizedCrop(size, scale, ratio, interpolation) of a decoded PIL image -> uint8
+  (size, size, 3): the box of `resized_crop_box`, cropped and resized in one PIL call (the box
+  argument), as torchvision on PIL images (bilinear by default; DINO: bicubic)."""
   top, left, h, w = resized_crop_box(image.height, image.width, rng, scale=scale, ratio=ratio)
-  out = image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+  out = image.resize((size, size), resample, box=(left, top, left + w, top + h))
   return np.asarray(out)
 
 

@@ -18,7 +18,8 @@ Differences from torchvision, on purpose (all vectorised, no retry loops):
     shrinking: the kernel of jax.image.scale_and_translate, which it matches to 1e-5 and which
     compiled about 1.5x slower here);
   * the jitter factors are applied in a fixed order (brightness, contrast, saturation), not a
-    random permutation; no hue jitter (DINO's 0.1: would need an RGB <-> HSV round trip);
+    random permutation; no hue jitter (DINO's 0.1: would need an RGB <-> HSV round trip; the
+    streamed views have it, laplax.data.dino_stream, and `multicrop` refuses hue > 0);
   * grey images (C = 1): brightness and contrast still apply (they are defined on grey), the
     saturation jitter and the greyscale conversion are skipped;
   * blur: separable Gaussian with a fixed radius ceil(3 * max sigma), edge padding.
@@ -64,6 +65,7 @@ class MultiCropConfig:
   brightness: float = 0.4
   contrast: float = 0.4
   saturation: float = 0.2
+  hue: float = 0.0  # DINO's 0.1: streamed views only (laplax.data.dino_stream)
   grey_prob: float = 0.2
   blur_sigma: tuple[float, float] = (0.1, 2.0)
   global_blur_probs: tuple[float, float] = (1.0, 0.1)
@@ -84,6 +86,8 @@ class MultiCropConfig:
     for name in ("global_scale", "local_scale"):
       if getattr(self, name)[1] > 1:
         raise ValueError(f"{name}={getattr(self, name)}: area fractions must be <= 1")
+    if not 0 <= self.hue <= 0.5:
+      raise ValueError(f"hue={self.hue} must be in [0, 0.5]")
     probs = {"flip_prob": self.flip_prob, "jitter_prob": self.jitter_prob,
              "grey_prob": self.grey_prob, "local_blur_prob": self.local_blur_prob,
              "solarize_prob": self.solarize_prob,
@@ -281,6 +285,9 @@ def multicrop(key: Array, images: Array, config: MultiCropConfig, *, mean: Seque
   """
   if images.ndim != 4 or images.shape[-1] not in (1, 3):
     raise ValueError(f"images must be (B, H, W, C) with C = 1 or 3, got {images.shape}")
+  if config.hue:
+    raise ValueError(f"multicrop.hue={config.hue}: the in-step crops have no hue jitter; "
+                     "stream the data (data.tfds_name) or set it to 0")
   k_global, k_local = jax.random.split(key)
   # One trace per crop size, vmapped over the crops' keys and probabilities; a probability
   # equal for both global crops stays a static number (so a 0 is not traced at all).

@@ -11,12 +11,29 @@ or `name(arg, ...)`; arguments are numbers (simple arithmetic such as 4/3 allowe
       ('constant' zeros: torchvision's RandomCrop(padding); 'reflect': DeiT-III's simple random
       crop); in memory the input size is kept, streamed the shorter side is first resized to
       data.image_size
-  rrc(lo=0.08, hi=1, ratio_lo=3/4, ratio_hi=4/3)  random-resized crop, area fraction in
+  rrc(lo=0.08, hi=1, ratio_lo=3/4, ratio_hi=4/3, interp=auto)  random-resized crop, area fraction in
       [lo, hi], aspect ratio log-uniform in [ratio_lo, ratio_hi]; in memory resized back to the
       input size (bicubic, DeiT-III), streamed to data.image_size (bilinear, torchvision)
   flip             horizontal flip with probability 1/2
   three_augment    one of greyscale / solarise / Gaussian blur (DeiT-III's 3-Augment)
   color_jitter(strength=0.3)  brightness, contrast, saturation jitter (DeiT-III: 0.3)
+
+DINO's per-view ops (Caron et al. 2021, main_dino.py:DataAugmentationDINO and
+utils.GaussianBlur / utils.Solarization); each draws its coin u ~ U[0, 1) first and acts when
+u < p (for every p, so the draws of later ops never depend on p):
+
+  jitter(brightness, contrast, saturation, hue=0, p=1)  torchvision
+      RandomApply([ColorJitter(brightness, contrast, saturation, hue)], p) on PIL: the four
+      steps in a random order, hue an HSV hue shift (DINO: jitter(0.4,0.4,0.2,0.1,p=0.8))
+  grey(p=0.2)      RandomGrayscale(p): ITU-R 601-2 luma in all three channels
+  blur(p=0.5, lo=0.1, hi=2)  PIL ImageFilter.GaussianBlur(radius=sigma), sigma ~ U[lo, hi]
+      pixels (PIL's radius is the standard deviation; it approximates the Gaussian with three
+      box blurs)
+  solarize(p=0.2, threshold=128)  PIL ImageOps.solarize: pixels >= threshold become 255 - x
+
+and rrc's fifth argument `interp` ('auto': bicubic in memory, bilinear streamed; 'bicubic' or
+'bilinear' for both): DINO's crops are rrc(0.4,1,interp=bicubic) and rrc(0.05,0.4,interp=
+bicubic). The multi-crop of a record into DINO's views is laplax.data.dino_stream.
 
 Where an op can run is what its class implements (`Op`): `batch` (in memory, on a whole batch),
 `image` (in memory per image, streamed per record) and `decoded` (streamed, the first op: the
@@ -54,6 +71,8 @@ from PIL import Image
 from laplax.data import augment
 
 PAD_MODES = ('constant', 'reflect')
+INTERPOLATIONS = {'auto': None, 'bilinear': Image.Resampling.BILINEAR,
+                  'bicubic': Image.Resampling.BICUBIC}
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default
 
 
@@ -128,9 +147,12 @@ def _format(value) -> str:
 # The ops
 
 
-def _set_floats(op: Op) -> None:
-  """Numeric fields as floats (a spec may write 1 for 1.0), or a ValueError naming the field."""
+def _set_floats(op: Op, skip: Sequence[str] = ()) -> None:
+  """Numeric fields (but `skip`) as floats (a spec may write 1 for 1.0), or a ValueError naming
+  the field."""
   for f in dataclasses.fields(op):
+    if f.name in skip:
+      continue
     value = getattr(op, f.name)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
       raise ValueError(f'{f.name}={value!r} must be a number')
@@ -174,15 +196,19 @@ class PadCrop(Op):
 @dataclasses.dataclass(frozen=True)
 class RandomResizedCrop(Op):
   """Random-resized crop: area fraction ~ U[lo, hi], aspect ratio log-uniform in
-  [ratio_lo, ratio_hi] (augment.resized_crop_box); in memory back to the input size (bicubic),
-  streamed to the crop size (bilinear)."""
+  [ratio_lo, ratio_hi] (augment.resized_crop_box); in memory back to the input size, streamed
+  to the crop size; interp 'auto' resamples bicubic in memory (DeiT-III) and bilinear streamed
+  (torchvision's default), 'bicubic' / 'bilinear' both."""
   lo: float = 0.08
   hi: float = 1.0
   ratio_lo: float = RATIO[0]
   ratio_hi: float = RATIO[1]
+  interp: str = 'auto'
 
   def __post_init__(self):
-    _set_floats(self)
+    if self.interp not in INTERPOLATIONS:
+      raise ValueError(f'interp={self.interp!r}; use one of {tuple(INTERPOLATIONS)}')
+    _set_floats(self, skip=('interp',))
     _check_range('scale', self.lo, self.hi, 1.0)
     _check_range('ratio', self.ratio_lo, self.ratio_hi, None)
 
@@ -195,10 +221,14 @@ class RandomResizedCrop(Op):
     return self.ratio_lo, self.ratio_hi
 
   def image(self, image, rng):
-    return augment.random_resized_crop(image, rng, scale=self.scale, ratio=self.ratio)
+    resample = INTERPOLATIONS['bicubic' if self.interp == 'auto' else self.interp]
+    return augment.random_resized_crop(image, rng, scale=self.scale, ratio=self.ratio,
+                                       resample=resample)
 
   def decoded(self, image, size, rng):
-    return augment.resized_crop_pil(image, size, rng, scale=self.scale, ratio=self.ratio)
+    resample = INTERPOLATIONS['bilinear' if self.interp == 'auto' else self.interp]
+    return augment.resized_crop_pil(image, size, rng, scale=self.scale, ratio=self.ratio,
+                                    resample=resample)
 
 
 @register('flip')
@@ -237,6 +267,91 @@ class ColorJitter(Op):
 
   def image(self, image, rng):
     return augment.color_jitter(image, rng, strength=self.strength)
+
+
+def _check_prob(p: float) -> None:
+  if not 0 <= p <= 1:
+    raise ValueError(f'p={p:g} must be a probability in [0, 1]')
+
+
+@register('jitter')
+@dataclasses.dataclass(frozen=True)
+class Jitter(Op):
+  """With probability p, torchvision ColorJitter(brightness, contrast, saturation, hue)
+  (augment.jitter; DINO: 0.4, 0.4, 0.2, 0.1 at p = 0.8)."""
+  brightness: float = 0.4
+  contrast: float = 0.4
+  saturation: float = 0.2
+  hue: float = 0.0
+  p: float = 1.0
+
+  def __post_init__(self):
+    _set_floats(self)
+    _check_prob(self.p)
+    for name in ('brightness', 'contrast', 'saturation'):
+      if getattr(self, name) < 0:
+        raise ValueError(f'{name}={getattr(self, name):g} must be >= 0')
+    if not 0 <= self.hue <= 0.5:
+      raise ValueError(f'hue={self.hue:g} must be in [0, 0.5]')
+
+  def image(self, image, rng):
+    if rng.random() >= self.p:
+      return image
+    return augment.jitter(image, rng, brightness=self.brightness, contrast=self.contrast,
+                          saturation=self.saturation, hue=self.hue)
+
+
+@register('grey')
+@dataclasses.dataclass(frozen=True)
+class Grey(Op):
+  """With probability p, the ITU-R 601-2 luma in every channel (torchvision
+  RandomGrayscale(p))."""
+  p: float = 0.2
+
+  def __post_init__(self):
+    _set_floats(self)
+    _check_prob(self.p)
+
+  def image(self, image, rng):
+    return augment.grayscale(image) if rng.random() < self.p else image
+
+
+@register('blur')
+@dataclasses.dataclass(frozen=True)
+class Blur(Op):
+  """With probability p, PIL's Gaussian blur of standard deviation sigma ~ U[lo, hi] pixels
+  (DINO's utils.GaussianBlur(p, radius_min=0.1, radius_max=2.0))."""
+  p: float = 0.5
+  lo: float = augment.BLUR_RADIUS[0]
+  hi: float = augment.BLUR_RADIUS[1]
+
+  def __post_init__(self):
+    _set_floats(self)
+    _check_prob(self.p)
+    _check_range('sigma', self.lo, self.hi, None)
+
+  def image(self, image, rng):
+    if rng.random() >= self.p:
+      return image
+    return augment.gaussian_blur(image, rng, radius=(self.lo, self.hi))
+
+
+@register('solarize')
+@dataclasses.dataclass(frozen=True)
+class Solarize(Op):
+  """With probability p, pixels >= threshold become 255 - x (PIL ImageOps.solarize; DINO's
+  utils.Solarization(p))."""
+  p: float = 0.2
+  threshold: int = augment.SOLARIZE_THRESHOLD
+
+  def __post_init__(self):
+    _check_prob(float(self.p))
+    object.__setattr__(self, 'p', float(self.p))
+    if not isinstance(self.threshold, (int, np.integer)) or not 0 <= self.threshold <= 256:
+      raise ValueError(f'threshold={self.threshold!r} must be an integer in [0, 256]')
+
+  def image(self, image, rng):
+    return augment.solarize(image, threshold=self.threshold) if rng.random() < self.p else image
 
 
 # ----------------------------------------------------------------------------------------------

@@ -143,7 +143,8 @@ def open_source(name: str, data_dir: str, split: str):
   return source, builder.info
 
 
-def _subset(source, limit: int) -> grain.MapDataset:
+def subset(source, limit: int) -> grain.MapDataset:
+  """The first `limit` records of source (all when limit <= 0) as a MapDataset."""
   ds = grain.MapDataset.source(source)
   return ds[:limit] if 0 < limit < len(ds) else ds
 
@@ -189,7 +190,7 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
   crop, ops = check_train_options(image_size=image_size, augment=augment)
   grain_utils.check_seed(seed)
   grain_utils.check_hosts(process_index, process_count)
-  ds = grain_utils.epochs(_subset(source, limit), seed=seed, batch_size=batch_size,
+  ds = grain_utils.epochs(subset(source, limit), seed=seed, batch_size=batch_size,
                           process_count=process_count, num_epochs=num_epochs)
   # Indices of the random map are global stream positions: augmentation independent of hosts.
   ds = ds.random_map(TrainTransform(size=image_size, crop=crop, ops=ops),
@@ -212,7 +213,7 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
   """
   if not 0 < crop <= resize:
     raise ValueError(f'eval crop={crop} must be in [1, resize={resize}]')
-  records = _subset(source, limit)
+  records = subset(source, limit)
   n = len(records)
   # grain drops None elements: padding is the empty record.
   ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)

@@ -48,6 +48,15 @@ def _grey(task) -> bool:
   return task.info().image_shape[-1] != 3
 
 
+def _check_in_memory(type_: str, task) -> None:
+  """One-line ValueError when an evaluator that reads the in-memory splits meets a streamed
+  run (data.tfds_name): its features would need a streamed, sharded pass (not built yet)."""
+  if getattr(task, "streaming", False):
+    name = task.config.data.tfds_name
+    raise ValueError(f"{type_} reads the in-memory splits, but data.tfds_name={name!r} streams "
+                     "the data: drop this evaluator from config.evals")
+
+
 class _TeacherEvaluator(Evaluator):
   """Jitted features of the teacher (its own, per evaluator) at the global-crop grid."""
 
@@ -96,6 +105,11 @@ class Probes(_ProbeEvaluator):
 
   type = "dino_probes"
   defaults = dict(PROBE_PROTOCOL)
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    _check_in_memory(cls.type, task)
+    super().check(config, task)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -221,6 +235,7 @@ class Spectra(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
+    _check_in_memory(cls.type, task)
     if not isinstance(config.examples, int) or config.examples < 1:
       raise ValueError(f"examples={config.examples} must be a positive integer")
 

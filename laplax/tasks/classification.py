@@ -92,6 +92,16 @@ def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.
       split_sizes=splits)
 
 
+def loader_options(data: ml_collections.ConfigDict) -> dict[str, int]:
+  """A streamed pipeline's grain options from data.num_workers (-1: one per core this process
+  may use, one core left to the trainer), data.num_threads, data.prefetch."""
+  workers = int(data.get("num_workers", 0))
+  if workers < 0:
+    workers = min(len(os.sched_getaffinity(0)) - 1, 32)
+  return {"num_workers": workers, "num_threads": data.get("num_threads", 1),
+          "prefetch": data.get("prefetch", 2)}
+
+
 def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
   """(resize, crop) of streamed evaluation images: the shorter side resized to
   `data.eval_resize`, then a centre crop of `data.eval_crop` (0: image_size; resize 0:
@@ -317,12 +327,7 @@ class ClassificationTask(Task):
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
 
   def _loader_options(self) -> dict[str, int]:
-    d = self.config.data
-    workers = int(d.get("num_workers", 0))
-    if workers < 0:  # one per core this process may use, one core left to the trainer
-      workers = min(len(os.sched_getaffinity(0)) - 1, 32)
-    return {"num_workers": workers, "num_threads": d.get("num_threads", 1),
-            "prefetch": d.get("prefetch", 2)}
+    return loader_options(self.config.data)
 
   def adapt_params(self, source_params, source_config, expected):
     """A source ViT trained at another resolution (DeiT-III: 192 px, then a 224 px fine-tune):

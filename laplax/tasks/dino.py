@@ -1,10 +1,16 @@
 """DINO self-supervised pretraining of a (Laplacian) ViT, then probes of the frozen teacher.
 
-data (TFDS + grain, labels unused) -> multi-crop inside the jitted step -> student / EMA
+data (labels unused) -> multi-crop -> student / EMA
 teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
 -> DINO loss with centring and sharpening -> collapse diagnostics in the metrics. Its evaluators
 (laplax.evals.dino, by config.evals) measure the frozen teacher: k-NN and linear probes,
 transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectra.
+
+Two data paths, one `multicrop` section: with `data.tfds_name` set, the views are cut from the
+full-resolution records of a prepared TFDS data set in grain workers, DINO's way, and reach the
+step as uint8 batches {'global': (B, 2, S, S, 3), 'local': (B, L, s, s, 3)}
+(laplax.data.dino_stream; each host reads its share); otherwise the split is loaded into host
+memory (CPU studies) and the step crops it on the device (laplax.data.multicrop, no hue).
 
 As in the DINO code (Caron et al. 2021, main_dino.py): the optimiser (laplax.train.optim.make,
 optim.name 'adamw' with freeze_last_layer_steps) clips per tensor
@@ -30,13 +36,14 @@ import numpy as np
 import optax
 
 from laplax import flops as flops_lib
-from laplax.data import builders
+from laplax.data import builders, dino_stream, streaming
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import pipeline
 from laplax.data.images import load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
-from laplax.tasks.classification import image_info, steps_from_epochs, vit_from_config
+from laplax.tasks.classification import (image_info, is_streaming, loader_options,
+                                         steps_from_epochs, streaming_info, vit_from_config)
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
@@ -181,8 +188,9 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                    precomputed_crops: bool = False, skip_nonfinite: bool = False):
   """-> step(state, batch) -> (state, metrics); batch['image'] (B, H, W, C) in [0, 1].
 
-  precomputed_crops: the batch brings its crops instead, {'globals': (B, 2, S, S, C),
-  'locals': (B, L, s, s, C)} normalised, batch-major as a host pipeline stacks them (what
+  precomputed_crops: the batch brings its views instead, {'global': (B, 2, S, S, C),
+  'local': (B, L, s, s, C)} batch-major as a host pipeline stacks them, uint8 (streamed:
+  normalised here with mean / std) or float (already normalised; what
   benchmarks/multicrop_bench.py compares with the in-step crops).
 
   Order inside one step (as in DINO): multi-crop; teacher forward on the 2 global crops (no
@@ -203,8 +211,9 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
     k_aug, k_global, k_local = jax.random.split(rng, 3)
     if precomputed_crops:
-      globals_ = jnp.swapaxes(batch["globals"], 0, 1)
-      locals_ = jnp.swapaxes(batch["locals"], 0, 1) if "locals" in batch else None
+      views = lambda x: pipeline.device_normalize(jnp.swapaxes(x, 0, 1), mean, std)
+      globals_ = views(batch["global"])
+      locals_ = views(batch["local"]) if "local" in batch else None
     else:
       globals_, locals_ = multicrop_lib.multicrop(k_aug, batch["image"], crops, mean=mean,
                                                   std=std)
@@ -251,18 +260,37 @@ class DinoTask(Task):
   name = "dino"
   sections = Task.sections + ("dino", "multicrop", "head")
   unit = "images"
-  batch_keys = ("image",)
   study_section = "laplax.study.dino"
+
+  _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
+
+  @property
+  def streaming(self) -> bool:
+    return is_streaming(self.config.data)
+
+  @property
+  def batch_keys(self) -> tuple[str, ...]:
+    if not self.streaming:
+      return ("image",)
+    return ("global", "local") if self.config.multicrop.num_local else ("global",)
 
   def validate(self, dp: int, hosts: int) -> None:
     config = self.config
     self.info()
     super().validate(dp, hosts)
+    crops = multicrop_config(config)
+    if self.streaming:
+      dino_stream.view_ops(crops)  # what the per-record ops cannot express
+      for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
+        if int(config.data.get(key, low)) < low:
+          raise ValueError(f"data.{key}={config.data.get(key)} is out of range")
+    elif crops.hue:
+      raise ValueError(f"multicrop.hue={crops.hue}: the in-step crops of in-memory data have "
+                       "no hue jitter; stream the data (data.tfds_name) or set it to 0")
     if config.optim.grad_accum_steps != 1:
       raise ValueError(f"optim.grad_accum_steps={config.optim.grad_accum_steps}: the DINO step "
                        "does not accumulate gradients; use 1 and a smaller data.batch_size")
     p = self.build_model().backbone.patch_size
-    crops = multicrop_config(config)
     for name in ("global_size", "local_size"):
       if getattr(crops, name) % p:
         raise ValueError(f"multicrop.{name}={getattr(crops, name)} is not divisible by "
@@ -272,10 +300,33 @@ class DinoTask(Task):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
 
   def info(self) -> builders.ImageDatasetInfo:
+    if self.streaming:  # labels unused: data.num_classes 0 needs no TFDS metadata
+      data = ml_collections.ConfigDict(self.config.data.to_dict())
+      data.num_classes = data.get("num_classes", 0) or 1
+      return streaming_info(data, self._tfds_info)
     return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
-    self.data = load_image_data(self.config.data)
+    d = self.config.data
+    if not self.streaming:
+      self.data = load_image_data(d)
+      return
+    # Random access to the training split; nothing is loaded (labels unused).
+    split = d.get("train_split", "train")
+    source, self._tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir, split)
+    self.data = {"train": source}
+    log(f"data: {d.tfds_name} from {d.tfds_data_dir}, train {self._num_train():,} ({split})")
+
+  def _num_train(self) -> int:
+    if not hasattr(self, "data"):  # ahead-of-time compiles load no data: the info stands in
+      n = dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0)
+      # A streamed split's size is known once opened; validate (before) checks only that the
+      # schedules build, with one step per epoch.
+      return n if n > 0 or not self.streaming else self.config.data.batch_size
+    if self.streaming:
+      n, cap = len(self.data["train"]), self.config.data.get("train_subset", 0)
+      return min(n, cap) if cap else n
+    return len(self.data["train"][0])
 
   def build_model(self) -> dino_lib.DINO:
     return dino_from_config(self.config)
@@ -299,9 +350,17 @@ class DinoTask(Task):
             f"2x{crops.global_size}px + {crops.num_local}x{crops.local_size}px")
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """{'image': float32 (B, H, W, C)} in [0, 1]: the step crops it."""
-    return {"image": jax.ShapeDtypeStruct((global_batch_size,) + self.info().image_shape,
-                                          jnp.float32)}
+    """In memory {'image': float32 (B, H, W, C)} in [0, 1] (the step crops it); streamed
+    {'global': uint8 (B, 2, S, S, 3), 'local': uint8 (B, L, s, s, 3)} (no 'local' when L = 0)."""
+    b = global_batch_size
+    if not self.streaming:
+      return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, jnp.float32)}
+    c = multicrop_config(self.config)
+    out = {"global": jax.ShapeDtypeStruct((b, 2, c.global_size, c.global_size, 3), jnp.uint8)}
+    if c.num_local:
+      out["local"] = jax.ShapeDtypeStruct((b, c.num_local, c.local_size, c.local_size, 3),
+                                          jnp.uint8)
+    return out
 
   def flops_per_step(self, model: dino_lib.DINO, params) -> int:
     """Student forward + backward on every crop, teacher forward on the global crops; the
@@ -320,10 +379,7 @@ class DinoTask(Task):
     return total * self.config.data.batch_size
 
   def _steps(self) -> tuple[int, int]:
-    # Ahead-of-time compiles load no data: the info's train split (less validation) stands in.
-    n = (len(self.data["train"][0]) if hasattr(self, "data") else
-         dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0))
-    return steps_from_epochs(self.config, n)
+    return steps_from_epochs(self.config, self._num_train())
 
   def total_steps(self) -> int:
     return self._steps()[0]
@@ -338,9 +394,16 @@ class DinoTask(Task):
     return make_dino_step(model, tx, multicrop_config(self.config), self.config.dino,
                           seed=self.config.seed, total_steps=total_steps,
                           steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
+                          precomputed_crops=self.streaming,
                           skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
 
   def train_iterator(self, process_index: int, process_count: int):
+    d = self.config.data
+    if self.streaming:
+      return iter(dino_stream.train_dataset(
+          self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
+          crops=multicrop_config(self.config), process_index=process_index,
+          process_count=process_count, limit=d.get("train_subset", 0), **loader_options(d)))
     # Pixels in [0, 1] (mean 0, std 1): colour ops act on raw pixels; the step normalises.
     x, y = self.data["train"]
     return iter(pipeline.train_dataset(
