@@ -190,7 +190,9 @@ def muon() -> ml_collections.ConfigDict:
   momentum goes linearly from momentum_start to momentum over momentum_warmup_steps
   (get_muon_momentum). Every lr follows optim's warm-up / warm-down shape; nanochat's is no
   warm-up, a linear warm-down to 0 over the last 20 % of the steps, global-norm clipping at 1
-  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape).
+  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape). distributed: each
+  device runs Newton-Schulz on its share of the matrices only (nanochat's DistMuon; off here,
+  on in the pod configs; the same update either way).
   """
   m = ml_collections.ConfigDict()
   m.matrix_lr = 0.02
@@ -205,6 +207,7 @@ def muon() -> ml_collections.ConfigDict:
   m.momentum = 0.95
   m.momentum_warmup_steps = 300
   m.ns_steps = 5
+  m.distributed = False  # True: Newton-Schulz sharded over the mesh (laplax.train.optim)
   return m
 
 
