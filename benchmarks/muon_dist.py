@@ -8,7 +8,9 @@ Compiles (libtpu's compiler, no TPU needed; laplax.train.aot) the Muon transform
 (laplax.train.optim.scale_by_muon) on the config's hidden matrices in their parameter sharding,
 once one-device style and once distributed, and reads XLA's cost_analysis FLOPs (per chip) and
 temporaries. `--step` also runs the fit check of the whole train step both ways (aot.json's
-temp_bytes, peak and xla_flops_per_chip; the difference of the FLOPs is Newton-Schulz's share).
+temp_bytes, peak and xla_flops_per_chip: XLA counts the scanned blocks' loop body once, so these
+are far below the model's FLOPs, but Newton-Schulz runs outside the loop and their difference is
+its share).
 
 Analytic count, per matrix m x n with m <= n (a tall one is transposed first) and per quintic
 step X <- a X + (b A + c A A) X, A = X X^T: X X^T is 2 m^2 n FLOPs, A A 2 m^3, (b A + c A A) X
@@ -23,6 +25,7 @@ import argparse
 import json
 import math
 import pathlib
+import re
 import sys
 import tempfile
 
@@ -87,9 +90,13 @@ def muon_alone(config, topology: str) -> dict:
       update = jax.jit(lambda g, s: muon.update(g, s)[0],
                        out_shardings=jax.tree.map(lambda x: x.sharding, hidden))
       compiled = update.lower(hidden, state).compile()
+    hlo = compiled.as_text()
     result[f"distributed={distributed}"] = {
         "xla_flops_per_chip": aot.xla_flops(compiled),
-        "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
+        "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+        "collectives": {op: len(re.findall(rf"\b{op}(?:-start)?\(", hlo)) for op in
+                        ("all-gather", "all-reduce", "all-to-all", "reduce-scatter",
+                         "collective-permute")}}
   return result
 
 
@@ -124,7 +131,8 @@ def main(argv=None) -> None:
         f"{m['analytic_flops_per_chip_distributed']:.3e} / chip distributed (whole matrices)")
   for name, r in (("one-device style", one), ("distributed", dist)):
     print(f"  Muon update alone, {name:16s}: {r['xla_flops_per_chip']:.3e} FLOPs / chip "
-          f"(XLA), temporaries {r['temp_bytes'] / 2 ** 30:.3f} GiB")
+          f"(XLA), temporaries {r['temp_bytes'] / 2 ** 30:.3f} GiB, collectives "
+          f"{ {k: v for k, v in r['collectives'].items() if v} }")
   if args.step:
     summary["train_step"] = train_step(config, args.topology)
     for name, r in summary["train_step"].items():

@@ -2,10 +2,12 @@ r"""nanochat depth-20 GPT (width 1280, 10 heads of 128, MLP 5120, vocabulary 65,
 parameters), k = 5 of 10 Laplacian heads, 2048-token context, 0.5M tokens per step.
 
 head_dim 128 (nanochat's; laplax's GPTConfig default is 64) gives depth 20 its 10 heads: the
-paper's "5 Laplacian heads of 10". Optimiser: nanochat's (optim.name='muon', values and
-sources in configs/common.py muon): Muon on the hidden matrices, AdamW on the
-embedding and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
-warm-down over the last 20 %.
+paper's "5 Laplacian heads of 10". Recipe: nanochat's at commit ae0bf52 (2026-01-05; values
+and sources in configs/common.py muon and below): Muon on the hidden matrices, AdamW on the
+embedding (lr 0.3) and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
+warm-down over the last 40 %; MLP c_fc initialised uniform(+-sqrt(3 / 1280))
+(model.init='nanochat'). Muon is distributed (optim.muon.distributed): each chip runs
+Newton-Schulz on its share of the 120 hidden matrices only.
 
 Target: TPU v5e:16x16 (256 chips, FSDP over all), global batch 256 sequences (one per chip),
 bf16 compute, splash attention (spelled out: 'auto' cannot pick it from a CPU host).
@@ -27,9 +29,17 @@ Fit check (aot.json; 1.831e15 model FLOPs per step at seq 2048, 7.051e14 at 8192
   v5e:4x4    peak 7.00 GiB (44 %)
   v5e:4x4, seq 8192, batch 16: 2.10 GiB (13 %); without the memory path 14.18 GiB (89 %:
   does not fit with 20 % headroom)
-With Muon (this config's optimiser; the figures above are AdamW's):
-  v5e:16x16  peak 2.60 GiB per chip (16 %; temporaries 2.50: Newton-Schulz on gathered matrices)
-  v5e:4x4, seq 8192, batch 16: 2.29 GiB (14 %)
+With Muon (this config's optimiser; the figures above are AdamW's), before -> after
+distributed Muon (optim.muon.distributed False -> True; benchmarks/muon_dist.py --step):
+  v5e:16x16  peak 2.60 -> 0.79 GiB per chip (16 -> 5 %), temporaries 2.50 -> 0.67 GiB
+  v5e:4x4    peak 6.95 -> 6.93 GiB (43 %; activations dominate: temporaries 6.59 -> 6.58)
+  v5e:4x4, seq 8192, batch 16: 2.29 GiB (14 %) -> FIT_LONG
+Newton-Schulz FLOPs per chip (the Muon update alone, XLA's cost analysis; analytic total
+1.259e13 per step, 5 steps x (4 m^2 n + 2 m^3) per m x n matrix, m <= n: 80 of 1280 x 1280,
+40 of 1280 x 5120): v5e:16x16 4.68e11 -> 2.52e11 (the whole-matrix bound: one matrix of each
+shape per chip, 120 matrices on 256 chips; an even split would be 4.9e10); v5e:4x4 1.18e12 ->
+8.82e11 (total / 16 = 7.87e11). Without it XLA partitions the matmuls of the FSDP-sharded
+matrices itself, with ~180 all-gathers and 1.9 GiB of temporaries; with it, 6 all-to-alls.
 """
 
 import ml_collections

@@ -15,7 +15,8 @@ rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
              freeze_last_layer_steps (the DINO task): the head's last layer frozen at first
                (freeze_first_steps)
   'muon'   nanochat's Muon for the hidden matrices + AdamW for the rest (muon_optimizer; the
-           task passes `width`, the model's, for its lr scaling)
+           task passes `width`, the model's, for its lr scaling). optim.muon.distributed:
+           Newton-Schulz on each device's share of the matrices (scale_by_muon)
 
   'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
   'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
@@ -379,8 +380,9 @@ def _unshare(stack: jax.Array, axes: tuple[str, ...]) -> jax.Array:
 def orthogonalise_sharded(updates, dims, ns_coeffs: jax.Array, ns_steps: int, eps: float,
                           mesh) -> Any:
   """optax's Newton-Schulz orthogonalisation of every Muon matrix, each device on its own
-  share of whole matrices (nanochat's DistMuon; optax.contrib.scale_by_muon has every device
-  orthogonalise every gathered matrix).
+  share of whole matrices (nanochat's DistMuon; under optax.contrib.scale_by_muon XLA partitions
+  each matmul of the sharded matrices itself, with gathered pieces: on gpt_d20, 1.9 GiB of
+  temporaries and ~180 all-gathers per update, benchmarks/muon_dist.py).
 
   The matrices of all leaves (the (layers,) axis of scanned blocks included; `dims`:
   muon_dimension_numbers) are grouped by (m, n, dtype) into (B, m, n) stacks, zero-padded to a
