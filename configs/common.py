@@ -181,9 +181,12 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
 
 
 def muon() -> ml_collections.ConfigDict:
-  """optim.muon: nanochat's optimiser (optim.name='muon'), values from nanochat's first release
-  (github.com/karpathy/nanochat, commit 3a5e0bc, 2025-10-13): nanochat/gpt.py setup_optimizers,
-  nanochat/muon.py, scripts/base_train.py.
+  """optim.muon: nanochat's optimiser (optim.name='muon'), values from
+  github.com/karpathy/nanochat commit ae0bf52 (2026-01-05, "tune hyperparameters based on
+  overnight sweeps"): scripts/base_train.py (matrix_lr, embedding_lr 0.3 (0.2 before that
+  commit), unembedding_lr, weight decay 0, warmdown_ratio 0.4, get_muon_momentum),
+  nanochat/gpt.py setup_optimizers (AdamW betas and eps, dmodel_lr_scale), nanochat/muon.py
+  (Nesterov, 5 Newton-Schulz steps, the fan ratio).
 
   Muon (lr matrix_lr, Nesterov momentum, 5 Newton-Schulz steps) on every hidden matrix
   (attention q/k/v/out, MLP); AdamW (betas adam_b1/adam_b2, eps adam_eps, optim.weight_decay)
@@ -192,12 +195,14 @@ def muon() -> ml_collections.ConfigDict:
   (width / width_reference) ** -0.5 (nanochat's dmodel_lr_scale, tuned at width 768). Muon's
   momentum goes linearly from momentum_start to momentum over momentum_warmup_steps
   (get_muon_momentum). Every lr follows optim's warm-up / warm-down shape; nanochat's is no
-  warm-up, a linear warm-down to 0 over the last 20 % of the steps, global-norm clipping at 1
-  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape).
+  warm-up, a linear warm-down to 0 over the last 40 % of the steps, global-norm clipping at 1
+  (set in configs/pod/gpt_d20.py; the CPU configs keep their own shape). distributed: each
+  device runs Newton-Schulz on its share of the matrices only (nanochat's DistMuon; off here,
+  on in the pod configs; the same update either way).
   """
   m = ml_collections.ConfigDict()
   m.matrix_lr = 0.02
-  m.embedding_lr = 0.2
+  m.embedding_lr = 0.3
   m.unembedding_lr = 0.004
   m.scalar_lr = 0.004
   m.width_reference = 768
@@ -208,6 +213,7 @@ def muon() -> ml_collections.ConfigDict:
   m.momentum = 0.95
   m.momentum_warmup_steps = 300
   m.ns_steps = 5
+  m.distributed = False  # True: Newton-Schulz sharded over the mesh (laplax.train.optim)
   return m
 
 
@@ -234,7 +240,7 @@ def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size
 def chat_data(*, rows: str, train: dict, val: dict, seq_len: int, batch_size: int,
               eval_batch_size: int, vocab_size: int) -> ml_collections.ConfigDict:
   """Conversation mixtures for the chat task (laplax.tasks.chat): data.train / data.val are
-  {name: {kind, path, start, size, weight}} (kinds: laplax.data.text.conversations.KINDS),
+  {name: {kind, path, split, start, size, weight}} (kinds: laplax.data.chat_tasks.KINDS),
   rendered by the pretraining run's tokenizer into packed windows or padded rows."""
   d = ml_collections.ConfigDict()
   d.name = "chat"
@@ -278,8 +284,11 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
   return c
 
 
-def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32) -> ml_collections.ConfigDict:
-  """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults."""
+def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "glorot"
+        ) -> ml_collections.ConfigDict:
+  """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults.
+  init: 'glorot' (the CPU configs, so earlier CPU numbers stay comparable) or 'nanochat'
+  (nanochat's MLP init at ae0bf52; configs/pod/gpt_d20.py)."""
   m = ml_collections.ConfigDict()
   m.name = "gpt"
   m.depth = depth
@@ -293,6 +302,7 @@ def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32) -> ml_collectio
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
   m.dtype = "float32"
   m.param_dtype = "float32"
+  m.init = init  # fc1's initialiser: glorot | nanochat (laplax.models.gpt.INITS)
   m.vocab_multiple = 64
   m.scan_layers = False  # nn.scan over blocks (faster compiles; the pod configs' choice)
   # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |

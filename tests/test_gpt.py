@@ -107,6 +107,40 @@ def test_parameter_trees_identical_for_every_k():
   assert not np.any(params["params"]["block1"]["mlp"]["fc2"]["kernel"])
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_nanochat_init_follows_init_weights(scan):
+  """init='nanochat' (nanochat/gpt.py init_weights at ae0bf52): q/k/v and MLP c_fc uniform
+  +-sqrt(3 / width), attention out and MLP c_proj zero, embedding normal(1), lm_head
+  normal(0.001); the same tree as the default init, which differs only in fc1."""
+  config = dict(vocab_size=512, depth=2, width=128, head_dim=32, scan_layers=scan)
+  init = lambda c: nn.unbox(gpt.GPT(c).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+  ours, default = init({**config, "init": "nanochat"}), init(config)
+  assert (jax.tree.map(lambda x: (x.shape, x.dtype), ours)
+          == jax.tree.map(lambda x: (x.shape, x.dtype), default))
+  p = ours["params"]
+  blocks = [p["blocks"]] if scan else [p["block0"], p["block1"]]
+  bound = np.sqrt(3 / 128)
+  for b in blocks:
+    for w in (b["mlp"]["fc1"]["kernel"], b["attn"]["query"], b["attn"]["key"], b["attn"]["value"]):
+      w = np.asarray(w)
+      assert np.abs(w).max() <= bound and np.abs(w).max() > 0.98 * bound
+      assert np.std(w) == pytest.approx(1 / np.sqrt(128), rel=0.03)  # uniform's std
+    assert not np.any(b["attn"]["out"]) and not np.any(b["mlp"]["fc2"]["kernel"])
+  assert np.std(p["embedding"]) == pytest.approx(1.0, rel=0.02)
+  assert np.std(p["lm_head"]) == pytest.approx(0.001, rel=0.02)
+  # The default's fc1 is Glorot: bound sqrt(6 / (128 + 512)), below nanochat's.
+  d = default["params"]
+  fc1 = (d["blocks"] if scan else d["block0"])["mlp"]["fc1"]["kernel"]
+  assert np.abs(fc1).max() <= np.sqrt(6 / 640) < 0.9 * bound
+  for name in ("embedding", "lm_head"):
+    np.testing.assert_array_equal(p[name], d[name])
+
+
+def test_unknown_init_is_one_error_line():
+  with pytest.raises(ValueError, match=r"model.init='xavier'; use one of \('glorot', 'nanochat'\)"):
+    gpt.GPTConfig(init="xavier")
+
+
 def test_forward_shapes_hidden_states_and_softcap():
   model = gpt.GPT(ml_collections.ConfigDict({**TINY, "logit_softcap": 2.0}))
   params = _random_params(model, scale=3.0)

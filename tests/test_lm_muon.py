@@ -120,12 +120,12 @@ def optax_orthogonalise(x):
 def test_lrs_scale_with_width_like_nanochat():
   optim = _optim()
   at_768 = optim_lib.muon_lrs(optim, 768)
-  assert at_768 == pytest.approx({"matrix": 0.02, "embedding": 0.2, "lm_head": 0.004,
+  assert at_768 == pytest.approx({"matrix": 0.02, "embedding": 0.3, "lm_head": 0.004,
                                   "scalar": 0.004})
   d20 = optim_lib.muon_lrs(optim, 1280)
   scale = (1280 / 768) ** -0.5  # 0.7746
   assert d20["matrix"] == pytest.approx(0.02)
-  assert d20["embedding"] == pytest.approx(0.2 * scale)
+  assert d20["embedding"] == pytest.approx(0.3 * scale)
   assert d20["lm_head"] == pytest.approx(0.004 * scale)
   # The task reads the width from the model config (4 x 32 -> 128 for the test config).
   config = make_config("lm", **{"optim.name": "muon", "model.width": 0, "model.depth": 3})

@@ -2,10 +2,12 @@ r"""nanochat depth-20 GPT (width 1280, 10 heads of 128, MLP 5120, vocabulary 65,
 parameters), k = 5 of 10 Laplacian heads, 2048-token context, 0.5M tokens per step.
 
 head_dim 128 (nanochat's; laplax's GPTConfig default is 64) gives depth 20 its 10 heads: the
-paper's "5 Laplacian heads of 10". Optimiser: nanochat's (optim.name='muon', values and
-sources in configs/common.py muon): Muon on the hidden matrices, AdamW on the
-embedding and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
-warm-down over the last 20 %.
+paper's "5 Laplacian heads of 10". Recipe: nanochat's at commit ae0bf52 (2026-01-05; values
+and sources in configs/common.py muon and below): Muon on the hidden matrices, AdamW on the
+embedding (lr 0.3) and unembedding with lrs scaled by (1280 / 768) ** -0.5, no warm-up, linear
+warm-down over the last 40 %; MLP c_fc initialised uniform(+-sqrt(3 / 1280))
+(model.init='nanochat'). Muon is distributed (optim.muon.distributed): each chip runs
+Newton-Schulz on its share of the 120 hidden matrices only.
 
 Target: TPU v5e:16x16 (256 chips, FSDP over all), global batch 256 sequences (one per chip),
 bf16 compute, splash attention (spelled out: 'auto' cannot pick it from a CPU host).
@@ -27,9 +29,17 @@ Fit check (aot.json; 1.831e15 model FLOPs per step at seq 2048, 7.051e14 at 8192
   v5e:4x4    peak 7.00 GiB (44 %)
   v5e:4x4, seq 8192, batch 16: 2.10 GiB (13 %); without the memory path 14.18 GiB (89 %:
   does not fit with 20 % headroom)
-With Muon (this config's optimiser; the figures above are AdamW's):
-  v5e:16x16  peak 2.60 GiB per chip (16 %; temporaries 2.50: Newton-Schulz on gathered matrices)
-  v5e:4x4, seq 8192, batch 16: 2.29 GiB (14 %)
+With Muon (this config's optimiser; the figures above are AdamW's), before -> after
+distributed Muon (optim.muon.distributed False -> True; benchmarks/muon_dist.py --step):
+  v5e:16x16  peak 2.60 -> 0.79 GiB per chip (16 -> 5 %), temporaries 2.50 -> 0.67 GiB
+  v5e:4x4    peak 6.95 -> 6.93 GiB (43 %; activations dominate: temporaries 6.59 -> 6.58)
+  v5e:4x4, seq 8192, batch 16: peak 2.29 -> 2.02 GiB (14 -> 13 %), temporaries 1.94 -> 1.67
+Newton-Schulz FLOPs per chip (the Muon update alone, XLA's cost analysis; analytic total
+1.259e13 per step, 5 steps x (4 m^2 n + 2 m^3) per m x n matrix, m <= n: 80 of 1280 x 1280,
+40 of 1280 x 5120): v5e:16x16 4.68e11 -> 2.52e11 (the whole-matrix bound: one matrix of each
+shape per chip, 120 matrices on 256 chips; an even split would be 4.9e10); v5e:4x4 1.18e12 ->
+8.82e11 (total / 16 = 7.87e11). Without it XLA partitions the matmuls of the FSDP-sharded
+matrices itself, with ~180 all-gathers and 1.9 GiB of temporaries; with it, 6 all-to-alls.
 """
 
 import ml_collections
@@ -48,7 +58,9 @@ def get_config() -> ml_collections.ConfigDict:
                             eval_batch_size=256)
   c.data.tokenizer_train_chars = 2_000_000_000
   c.data.eval_windows = 4096
-  c.model = common.gpt(depth=20, width=1280, head_dim=128)  # 10 heads
+  # 10 heads; nanochat's init_weights (nanochat/gpt.py at ae0bf52): MLP c_fc uniform
+  # +-sqrt(3 / 1280)
+  c.model = common.gpt(depth=20, width=1280, head_dim=128, init="nanochat")
   c.model.laplacian_heads = common.laplacian_heads(5)
   c.model.attention_impl = "splash"
   c.model.dtype = "bfloat16"
@@ -56,15 +68,18 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = True
   c.model.remat_policy = "full"
   c.model.loss_chunk = 256
-  # nanochat's optimiser and schedule (configs/common.py muon): Muon lr 0.02 on the hidden
-  # matrices; AdamW (0.8, 0.95) on the embedding, 0.2 x (1280 / 768) ** -0.5 = 0.155, and the
-  # unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0 over the last 20 %,
-  # Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
+  # nanochat's optimiser and schedule at ae0bf52 (configs/common.py muon; scripts/base_train.py:
+  # warmdown_ratio 0.4, final_lr_frac 0, warmup_ratio 0, grad_clip 1, weight_decay 0): Muon lr
+  # 0.02 on the hidden matrices; AdamW (0.8, 0.95) on the embedding, 0.3 x (1280 / 768) ** -0.5
+  # = 0.232, and the unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0
+  # over the last 40 %, Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
   c.optim = common.lm_optim()
   c.optim.name = "muon"
   c.optim.schedule = "warmdown"
   c.optim.warmup_steps = 0
-  c.optim.warmdown_fraction = 0.2
+  c.optim.warmdown_fraction = 0.4
   c.optim.final_lr_fraction = 0.0
   c.optim.clip_norm = 1.0
+  # Newton-Schulz on each chip's share of the matrices (laplax.train.optim.scale_by_muon)
+  c.optim.muon.distributed = True
   return c

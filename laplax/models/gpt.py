@@ -6,14 +6,16 @@ biases, optional grouped-query attention, causal masks and Laplacian heads from 
 (position 0 of a causal Laplacian head outputs exactly zero); the MLP is ReLU^2. Embedding and
 unembedding are untied; logits are soft-capped, 15 tanh(logits / 15).
 
-Initialisation (nanochat's `init_weights`; every tensor):
+Initialisation (nanochat's `init_weights`, nanochat/gpt.py at commit ae0bf52; every tensor):
   embedding   (vocab, embed)           normal(1.0) (an RMSNorm follows it)
   q/k/v       (embed, heads, head_dim) uniform(+-sqrt(3 / embed)), i.e. std 1/sqrt(embed)
   attn out    (heads, head_dim, embed) zeros
-  mlp fc1     (embed, mlp)             laplax.models.layers.Mlp's Glorot uniform (nanochat uses
-                                       uniform(+-sqrt(3 / embed)); close, and Mlp is shared)
+  mlp fc1     (embed, mlp)             init='glorot' (the default): laplax.models.layers.Mlp's
+                                       Glorot uniform(+-sqrt(6 / (embed + mlp))); init='nanochat':
+                                       uniform(+-sqrt(3 / embed)), as c_fc (configs/pod/gpt_d20.py)
   mlp fc2     (mlp, embed)             zeros
   lm_head     (embed, vocab)           normal(0.001)
+The two inits differ only in fc1's bound; the parameter trees are the same.
 With zero output projections every block is the identity at step 0, so Laplacian heads are a
 no-op there (expected: PAPER.md section 2.4); they diverge from the baseline after one step.
 
@@ -60,6 +62,9 @@ def _freeze(spec: Any) -> Any:
   return spec
 
 
+INITS = ("glorot", "nanochat")
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """Everything that defines a GPT. `width` 0 = 64 * depth; `num_kv_heads` 0 = no GQA."""
@@ -78,6 +83,7 @@ class GPTConfig:
   scan_layers: bool = False  # nn.scan over blocks: one compiled block, stacked params
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
+  init: str = "glorot"  # INITS: fc1's initialiser (the module docstring)
 
   def __post_init__(self):
     object.__setattr__(self, "laplacian_heads", _freeze(self.laplacian_heads))
@@ -100,6 +106,8 @@ class GPTConfig:
       raise ValueError(f"model.attention_impl={self.attention_impl!r}; use one of "
                        f"{IMPLEMENTATIONS}")
     remat_lib.check(self.remat_policy)
+    if self.init not in INITS:
+      raise ValueError(f"model.init={self.init!r}; use one of {INITS}")
     for name in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, name))
@@ -170,8 +178,11 @@ class Block(nn.Module):
         out_init=nn.initializers.zeros, name="attn", **dtypes)(rms_norm(x), decode=decode,
                                                                head_mask=head_row)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+    # 'nanochat': c_fc as c_q (uniform +-sqrt(3 / embed)); 'glorot': Mlp's own
+    fc1 = (dict(in_init=nn.initializers.variance_scaling(1.0, "fan_in", "uniform"))
+           if c.init == "nanochat" else {})
     y = Mlp(c.mlp_ratio * c.embed_dim, activation="relu2", use_bias=False,
-            out_init=nn.initializers.zeros, name="mlp", **dtypes)(rms_norm(x))
+            out_init=nn.initializers.zeros, name="mlp", **fc1, **dtypes)(rms_norm(x))
     return nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
 
 

@@ -83,7 +83,8 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
 
   Keys: topology, chips, hosts, mesh, params, hbm_bytes_per_chip, peak_bytes_per_chip,
   argument_bytes, output_bytes, alias_bytes, temp_bytes (all per chip), flops_per_step (analytic,
-  laplax.flops), fits, compile_seconds. A step the compiler itself rejects for memory gets
+  laplax.flops), xla_flops_per_chip (the compiled program's cost_analysis), fits,
+  compile_seconds. A step the compiler itself rejects for memory gets
   fits False and `error`."""
   if "study" in config:
     raise ValueError("--aot checks one run's step: pass a run config, not a study")
@@ -125,10 +126,19 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   else:
     result["compile_seconds"] = round(time.time() - t0, 1)
     result.update(memory(compiled))
+    result["xla_flops_per_chip"] = xla_flops(compiled)
     result["fits"] = result["peak_bytes_per_chip"] <= (1 - HEADROOM) * capacity
   workdir_lib.as_path(workdir).mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json_atomic(workdir_lib.as_path(workdir) / "aot.json", result, indent=2)
   return result
+
+
+def xla_flops(compiled) -> float | None:
+  """FLOPs of one chip's share of a compiled (SPMD-partitioned) program, by XLA's cost analysis
+  (None where the backend gives none)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+  return float(cost["flops"]) if cost and "flops" in cost else None
 
 
 def memory(compiled) -> dict[str, int]:
