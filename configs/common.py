@@ -312,6 +312,36 @@ def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "gl
   return m
 
 
+def gpt_d20_model() -> ml_collections.ConfigDict:
+  """nanochat's depth-20 GPT on a pod (configs/pod/gpt_d20.py and its chat stages): 10 heads of
+  128, k = 5, nanochat's init (nanochat/gpt.py at ae0bf52: MLP c_fc uniform +-sqrt(3 / 1280)),
+  bf16 compute, splash attention, scanned blocks with full remat, chunked cross-entropy."""
+  m = gpt(depth=20, width=1280, head_dim=128, init="nanochat")
+  m.laplacian_heads = laplacian_heads(5)
+  m.attention_impl = "splash"
+  m.dtype = "bfloat16"
+  m.param_dtype = "float32"
+  m.scan_layers = True
+  m.remat_policy = "full"
+  m.loss_chunk = 256
+  return m
+
+
+def gpt_d20_optim(*, warmdown_fraction: float) -> ml_collections.ConfigDict:
+  """nanochat's optimiser for d20 (optim.muon, distributed over the chips): no warm-up, a
+  linear warm-down to 0 over the last `warmdown_fraction`, global-norm clipping at 1."""
+  o = lm_optim()
+  o.name = "muon"
+  o.schedule = "warmdown"
+  o.warmup_steps = 0
+  o.warmdown_fraction = warmdown_fraction
+  o.final_lr_fraction = 0.0
+  o.clip_norm = 1.0
+  # Newton-Schulz on each chip's share of the matrices (laplax.train.optim.scale_by_muon)
+  o.muon.distributed = True
+  return o
+
+
 def lm_optim() -> ml_collections.ConfigDict:
   """The lm task's optimiser section: AdamW with parameter groups on nanochat's warm-up /
   constant / warm-down schedule, and Muon's settings for optim.name='muon'."""

@@ -476,7 +476,7 @@ def test_multicrop_config_errors():
   with pytest.raises(ValueError, match="flip_prob"):
     mc.MultiCropConfig(global_size=8, local_size=4, flip_prob=1.5)
   with pytest.raises(ValueError, match="unknown multicrop settings"):
-    mc.MultiCropConfig.from_dict({"global_size": 8, "local_size": 4, "hue": 0.1})
+    mc.MultiCropConfig.from_dict({"global_size": 8, "local_size": 4, "sharpness": 0.1})
   with pytest.raises(ValueError, match="global_scale"):
     mc.MultiCropConfig(global_size=8, local_size=4, global_scale=(0.5, 1.5))
 

@@ -58,28 +58,11 @@ def get_config() -> ml_collections.ConfigDict:
                             eval_batch_size=256)
   c.data.tokenizer_train_chars = 2_000_000_000
   c.data.eval_windows = 4096
-  # 10 heads; nanochat's init_weights (nanochat/gpt.py at ae0bf52): MLP c_fc uniform
-  # +-sqrt(3 / 1280)
-  c.model = common.gpt(depth=20, width=1280, head_dim=128, init="nanochat")
-  c.model.laplacian_heads = common.laplacian_heads(5)
-  c.model.attention_impl = "splash"
-  c.model.dtype = "bfloat16"
-  c.model.param_dtype = "float32"
-  c.model.scan_layers = True
-  c.model.remat_policy = "full"
-  c.model.loss_chunk = 256
+  c.model = common.gpt_d20_model()
   # nanochat's optimiser and schedule at ae0bf52 (configs/common.py muon; scripts/base_train.py:
   # warmdown_ratio 0.4, final_lr_frac 0, warmup_ratio 0, grad_clip 1, weight_decay 0): Muon lr
   # 0.02 on the hidden matrices; AdamW (0.8, 0.95) on the embedding, 0.3 x (1280 / 768) ** -0.5
   # = 0.232, and the unembedding, 0.004 x 0.775 = 0.0031; no warm-up, linear warm-down to 0
   # over the last 40 %, Muon momentum 0.85 -> 0.95 over 300 steps, clipping at 1.
-  c.optim = common.lm_optim()
-  c.optim.name = "muon"
-  c.optim.schedule = "warmdown"
-  c.optim.warmup_steps = 0
-  c.optim.warmdown_fraction = 0.4
-  c.optim.final_lr_fraction = 0.0
-  c.optim.clip_norm = 1.0
-  # Newton-Schulz on each chip's share of the matrices (laplax.train.optim.scale_by_muon)
-  c.optim.muon.distributed = True
+  c.optim = common.gpt_d20_optim(warmdown_fraction=0.4)
   return c
