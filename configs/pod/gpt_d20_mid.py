@@ -1,5 +1,8 @@
 r"""nanochat's mid-training of the d20 GPT (configs/pod/gpt_d20.py): packed conversations.
 
+Target: TPU v5e:16x16 (256 chips, FSDP over all, one row of 2048 tokens per chip), the
+pretraining run's mesh and memory path.
+
   python train.py --config=configs/pod/gpt_d20_mid.py --workdir=gs://.../gpt_d20_k5_mid \
       --multihost --config.init_from=gs://.../gpt_d20_k5 \
       --config.data.train.smoltalk.path=gs://.../smoltalk/train.parquet \

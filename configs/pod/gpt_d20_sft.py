@@ -1,6 +1,9 @@
 r"""nanochat's chat SFT of the mid-trained d20 GPT (configs/pod/gpt_d20_mid.py): padded rows,
 loss on the assistant's tokens, then the chat evaluation.
 
+Target: TPU v5e:4x4 (16 chips, FSDP over all, 2 rows of 2048 tokens per chip: nanochat's 32
+conversations per step do not spread over 256 chips).
+
   python train.py --config=configs/pod/gpt_d20_sft.py --workdir=gs://.../gpt_d20_k5_sft \
       --multihost --config.init_from=gs://.../gpt_d20_k5_mid \
       --config.data.train.arc_easy.path=gs://.../arc/ARC-Easy-train.jsonl \
