@@ -29,7 +29,8 @@ nanochat at commit ae0bf52 (2026-01-05), scripts/mid_train.py:
 Validation: nanochat's is SmolTalk test + MMLU test (5.2K) + GSM8K test (420); here SmolTalk
 test only, so that no benchmark test item is looked at before the chat evaluation.
 
-Fit check (aot.json, v5e:16x16): see benchmarks/README.md.
+Fit check (aot.json, v5e:16x16, distributed Muon): peak 0.79 GiB per chip of 16 (5 %; temp
+0.67, args 0.03); 1.831e15 model FLOPs per step (compiled in 103 s).
 """
 
 import ml_collections

@@ -33,7 +33,8 @@ Validation: SmolTalk test, the assistant's tokens. Chat evaluation (evals.chat, 
 ARC-Easy, ARC-Challenge, MMLU (categorical), GSM8K (calculator), HumanEval (sandbox),
 SpellingBee, ChatCORE; greedy, 512 new tokens at most (scripts/chat_eval.py's defaults).
 
-Fit check (aot.json, v5e:4x4): see benchmarks/README.md.
+Fit check (aot.json, v5e:4x4, distributed Muon): peak 1.30 GiB per chip of 16 (8 %; temp
+0.95, args 0.30); 2.288e14 model FLOPs per step (32 rows of 2048 tokens; compiled in 30 s).
 """
 
 import ml_collections
