@@ -28,6 +28,10 @@ temperature 0.04 -> 0.07 over 30 epochs (README's ViT-S/16 command, line 197). T
 ViT-S/16 run's own arguments (README: dino_deitsmall16_pretrain/args.txt on
 dl.fbaipublicfiles.com) could not be read from here, so its local_crops_number is not pinned.
 
+Backbone: the authors' deit3_small_{k}L_patch16_224 (timm/models/deit_mixed.py in
+yuchongzhang/pytorch-image-models): LayerScale 1e-6, QK-norm, no position entry for the class
+token; cosine to DINO's min_lr 1e-6.
+
 Evaluations: the ADE20K segmentation probe (evals.ade20k.dir: the ADEChallengeData2016 folder);
 the k-NN / linear probes and spectra read in-memory splits and are refused for streamed runs
 until they stream (issue 22, item 2).
@@ -51,7 +55,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.val_size = 0
   c.data.augment = ()  # the views come from the multicrop section
   c.data.num_workers = -1
-  c.model = common.vit("S", patch_size=16, drop_path_rate=0.1, layerscale_init=1e-4,
+  # The authors' backbone (yuchongzhang/pytorch-image-models, timm/models/deit_mixed.py,
+  # deit3_small_{k}L_patch16_224: init_values=1e-6, qk_norm=True, no_embed_class=True).
+  c.model = common.vit("S", patch_size=16, drop_path_rate=0.1, layerscale_init=1e-6, qk_norm=True,
                        dtype="bfloat16", scan_layers=True, remat_policy="full",
                        attention_impl="splash")
   c.model.laplacian_heads = 5
@@ -59,6 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
                        local_size=96, num_local=8, blur_sigma=(0.1, 2.0),
                        warmup_teacher_temp_epochs=30.0, freeze_last_layer_epochs=1.0)
   c.optim = common.dino_optim(5e-4 * 1024 / 256, warmup_steps=10 * 1251)
+  c.optim.final_lr_fraction = 1e-6 / c.optim.lr  # DINO's min_lr 1e-6 (main_dino.py)
   c.multicrop.hue = 0.1  # DINO's ColorJitter hue: streamed views only
   c.evals = ml_collections.ConfigDict()
   # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210
