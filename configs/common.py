@@ -342,6 +342,18 @@ def gpt_d20_optim(*, warmdown_fraction: float) -> ml_collections.ConfigDict:
   return o
 
 
+def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.ConfigDict:
+  """What d20's chat stages (configs/pod/gpt_d20_mid.py, _sft.py) take from the pretraining
+  run: its mesh, model and optimiser, with the embedding lr of nanochat's mid_train.py and
+  chat_sft.py at ae0bf52 (0.2; base_train.py's became 0.3 at that commit)."""
+  base = run("gpt_d20", "lm", log_every=log_every, every_steps=every_steps)
+  base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
+  base.model = gpt_d20_model()
+  base.optim = gpt_d20_optim(warmdown_fraction=0.0)  # each stage sets its own schedule
+  base.optim.muon.embedding_lr = 0.2
+  return base
+
+
 def lm_optim() -> ml_collections.ConfigDict:
   """The lm task's optimiser section: AdamW with parameter groups on nanochat's warm-up /
   constant / warm-down schedule, and Muon's settings for optim.name='muon'."""

@@ -39,11 +39,7 @@ from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  base = common.run("gpt_d20", "lm", log_every=50, every_steps=500)
-  base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
-  base.model = common.gpt_d20_model()
-  base.optim = common.gpt_d20_optim(warmdown_fraction=0.2)
-  base.optim.muon.embedding_lr = 0.2  # mid_train.py's own default at ae0bf52
+  base = common.gpt_d20_stage_base(log_every=50, every_steps=500)
   data = common.chat_data(
       rows="packed", seq_len=2048, batch_size=256, eval_batch_size=256, vocab_size=65_536,
       train={"smoltalk": {"kind": "conversations", "path": ""},

@@ -43,11 +43,7 @@ from configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:
-  base = common.run("gpt_d20", "lm", log_every=10, every_steps=200)
-  base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
-  base.model = common.gpt_d20_model()
-  base.optim = common.gpt_d20_optim(warmdown_fraction=1.0)
-  base.optim.muon.embedding_lr = 0.2  # chat_sft.py's own default at ae0bf52
+  base = common.gpt_d20_stage_base(log_every=10, every_steps=200)
   data = common.chat_data(
       rows="padded", seq_len=2048, batch_size=32, eval_batch_size=32, vocab_size=65_536,
       train={"arc_easy": {"kind": "arc", "path": ""},

@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import sharding
-from laplax.attention import MultiHeadAttention
 from laplax.data.tokenizer import Tokenizer
+from laplax.evals import generate
 from laplax.evals.calculator import use_calculator
 from laplax.models import gpt
 
@@ -135,24 +135,9 @@ class ChatEngine:
 
   # --- compiled pieces ---
 
-  def _mask_vocab(self, logits):
-    if self.vocab_limit < logits.shape[-1]:
-      logits = jnp.where(jnp.arange(logits.shape[-1]) < self.vocab_limit, logits, -jnp.inf)
-    return logits
-
   def _apply(self, params, cache, tokens, positions, key_mask):
-    """One decode-mode forward, positions (B, T) and key_mask (B, 1, 1, S) injected into every
-    attention (generate.BatchedGenerator's interceptor)."""
-
-    def inject(next_fun, args, kwargs, context):
-      if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
-        kwargs = dict(kwargs, positions=positions, mask=key_mask)
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(inject):
-      logits, mutated = self.model.apply({"params": params, "cache": cache}, tokens,
-                                         decode=True, mutable=["cache"])
-    return self._mask_vocab(logits), mutated["cache"]
+    return generate.decode_step(self.model, params, cache, tokens, positions, key_mask,
+                                vocab_limit=self.vocab_limit)
 
   def _prefill_impl(self, params, prompts, lengths):
     """prompts int32 (B, P), lengths (B,) -> (argmax (B,), cache, key_mask (B, 1, 1, S))."""

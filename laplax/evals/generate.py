@@ -38,6 +38,25 @@ def left_truncate(ids: Sequence[int], length: int) -> list[int]:
   return ids if len(ids) <= length else ids[:1] + ids[len(ids) - (length - 1):]
 
 
+def decode_step(model: gpt.GPT, params, cache, tokens, positions, key_mask, *,
+                vocab_limit: int | None = None):
+  """One decode-mode forward of tokens int32 (B, T) with RoPE positions (B, T) and key_mask
+  (B, 1, 1, S) handed to every MultiHeadAttention (a flax method interceptor) -> (logits
+  (B, T, V) with ids >= vocab_limit at -inf, the updated cache)."""
+
+  def inject(next_fun, args, kwargs, context):
+    if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
+      kwargs = dict(kwargs, positions=positions, mask=key_mask)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(inject):
+    logits, mutated = model.apply({"params": params, "cache": cache}, tokens, decode=True,
+                                  mutable=["cache"])
+  if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits, -jnp.inf)
+  return logits, mutated["cache"]
+
+
 class BatchedGenerator:
   """Greedy continuations of token prompts, `batch_size` at a time, one compilation in all.
 
@@ -58,19 +77,8 @@ class BatchedGenerator:
     self._fn = jax.jit(self._generate)
 
   def _apply(self, params, cache, tokens, positions, key_mask):
-    """One decode-mode forward with positions (B, T) and key_mask (B, 1, 1, S) injected."""
-
-    def inject(next_fun, args, kwargs, context):
-      if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
-        kwargs = dict(kwargs, positions=positions, mask=key_mask)
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(inject):
-      logits, mutated = self.model.apply({"params": params, "cache": cache}, tokens,
-                                         decode=True, mutable=["cache"])
-    if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
-      logits = jnp.where(jnp.arange(logits.shape[-1]) < self.vocab_limit, logits, -jnp.inf)
-    return logits, mutated["cache"]
+    return decode_step(self.model, params, cache, tokens, positions, key_mask,
+                       vocab_limit=self.vocab_limit)
 
   def _generate(self, params, prompts, lengths, steps):
     """prompts int32 (B, P), lengths int32 (B,), steps int32 () -> int32 (B, max_new_tokens)."""
