@@ -124,3 +124,49 @@ def test_streamed_features_equal_the_in_memory_path_on_one_and_two_hosts(source,
   for k in keys:
     np.testing.assert_array_equal(two.rows(k), one.rows(k))
   np.testing.assert_array_equal(np.asarray(two.valid), np.asarray(one.valid))
+
+
+# --- DINO's linear probe, streamed ----------------------------------------------------------------
+
+
+def _colour_records(n: int, seed: int):
+  """Class c: a flat colour c (of 3) plus noise, random sizes: separable whatever the crop."""
+  colours = np.array([[220, 30, 30], [30, 220, 30], [30, 30, 220]])
+
+  def make():
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+      h, w = int(rng.integers(24, 40)), int(rng.integers(24, 40))
+      image = np.clip(colours[i % 3] + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+      yield streaming.encode_jpeg(image), i % 3
+  return make
+
+
+def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, model_params):
+  from laplax.evals import dino_linear
+  streaming.prepare_image_dataset(str(tmp_path), "colours", {"train": _colour_records(48, 0),
+                                                             "validation": _colour_records(20, 1)},
+                                  num_classes=3)
+  train, _ = streaming.open_source("colours", str(tmp_path), "train")
+  val, _ = streaming.open_source("colours", str(tmp_path), "validation")
+  model, params = model_params
+  mesh = sharding.make_mesh({"data": 8})
+  fn = features_lib.feature_function(model, (CROP // 4,) * 2, 2, ("last",))
+  out = dino_linear.linear_probe(fn, params, train, {"val": val}, num_classes=3, mean=MEAN,
+                                 std=STD, mesh=mesh, rules=RULES, epochs=8, batch_size=16,
+                                 base_lr=20.0, crop=CROP, resize=RESIZE)
+  assert out["steps"] == 8 * 48 // 16 and len(out["train_loss"]) == 8
+  loss = out["train_loss"]
+  assert loss[-1] < 0.5 * loss[0], loss
+  assert out["val"] > 0.9, out
+  with pytest.raises(ValueError, match="multiple of the 8"):
+    dino_linear.linear_probe(fn, params, train, {}, num_classes=3, mean=MEAN, std=STD,
+                             mesh=mesh, rules=RULES, batch_size=12)
+
+
+def test_epoch_cosine_is_stepped_per_epoch():
+  from laplax.evals import dino_linear
+  s = dino_linear.epoch_cosine(1.0, 4, 10, 30)  # 3 steps an epoch
+  np.testing.assert_allclose([float(s(t)) for t in range(12)],
+                             np.repeat(0.5 * (1 + np.cos(np.pi * np.arange(4) / 4)), 3),
+                             rtol=1e-6)
