@@ -170,3 +170,49 @@ def test_epoch_cosine_is_stepped_per_epoch():
   np.testing.assert_allclose([float(s(t)) for t in range(12)],
                              np.repeat(0.5 * (1 + np.cos(np.pi * np.arange(4) / 4)), 3),
                              rtol=1e-6)
+
+
+# --- The evaluator of a streamed DINO run ---------------------------------------------------------
+
+
+def test_streamed_dino_run_runs_knn_and_the_linear_probe(tmp_path):
+  import types
+  from etils import epath
+  import configs.dino_tiny
+  from configs import common
+  from laplax.tasks import dino as dino_task
+  from laplax.train import evaluator
+
+  streaming.prepare_image_dataset(str(tmp_path), "colours", {"train": _colour_records(48, 0),
+                                                             "validation": _colour_records(20, 1)},
+                                  num_classes=3)
+  c = configs.dino_tiny.get_config()
+  c.data = common.streamed_image_data("colours", tfds_data_dir=str(tmp_path), image_size=32,
+                                      batch_size=8)
+  c.data.augment = ()
+  c.model = common.vit("tiny", patch_size=8)
+  c.model.depth, c.model.hidden_dim, c.model.num_heads, c.model.mlp_dim = 2, 32, 2, 64
+  c.head.out_dim, c.head.hidden_dim, c.head.bottleneck_dim = 64, 32, 16
+  for k, v in dict(global_size=32, local_size=16, num_local=2, hue=0.1).items():
+    c.multicrop[k] = v
+  c.evals = {"probes": common.evaluator("dino_stream_probes", knn_ks=(1, 5), batch_size=16,
+                                        resize=40, crop=32, linear_epochs=2,
+                                        linear_batch_size=16, last_layers=2)}
+  task = dino_task.DinoTask(c)
+  evaluator.check(c, task)
+  task.load_data(tmp_path, lambda s: None)
+  model = task.build_model()
+  params = jax.jit(lambda k: nn.unbox(model.init(k, jnp.zeros((1, 32, 32, 3)))["params"]))(
+      jax.random.key(0))
+  mesh = sharding.make_mesh({"data": 8})
+  ctx = evaluator.Context(task, model, mesh, RULES, epath.Path(tmp_path))
+  evs = evaluator.build(c, ctx)
+  result = evs["probes"].run(types.SimpleNamespace(params=params, extra={"teacher": params}), 0)
+  s = result["val"]
+  assert set(s) == {"knn_top1_k1", "knn_top1_k5", "linear_dino", "count"} and s["count"] == 20
+  assert s["knn_top1_k5"] > 0.9  # flat colours: neighbours share the class
+  assert 0.0 <= s["linear_dino"] <= 1.0
+  # The in-memory evaluator still refuses a streamed run, and points here.
+  c.evals = {"probes": common.evaluator("dino_probes")}
+  with pytest.raises(ValueError, match="dino_stream_probes"):
+    evaluator.check(c, task)
