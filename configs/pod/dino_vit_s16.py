@@ -33,8 +33,12 @@ yuchongzhang/pytorch-image-models): LayerScale 1e-6, QK-norm, no position entry 
 token; cosine to DINO's min_lr 1e-6.
 
 Evaluations: the ADE20K segmentation probe (evals.ade20k.dir: the ADEChallengeData2016 folder);
-the k-NN / linear probes and spectra read in-memory splits and are refused for streamed runs
-until they stream (issue 22, item 2).
+DINO's k-NN and linear probe, streamed with banks sharded over hosts (evals.probes:
+dino_stream_probes, final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 +
+CenterCrop 224 (lines 33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
+1024 / 256 cosine per epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244,
+256-270); the values are laplax.evals.dino.STREAM_PROTOCOL's defaults. The in-memory spectra
+are refused for streamed runs.
 
 Fit check (aot.json; 44.0M student parameters, backbone + head; 1.166e14 model FLOPs per step):
 v5e:4x4 peak 2.49 GiB per chip of 16 (16 %), remat 'full'.
@@ -71,4 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210
   # training and 2,000 validation images; the folder must exist on every host.
   c.evals.ade20k = common.evaluator("ade20k", dir=str(common.SHARED / "ade20k"), size=224)
+  c.evals.probes = common.evaluator("dino_stream_probes", knn_ks=(10, 20, 100, 200),
+                                    knn_temperature=0.07, resize=256, crop=224, linear_epochs=100,
+                                    linear_batch_size=1024, linear_lr=1e-3, last_layers=4)
   return c

@@ -1,6 +1,7 @@
 """DINO's evaluators, all of the frozen teacher (state.extra['teacher']; laplax.evals.probes):
 
   evals.probes = {'type': 'dino_probes', 'at_init': True}        k-NN and linear probes
+  evals.probes = {'type': 'dino_stream_probes'}   the same, streamed (data.tfds_name runs)
   evals.transfer = {'type': 'dino_transfer', 'data': {'fashion_mnist': ''}}
   evals.horse = {'type': 'horse', 'dir': '.../weizmann_horse'}    segmentation + PCA mask IoU
   evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016', 'size': 224}
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from laplax.data import builders
+from laplax.data import builders, streaming
 from laplax.data import photos as photos_lib
 from laplax.data.images import cache_dir
+from laplax.evals import dino_linear, knn as knn_lib
 from laplax.evals import features as features_lib
+from laplax.evals import stream_features
 from laplax.evals import probes
 from laplax.geometry import dino as dino_geometry
 from laplax.models import dino as dino_lib
@@ -50,11 +53,11 @@ def _grey(task) -> bool:
 
 def _check_in_memory(type_: str, task) -> None:
   """One-line ValueError when an evaluator that reads the in-memory splits meets a streamed
-  run (data.tfds_name): its features would need a streamed, sharded pass (not built yet)."""
+  run (data.tfds_name)."""
   if getattr(task, "streaming", False):
     name = task.config.data.tfds_name
     raise ValueError(f"{type_} reads the in-memory splits, but data.tfds_name={name!r} streams "
-                     "the data: drop this evaluator from config.evals")
+                     "the data: use dino_stream_probes (or drop this evaluator)")
 
 
 class _TeacherEvaluator(Evaluator):
@@ -121,6 +124,94 @@ class Probes(_ProbeEvaluator):
   def run(self, weights, step) -> dict[str, Any]:
     return probes.probe_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.data,
                                self.ctx.task.config, self.config, **self.kw)
+
+  def summary(self, result) -> str:
+    return probes.summary_line(result)
+
+
+# DINO's protocols at ImageNet scale (facebookresearch/dino): eval_knn.py (nb_knn 10 20 100 200,
+# temperature 0.07, batch 128 per GPU, Resize(256, bicubic) + CenterCrop(224): lines 33-34,
+# 193-196) and eval_linear.py (laplax.evals.dino_linear cites its lines).
+STREAM_PROTOCOL = {
+    "knn_ks": (10, 20, 100, 200),
+    "knn_temperature": 0.07,
+    "batch_size": 1024,  # global batch of the feature passes (128 per GPU x 8)
+    "resize": 256,
+    "crop": 224,
+    "linear": True,  # also DINO's linear probe (100 epochs of the training split: costly)
+    "linear_epochs": 100,
+    "linear_batch_size": 1024,
+    "linear_lr": 1e-3,  # x linear_batch_size / 256
+    "last_layers": 4,
+    "train_limit": 0,  # > 0: the first n training records only (bank and probe)
+    "eval_limit": 0,  # > 0: the first n records of data.eval_split
+}
+
+
+class StreamProbes(_TeacherEvaluator):
+  """DINO's k-NN (on 'cls') and linear probe (on 'last', streamed RRC + flip crops) of the
+  frozen teacher for a streamed run (data.tfds_name): the train split's bank is a global array
+  sharded over the data-parallel devices and hosts (laplax.evals.stream_features), never on
+  one host -> {'val': {'knn_top1_k20': ..., 'linear_dino': ..., 'count': ...}}, val being
+  data.eval_split."""
+
+  type = "dino_stream_probes"
+  defaults = dict(STREAM_PROTOCOL)
+  last_layers_key = "last_layers"
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    if not getattr(task, "streaming", False):
+      raise ValueError(f"{cls.type} streams data.tfds_name, which is unset: use dino_probes")
+    super().check(config, task)
+    ks = tuple(config.knn_ks)
+    if not ks or min(ks) < 1:
+      raise ValueError(f"knn_ks={ks} must be >= 1")
+    p = task.build_model().backbone.patch_size
+    if config.crop % p or not 0 < config.crop <= config.resize:
+      raise ValueError(f"crop={config.crop} must divide by model.patch_size={p} and lie in "
+                       f"[1, resize={config.resize}]")
+    for key in ("batch_size", "linear_epochs", "linear_batch_size"):
+      if config[key] < 1:
+        raise ValueError(f"{key}={config[key]} must be >= 1")
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    d = ctx.task.config.data
+    self.eval_source, tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir,
+                                                        d.get("eval_split", "validation"))
+    # The data set's own classes (a DINO run's data.num_classes may be unset: labels unused).
+    self.num_classes = int(tfds_info.features["label"].num_classes)
+    size = ctx.task.config.multicrop.global_size
+    grid = dino_lib.patch_grid(ctx.model, (size, size))
+    self.features = features_lib.feature_function(ctx.model, grid, config.last_layers,
+                                                  ("cls", "last"))
+    self.cls_features = features_lib.feature_function(ctx.model, grid, config.last_layers,
+                                                      ("cls",))
+
+  def run(self, weights, step) -> dict[str, Any]:
+    c, task = self.config, self.ctx.task
+    info, params = task.info(), weights.extra["teacher"]
+    kw = dict(resize=c.resize, crop=c.crop, mean=info.mean, std=info.std, mesh=self.ctx.mesh,
+              rules=self.ctx.rules)
+    bank = stream_features.streamed_features(self.cls_features, params, task.data["train"],
+                                             batch_size=c.batch_size, limit=c.train_limit, **kw)
+    test = stream_features.streamed_features(self.cls_features, params, self.eval_source,
+                                             batch_size=c.batch_size, limit=c.eval_limit, **kw)
+    scores = knn_lib.knn_accuracy_sharded(
+        bank.features["cls"], bank.labels, bank.valid, test.features["cls"], test.labels,
+        test.valid, num_classes=self.num_classes, mesh=self.ctx.mesh, ks=tuple(c.knn_ks),
+        temperature=c.knn_temperature)
+    del bank, test  # the devices' memory, before the probe
+    if c.linear:
+      probe = dino_linear.linear_probe(
+          self.features, params, task.data["train"], {"val": self.eval_source},
+          num_classes=self.num_classes, epochs=c.linear_epochs, batch_size=c.linear_batch_size,
+          base_lr=c.linear_lr, seed=task.config.seed, limit=c.train_limit,
+          eval_limit=c.eval_limit, **kw)
+      scores["linear_dino"] = probe["val"]
+    scores["count"] = len(streaming.subset(self.eval_source, c.eval_limit))
+    return {"val": scores}
 
   def summary(self, result) -> str:
     return probes.summary_line(result)

@@ -24,10 +24,11 @@ from laplax.models import dino as dino_lib
 from laplax.train import restore
 
 
-def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
-                    last_layers: int = 4):
+def feature_function(model: dino_lib.DINO, base_grid: tuple[int, int], last_layers: int = 4,
+                     keys: tuple[str, ...] | None = None):
   """-> features(params, images (B, H, W, C) normalised) -> {'cls': (B, E), 'last': (B, n E),
-  'patches': (B, h, w, E)}.
+  'patches': (B, h, w, E)} (only `keys`, when given), not jitted: for use inside other jitted
+  functions (the streamed probes).
 
   'cls': the backbone's pre_logits (final LayerNorm of the class token), DINO's k-NN feature;
   'last': the class tokens of the last n blocks, each through the final LayerNorm, concatenated
@@ -43,10 +44,19 @@ def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rule
     norm = nn.LayerNorm(dtype=model.backbone.dtype, param_dtype=model.backbone.param_dtype)
     last = norm.apply({"params": backbone["norm"]}, tokens[-n:, :, 0])
     b = images.shape[0]
-    return {"cls": out["pre_logits"].astype(jnp.float32),
-            "last": jnp.moveaxis(last, 0, 1).reshape(b, -1).astype(jnp.float32),
-            "patches": tokens[-1, :, 1:].reshape(b, *grid, -1).astype(jnp.float32)}
+    feats = {"cls": out["pre_logits"].astype(jnp.float32),
+             "last": jnp.moveaxis(last, 0, 1).reshape(b, -1).astype(jnp.float32),
+             "patches": tokens[-1, :, 1:].reshape(b, *grid, -1).astype(jnp.float32)}
+    return feats if keys is None else {k: feats[k] for k in keys}
 
+  return features
+
+
+def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
+                    last_layers: int = 4):
+  """-> jitted features(params, images (B, H, W, C) normalised) -> {'cls': (B, E), 'last':
+  (B, n E), 'patches': (B, h, w, E)}, replicated (`feature_function`'s keys)."""
+  features = feature_function(model, base_grid, last_layers)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     return jax.jit(features, out_shardings=sharding.replicated(mesh))
 

@@ -103,6 +103,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "lm_geometry": "laplax.evals.lm:LmGeometry",
     "chat": "laplax.evals.chat:ChatEval",
     "dino_probes": "laplax.evals.dino:Probes",
+    "dino_stream_probes": "laplax.evals.dino:StreamProbes",
     "dino_transfer": "laplax.evals.dino:Transfer",
     "horse": "laplax.evals.dino:Horse",
     "ade20k": "laplax.evals.dino:Ade20k",
