@@ -34,8 +34,9 @@ STAGE_BPB = ("pretrain_bpb", "mid_bpb")
 
 
 def scale(key: str) -> tuple[float, int]:
-  return (100.0, 1) if key.startswith("chat/") else ((1.0, 4) if key.endswith("_bpb")
-                                                     else (1.0, 0))
+  if key.startswith("chat/"):
+    return 100.0, 1
+  return (1.0, 4) if key.endswith(("_bpb", "_bpb_before")) else (1.0, 0)
 
 
 def label(key: str) -> str:
