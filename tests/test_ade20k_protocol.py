@@ -10,6 +10,7 @@ from PIL import Image
 from laplax import sharding
 from laplax.data import ade20k_stream
 from laplax.evals import ade20k_probe
+from test_dino import _tiny_model, initial_state  # noqa: F401 (a fixture)
 
 # Class c (1..4) is painted in PALETTE[c]; label 0 ("other") is grey.
 PALETTE = np.array([[128, 128, 128], [220, 30, 30], [30, 220, 30], [30, 30, 220],
@@ -156,3 +157,17 @@ def test_probe_learns_the_planted_colour_map(ade_root):
   # Chance over the 4 classes present is about 0.1; the map is linear in colour.
   assert out["miou"] > 0.7 and out["pixel_acc"] > 0.85, out
   assert np.isnan(out["iou"][10])  # absent classes are left out
+
+
+def test_probe_runs_on_a_dino_teacher(ade_root, initial_state):
+  # The real path: the teacher's last-block patch tokens at the crop's grid (the position
+  # table resized from the 2 x 2 training grid to 4 x 4).
+  from laplax.evals import features
+  feats = features.feature_function(_tiny_model(), (2, 2), 1, ("patches",))
+  out = ade20k_probe.linear_probe(
+      feats, initial_state.params, ade20k_stream.FolderSource(ade_root, "train"),
+      ade20k_stream.FolderSource(ade_root, "validation"), mean=(0.5,) * 3, std=(0.25,) * 3,
+      mesh=sharding.make_mesh({"data": 8}), rules=sharding.DEFAULT_RULES, crop=16, windows=2,
+      steps=3, batch_size=8, eval_batch_size=8, eval_limit=3)
+  assert out["steps"] == 3 and np.all(np.isfinite(out["train_loss"]))
+  assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
