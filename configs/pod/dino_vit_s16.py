@@ -32,10 +32,11 @@ Backbone: the authors' deit3_small_{k}L_patch16_224 (timm/models/deit_mixed.py i
 yuchongzhang/pytorch-image-models): LayerScale 1e-6, QK-norm, no position entry for the class
 token; cosine to DINO's min_lr 1e-6.
 
-Evaluations: the ADE20K segmentation probe (evals.ade20k.dir: the ADEChallengeData2016 folder);
-DINO's k-NN and linear probe, streamed with banks sharded over hosts (evals.probes:
-dino_stream_probes, final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 +
-CenterCrop 224 (lines 33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
+Evaluations: the ADE20K linear segmentation probe at DINOv2's protocol, 512 px crops
+(evals.ade20k.dir: the ADEChallengeData2016 folder; laplax.evals.ade20k_probe); DINO's k-NN
+and linear probe, streamed with banks sharded over hosts (evals.probes: dino_stream_probes,
+final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 + CenterCrop 224 (lines
+33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
 1024 / 256 cosine per epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244,
 256-270); the values are laplax.evals.dino.STREAM_PROTOCOL's defaults. The in-memory spectra
 are refused for streamed runs.
@@ -72,9 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.final_lr_fraction = 1e-6 / c.optim.lr  # DINO's min_lr 1e-6 (main_dino.py)
   c.multicrop.hue = 0.1  # DINO's ColorJitter hue: streamed views only
   c.evals = ml_collections.ConfigDict()
-  # The paper's segmentation probe: ADE20K at 224 px (a 14 x 14 patch grid), all 20,210
-  # training and 2,000 validation images; the folder must exist on every host.
-  c.evals.ade20k = common.evaluator("ade20k", dir=str(common.SHARED / "ade20k"), size=224)
+  # ADE20K, DINOv2's linear protocol (laplax.evals.ade20k_probe cites its config): BN + linear
+  # head on last-block patch tokens of 512 px crops (a 32 x 32 grid), 40K steps of batch 16,
+  # AdamW 1e-3 poly; mIoU over 150 classes on the 2,000 validation images. Trained online on
+  # crops streamed per record (features never stored); the folder must exist on every host.
+  c.evals.ade20k = common.evaluator("ade20k", dir=str(common.SHARED / "ade20k"), crop=512,
+                                    steps=40_000, batch_size=16, lr=1e-3, num_workers=8)
   c.evals.probes = common.evaluator("dino_stream_probes", knn_ks=(10, 20, 100, 200),
                                     knn_temperature=0.07, resize=256, crop=224, linear_epochs=100,
                                     linear_batch_size=1024, linear_lr=1e-3, last_layers=4)

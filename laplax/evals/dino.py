@@ -4,7 +4,8 @@
   evals.probes = {'type': 'dino_stream_probes'}   the same, streamed (data.tfds_name runs)
   evals.transfer = {'type': 'dino_transfer', 'data': {'fashion_mnist': ''}}
   evals.horse = {'type': 'horse', 'dir': '.../weizmann_horse'}    segmentation + PCA mask IoU
-  evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016', 'size': 224}
+  evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016'}  DINOv2's linear protocol
+  evals.ade20k = {'type': 'ade20k_patch', 'dir': ..., 'size': 224}  the former per-patch probe
   evals.photos = {'type': 'photo_pca', 'photos': 'builtin'}      PCA picture (pca_photos.png)
   evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}
 
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from laplax.data import builders, streaming
+from laplax.data import ade20k_stream, builders, streaming
 from laplax.data import photos as photos_lib
 from laplax.data.images import cache_dir
-from laplax.evals import dino_linear, knn as knn_lib
+from laplax.evals import ade20k_probe, dino_linear, knn as knn_lib
 from laplax.evals import features as features_lib
 from laplax.evals import stream_features
 from laplax.evals import probes
@@ -266,10 +267,64 @@ class Horse(_TeacherEvaluator):
 
 
 class Ade20k(_TeacherEvaluator):
-  """ADE20K linear segmentation probe (mIoU over 150 classes, pixel accuracy) of the official
-  ADEChallengeData2016 folder `dir`, prepared (and checked) at construction."""
+  """ADE20K linear segmentation probe, DINOv2's linear protocol (laplax.evals.ade20k_probe
+  cites it): a BN + linear head on the teacher's last-block patch tokens of 512 px crops,
+  trained online on crops streamed per record from the ADEChallengeData2016 folder `dir`
+  (features never stored), scored by mIoU over the 150 classes (0 ignored) and pixel accuracy
+  on the validation split -> {'miou', 'pixel_acc', 'iou' (150,), 'train_loss', ...}."""
 
   type = "ade20k"
+  defaults = {"dir": "", **ade20k_probe.PROTOCOL,
+              "train_limit": 0,  # > 0: the first n training images only
+              "eval_limit": 0,  # > 0: the first n validation images only
+              "num_workers": 0}  # grain worker processes (0: decode in this process)
+  needs_rgb = True
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    super().check(config, task)
+    if not config.dir:
+      raise ValueError("dir='' : set it to the ADEChallengeData2016 folder")
+    p = task.build_model().backbone.patch_size
+    if config.crop % p:
+      raise ValueError(f"crop={config.crop} is not divisible by model.patch_size={p}")
+    for key in ("steps", "batch_size", "eval_batch_size", "windows"):
+      if config[key] < 1:
+        raise ValueError(f"{key}={config[key]} must be >= 1")
+    for key in ("train_limit", "eval_limit"):
+      if config[key] < 0:
+        raise ValueError(f"{key}={config[key]} must be >= 0 (0: all)")
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    # The folder is checked now: missing data stops a run before its first step.
+    self.sources = {split: ade20k_stream.FolderSource(config.dir, split)
+                    for split in ("train", "validation")}
+    size = ctx.task.config.multicrop.global_size
+    self.features = features_lib.feature_function(
+        ctx.model, dino_lib.patch_grid(ctx.model, (size, size)), 1, ("patches",))
+
+  def run(self, weights, step) -> dict[str, Any]:
+    c, info = self.config, self.ctx.task.info()
+    return ade20k_probe.linear_probe(
+        self.features, weights.extra["teacher"], self.sources["train"],
+        self.sources["validation"], mean=info.mean, std=info.std, crop=c.crop,
+        windows=c.windows, steps=c.steps, batch_size=c.batch_size, lr=c.lr,
+        weight_decay=c.weight_decay, warmup_steps=c.warmup_steps, warmup_ratio=c.warmup_ratio,
+        ratio_range=tuple(c.ratio_range), eval_batch_size=c.eval_batch_size,
+        seed=self.ctx.task.config.seed, train_limit=c.train_limit, eval_limit=c.eval_limit,
+        num_workers=c.num_workers, **self.kw)
+
+  def summary(self, result) -> str:
+    return f"ADE20K: linear mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"
+
+
+class Ade20kPatch(_TeacherEvaluator):
+  """The former, non-standard ADE20K probe (kept for CPU studies): a per-patch linear probe
+  on last-block patch tokens at `size` px with per-patch majority labels, features of the
+  whole split in memory (probes.ade20k_scores); `ade20k` is the standard protocol."""
+
+  type = "ade20k_patch"
   defaults = {"dir": "", "size": 64, "train_images": 0, "val_images": 0, "seg_epochs": 20}
   needs_rgb = True
 

@@ -107,6 +107,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "dino_transfer": "laplax.evals.dino:Transfer",
     "horse": "laplax.evals.dino:Horse",
     "ade20k": "laplax.evals.dino:Ade20k",
+    "ade20k_patch": "laplax.evals.dino:Ade20kPatch",
     "photo_pca": "laplax.evals.dino:PhotoPca",
     "dino_spectra": "laplax.evals.dino:Spectra",
 }
