@@ -443,7 +443,7 @@ def test_split_train_val_is_stratified_and_seeded():
 
 def test_bad_pipeline_arguments_are_named():
   images, labels = _planted()
-  with pytest.raises(ValueError, match="unknown op 'rotate'; known ops: color_jitter, flip"):
+  with pytest.raises(ValueError, match="unknown op 'rotate'; known ops: blur, color_jitter, flip"):
     pipeline.train_dataset(images, labels, batch_size=4, seed=0, augment=('rotate',), **NORM)
   with pytest.raises(ValueError, match='batch_size=20 x process_count=4'):
     pipeline.train_dataset(images, labels, batch_size=20, seed=0, process_count=4, **NORM)
