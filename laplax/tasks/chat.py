@@ -264,10 +264,10 @@ class ChatTask(LanguageModelTask):
             "corpus": self.corpus}
 
 
-# Model keys that change how the function is computed, not which function (free to differ from
-# init_from's).
+# Model keys free to differ from init_from's: how the function is computed, not which function,
+# and how parameters are initialised (init_from replaces them).
 HOW_IT_COMPUTES = ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy",
-                   "loss_chunk")
+                   "loss_chunk", "init")
 
 
 def _plain(x):
