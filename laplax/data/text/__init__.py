@@ -23,6 +23,10 @@ which are neither scored nor counted, as in nanochat's evaluate_bpb).
 Multi-host: the data directory (`cache_dir`) must be one that every host sees (a shared file
 system or gs://); process 0 trains the tokenizer and writes the shards, the others wait.
 
+Chat fine-tuning: `conversations` renders conversation mixtures (laplax.data.chat) once into a
+token cache that `shards.TokenShards` reads as packed windows and `conversations.Rows` as
+padded rows with the assistant mask.
+
 Import the submodules directly (`from laplax.data.text import corpus, shards`): nothing is
 re-exported here.
 """
