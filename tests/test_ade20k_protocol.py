@@ -147,7 +147,7 @@ def _mean_colour_patches(patch):
 
 def test_probe_learns_the_planted_colour_map(ade_root):
   mesh = sharding.make_mesh({"data": 8})
-  out = ade20k_probe.linear_probe(
+  out = ade20k_probe.segmentation_probe(
       _mean_colour_patches(4), {}, ade20k_stream.FolderSource(ade_root, "train"),
       ade20k_stream.FolderSource(ade_root, "validation"), mean=(0.5,) * 3, std=(0.25,) * 3,
       mesh=mesh, rules=sharding.DEFAULT_RULES, crop=32, windows=4, steps=60, batch_size=8,
@@ -164,7 +164,7 @@ def test_probe_runs_on_a_dino_teacher(ade_root, initial_state):
   # table resized from the 2 x 2 training grid to 4 x 4).
   from laplax.evals import features
   feats = features.feature_function(_tiny_model(), (2, 2), 1, ("patches",))
-  out = ade20k_probe.linear_probe(
+  out = ade20k_probe.segmentation_probe(
       feats, initial_state.params, ade20k_stream.FolderSource(ade_root, "train"),
       ade20k_stream.FolderSource(ade_root, "validation"), mean=(0.5,) * 3, std=(0.25,) * 3,
       mesh=sharding.make_mesh({"data": 8}), rules=sharding.DEFAULT_RULES, crop=16, windows=2,

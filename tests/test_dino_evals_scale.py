@@ -152,7 +152,7 @@ def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, 
   model, params = model_params
   mesh = sharding.make_mesh({"data": 8})
   fn = features_lib.feature_function(model, (CROP // 4,) * 2, 2, ("last",))
-  out = dino_linear.linear_probe(fn, params, train, {"val": val}, num_classes=3, mean=MEAN,
+  out = dino_linear.streamed_linear_probe(fn, params, train, {"val": val}, num_classes=3, mean=MEAN,
                                  std=STD, mesh=mesh, rules=RULES, epochs=8, batch_size=16,
                                  base_lr=20.0, crop=CROP, resize=RESIZE)
   assert out["steps"] == 8 * 48 // 16 and len(out["train_loss"]) == 8
@@ -160,7 +160,7 @@ def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, 
   assert loss[-1] < 0.5 * loss[0], loss
   assert out["val"] > 0.9, out
   with pytest.raises(ValueError, match="multiple of the 8"):
-    dino_linear.linear_probe(fn, params, train, {}, num_classes=3, mean=MEAN, std=STD,
+    dino_linear.streamed_linear_probe(fn, params, train, {}, num_classes=3, mean=MEAN, std=STD,
                              mesh=mesh, rules=RULES, batch_size=12)
 
 

@@ -44,6 +44,7 @@ import optax
 
 from laplax import sharding
 from laplax.data import ade20k_stream, pipeline
+from laplax.evals import online_head
 
 NUM_CLASSES = 150  # labels 1..150; 0 ignored
 BN_MOMENTUM = 0.1  # torch BatchNorm's running-stat momentum
@@ -134,13 +135,14 @@ def global_batch(batch_size: int, mesh, hosts: int) -> int:
   return -(-batch_size // multiple) * multiple
 
 
-def linear_probe(features, params, train_source, eval_source, *, mean, std, mesh, rules,
-                 crop: int = 512, windows: int = 4, steps: int = 40_000, batch_size: int = 16,
-                 lr: float = 1e-3, weight_decay: float = 1e-4, warmup_steps: int = 1500,
-                 warmup_ratio: float = 1e-6, ratio_range=(0.5, 2.0),
-                 eval_batch_size: int = 16, seed: int = 0, train_limit: int = 0,
-                 eval_limit: int = 0, key: str = "patches", num_workers: int = 0,
-                 num_threads: int = 1, prefetch: int = 2) -> dict[str, Any]:
+def segmentation_probe(features, params, train_source, eval_source, *, mean, std, mesh,
+                       rules, crop: int = 512, windows: int = 4, steps: int = 40_000,
+                       batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 1e-4,
+                       warmup_steps: int = 1500, warmup_ratio: float = 1e-6,
+                       ratio_range=(0.5, 2.0), eval_batch_size: int = 16, seed: int = 0,
+                       train_limit: int = 0, eval_limit: int = 0, key: str = "patches",
+                       num_workers: int = 0, num_threads: int = 1,
+                       prefetch: int = 2) -> dict[str, Any]:
   """Trains the BN + linear head on the frozen `features` online and scores it on eval_source.
 
   features: features(params, images (B, S, S, 3) normalised) -> {key: (B, h, w, d)}, not jitted
@@ -198,20 +200,13 @@ def linear_probe(features, params, train_source, eval_source, *, mean, std, mesh
     pred = jnp.argmax(logits, axis=-1).astype(jnp.int32) + 1
     return area_counts(pred, labels)
 
-  losses, counts = [], []
+  counts = []
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    init = jax.jit(init, out_shardings=replicated)
-    step = jax.jit(step, donate_argnums=(0, 1), out_shardings=replicated)
     evaluate = jax.jit(evaluate, out_shardings=replicated)
-    head = opt_state = None
-    for host_batch in stream:
-      global_arrays = sharding.host_batch_to_global(host_batch, mesh)
-      if head is None:
-        head, opt_state = init(jax.random.key(seed), params, global_arrays["image"])
-      head, opt_state, loss = step(head, opt_state, params, global_arrays)
-      losses.append(loss)
-    if head is None:
-      raise ValueError(f"steps={steps} gave no training batch")
+    try:
+      head, _, losses = online_head.fit(init, step, stream, params, mesh=mesh, seed=seed)
+    except ValueError:
+      raise ValueError(f"steps={steps} gave no training batch") from None
     eval_batch = global_batch(eval_batch_size, mesh, hosts)
     eval_block, eval_rows = sharding.host_block(mesh, eval_batch)
     for host_batch in ade20k_stream.eval_dataset(

@@ -205,7 +205,7 @@ class StreamProbes(_TeacherEvaluator):
         temperature=c.knn_temperature)
     del bank, test  # the devices' memory, before the probe
     if c.linear:
-      probe = dino_linear.linear_probe(
+      probe = dino_linear.streamed_linear_probe(
           self.features, params, task.data["train"], {"val": self.eval_source},
           num_classes=self.num_classes, epochs=c.linear_epochs, batch_size=c.linear_batch_size,
           base_lr=c.linear_lr, seed=task.config.seed, limit=c.train_limit,
@@ -306,7 +306,7 @@ class Ade20k(_TeacherEvaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     c, info = self.config, self.ctx.task.info()
-    return ade20k_probe.linear_probe(
+    return ade20k_probe.segmentation_probe(
         self.features, weights.extra["teacher"], self.sources["train"],
         self.sources["validation"], mean=info.mean, std=info.std, crop=c.crop,
         windows=c.windows, steps=c.steps, batch_size=c.batch_size, lr=c.lr,

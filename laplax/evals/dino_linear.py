@@ -33,7 +33,7 @@ import optax
 
 from laplax import sharding
 from laplax.data import pipeline, streaming
-from laplax.evals import stream_features
+from laplax.evals import online_head, stream_features
 
 TRAIN_AUGMENT = ("rrc(0.08,1,interp=bilinear)", "flip")  # torchvision RRC(224) defaults + flip
 
@@ -48,12 +48,13 @@ def epoch_cosine(base_lr: float, epochs: int, examples_per_step: int, n: int) ->
   return schedule
 
 
-def linear_probe(features, params, train_source, eval_sources: dict[str, Any], *,
-                 num_classes: int, mean, std, mesh, rules, epochs: int = 100,
-                 batch_size: int = 1024, base_lr: float = 1e-3, seed: int = 0, crop: int = 224,
-                 resize: int = 256, augment=TRAIN_AUGMENT, key: str = "last", limit: int = 0,
-                 eval_limit: int = 0, num_workers: int = 0, num_threads: int = 1,
-                 prefetch: int = 2) -> dict[str, Any]:
+def streamed_linear_probe(features, params, train_source, eval_sources: dict[str, Any],
+                          *, num_classes: int, mean, std, mesh, rules, epochs: int = 100,
+                          batch_size: int = 1024, base_lr: float = 1e-3, seed: int = 0,
+                          crop: int = 224, resize: int = 256, augment=TRAIN_AUGMENT,
+                          key: str = "last", limit: int = 0, eval_limit: int = 0,
+                          num_workers: int = 0, num_threads: int = 1,
+                          prefetch: int = 2) -> dict[str, Any]:
   """Trains DINO's linear layer on the frozen `features` of streamed, augmented crops and scores
   it on each eval split.
 
@@ -104,21 +105,14 @@ def linear_probe(features, params, train_source, eval_sources: dict[str, Any], *
                            axis=-1)
     return jnp.sum((predicted == batch["label"]) & batch["mask"], dtype=jnp.int32)
 
-  losses, out = [], {}
+  out = {}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    init = jax.jit(init, out_shardings=replicated)
-    step = jax.jit(step, donate_argnums=(0, 1), out_shardings=replicated)
     correct = jax.jit(correct, out_shardings=replicated)
-    layer = opt_state = None
-    for batch in stream:
-      batch = sharding.host_batch_to_global(batch, mesh)
-      if layer is None:
-        layer, opt_state = init(jax.random.key(seed), params, batch["image"])
-      layer, opt_state, loss = step(layer, opt_state, params, batch)
-      losses.append(loss)
-    if layer is None:
+    try:
+      layer, _, losses = online_head.fit(init, step, stream, params, mesh=mesh, seed=seed)
+    except ValueError:
       raise ValueError(f"batch_size={batch_size} x epochs={epochs} gave no training step over "
-                       f"{n} examples")
+                       f"{n} examples") from None
     for split, source in eval_sources.items():
       m = len(streaming.subset(source, eval_limit))
       global_batch = stream_features.global_batch_size(min(batch_size, m), mesh, hosts)
