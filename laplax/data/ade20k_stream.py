@@ -29,7 +29,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from laplax.data import grain_utils
+from laplax.data import grain_utils, streaming
 from laplax.data.datasets import ade20k as ade20k_lib
 
 CAT_MAX_RATIO = 0.75  # mmseg RandomCrop(cat_max_ratio=0.75)
@@ -177,8 +177,7 @@ def train_dataset(source, *, batch_size: int, steps: int, seed: int, crop: int,
   grain_utils.check_hosts(process_index, process_count)
   if steps < 1 or crop < 1:
     raise ValueError(f"need steps >= 1 and crop >= 1, got {steps}, {crop}")
-  ds = grain.MapDataset.source(source)
-  ds = ds[:limit] if 0 < limit < len(ds) else ds
+  ds = streaming.subset(source, limit)
   global_batch = batch_size * process_count
   num_epochs = -(-steps * global_batch // len(ds))
   ds = grain_utils.epochs(ds, seed=seed, batch_size=batch_size, process_count=process_count,
@@ -197,8 +196,7 @@ def eval_dataset(source, *, batch_size: int, crop: int, windows: int = 4,
                  prefetch: int = 2) -> grain.IterDataset:
   """Ordered evaluation batches {'image': uint8 (B, K, S, S, 3), 'label': int32 (B, K, S, S)},
   every record once (grain_utils.eval_positions' layout); padding has label 0 everywhere."""
-  ds = grain.MapDataset.source(source)
-  records = ds[:limit] if 0 < limit < len(ds) else ds
+  records = streaming.subset(source, limit)
   n = len(records)
   positions = grain_utils.eval_positions(n, batch_size, process_index, process_count)
   ds = positions.map(lambda p: records[p] if p < n else {})

@@ -93,15 +93,13 @@ class ChatTask(LanguageModelTask):
     fresh = (not (workdir / "config.json").exists()
              and not identity_lib.steps_saved(workdir / "checkpoints"))
     source = self._tokenizer_source()
-    if fresh or not self.tokenizer_path.exists():
-      if not source.exists():
-        raise DataError(f"{source} does not exist: init_from must be an lm run's workdir "
-                        "(its tokenizer.json), or set data.tokenizer")
-      tokenizer = Tokenizer.load(source)
-      if jax.process_index() == 0:
-        tokenizer.save(self.tokenizer_path)
-    self.tokenizer = Tokenizer.load(self.tokenizer_path if self.tokenizer_path.exists()
-                                    else source)
+    path = source if fresh or not self.tokenizer_path.exists() else self.tokenizer_path
+    if not path.exists():
+      raise DataError(f"{source} does not exist: init_from must be an lm run's workdir "
+                      "(its tokenizer.json), or set data.tokenizer")
+    self.tokenizer = Tokenizer.load(path)
+    if path == source and jax.process_index() == 0:
+      self.tokenizer.save(self.tokenizer_path)
     if c.get("init_from") and d.get("tokenizer"):
       theirs = as_path(c.init_from) / "tokenizer.json"
       if theirs.exists() and Tokenizer.load(theirs).fingerprint() != self.tokenizer.fingerprint():
