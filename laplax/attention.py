@@ -6,6 +6,12 @@ Laplacian heads only, replaces the output o = P V by v - o. With a static head m
 `where` that XLA fuses into the neighbouring ops. `implementation='explicit'` computes P itself
 (einsum + softmax in float32) and can return it for analysis.
 
+Generalised heads (laplax.heads): a 'mix' head returns a_h V + b_h P V with learned scalars (the
+layer's `mix_a` / `mix_b` parameters, (heads,)); a 'heat(t)' head returns (I - P)^t V by running
+the same fused kernel t times, each pass over the previous pass's output as values (same q and
+k, so the same P; never a T x T matrix). Passes after the first run only the heads that still
+step. Cached decoding caches each step's output at the decoded positions (`values_for_pass`).
+
 Implementations (`implementation=`, the modules' `attention_impl`, config `model.attention_impl`):
 'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16
 self-attention without a mask, XLA otherwise (and always for cached decoding); 'xla' / 'cudnn'
@@ -14,9 +20,10 @@ mode off TPU, shard_map under a mesh); 'explicit'. 'auto' decides from `jax.defa
 compiling ahead of time for TPU from a CPU host needs 'splash' spelled out.
 
 bf16-exact Laplacian heads: where P concentrates on the diagonal, P V is close to V and v - P V
-cancels most of its bits. So in a layer with Laplacian heads and sub-float32 inputs, P V is
-computed with P and the accumulator in float32 and returned unrounded, the subtraction is done in
-float32, and the result is cast once. Layers without Laplacian heads keep the native path.
+cancels most of its bits. So in a layer with non-attention heads and sub-float32 inputs, P V is
+computed with P and the accumulator in float32 and returned unrounded, the combination (and a
+heat head's later passes) is done in float32, and the result is cast once. Layers of plain heads
+keep the native path.
 
 Shapes follow JAX: q (B, T, Hq, D); k, v (B, S, Hkv, D), Hq a multiple of Hkv (grouped-query
 attention: query head n reads kv head n // (Hq // Hkv)).
@@ -56,14 +63,42 @@ def resolve_implementation(implementation: str | None, *, dtype=jnp.float32,
   return "xla"
 
 
-def _lap_mask(laplacian_heads, num_heads: int) -> Array | np.ndarray:
-  """Static (Hq,) numpy bools from a spec, or a traced (Hq,) bool array (a scanned head table)."""
-  if isinstance(laplacian_heads, jax.Array) and not isinstance(laplacian_heads, np.ndarray):
-    if laplacian_heads.shape != (num_heads,):
-      raise ValueError(
-          f"laplacian_heads array has shape {laplacian_heads.shape}, expected ({num_heads},)")
-    return laplacian_heads.astype(bool)
-  return np.asarray(heads_lib.head_mask(laplacian_heads, num_heads), dtype=bool)
+class _Ops:
+  """One layer's head operators as arrays the epilogue reads: static numpy when the row is
+  static, traced when it is a scanned row of palette codes."""
+
+  def __init__(self, heads, num_heads: int, palette):
+    if isinstance(heads, jax.Array) and not isinstance(heads, np.ndarray):
+      if heads.shape != (num_heads,):
+        raise ValueError(
+            f"laplacian_heads array has shape {heads.shape}, expected ({num_heads},)")
+      if heads.dtype == jnp.bool_:
+        palette, heads = (heads_lib.ATTENTION, heads_lib.LAPLACIAN), heads.astype(jnp.int32)
+      if not palette:
+        raise ValueError("a traced row of operator codes needs its palette")
+      self.row = None
+      take = lambda values, dtype: jnp.asarray(np.asarray(values, dtype))[heads]
+      self.a = take([op.a for op in palette], np.float32)
+      self.b = take([op.b for op in palette], np.float32)
+      self.steps = take([op.steps for op in palette], np.int32)
+      self.learned = take([op.learned for op in palette], bool)
+      self.plain = take([op == heads_lib.ATTENTION for op in palette], bool)
+      self.any_other = len(palette) > 1
+      self.basic = set(palette) <= {heads_lib.ATTENTION, heads_lib.LAPLACIAN}
+      self.max_steps = max(op.steps for op in palette)
+      self.any_learned = any(op.learned for op in palette)
+    else:
+      row = heads_lib.head_row(heads, num_heads)
+      self.row = row
+      self.a = np.asarray([op.a for op in row], np.float64)  # cast to the working dtype
+      self.b = np.asarray([op.b for op in row], np.float64)
+      self.steps = np.asarray([op.steps for op in row], np.int32)
+      self.learned = np.asarray([op.learned for op in row], bool)
+      self.plain = np.asarray([op == heads_lib.ATTENTION for op in row], bool)
+      self.any_other = not self.plain.all()
+      self.basic = heads_lib.is_basic([row])
+      self.max_steps = int(self.steps.max())
+      self.any_learned = bool(self.learned.any())
 
 
 def query_positions(batch: int, t: int, s: int, query_offset) -> Array:
@@ -111,14 +146,18 @@ def laplacian_attention(
     implementation: str | None = None,
     return_probs: bool = False,
     exact_laplacian: bool = True,
+    palette: tuple[heads_lib.Operator, ...] | None = None,
+    mix: tuple[Array, Array] | None = None,
+    values_for_pass: Callable[[int, Array], Array] | None = None,
 ) -> Array | tuple[Array, Array]:
-  """Multi-head attention whose Laplacian heads return V - P V.
+  """Multi-head attention whose heads apply their operators (laplax.heads) to V.
 
   Args:
     q: (B, T, Hq, D) queries.
     k, v: (B, S, Hkv, D) keys and values; Hq % Hkv == 0.
-    laplacian_heads: static spec (int k = the last k heads, or Hq bools), or a traced (Hq,) bool
-      array (a row of a head table scanned over layers).
+    laplacian_heads: static layer spec (int k = the last k heads Laplacian, an operator name, or
+      Hq bools / operator names), or a traced (Hq,) row of a table scanned over layers: bools
+      (True = Laplacian), or int32 codes into `palette`.
     mask: optional bool, broadcastable to (B, Hq, T, S); True = may attend.
     is_causal: causal attention. When T < S (cached decoding) query t sits at key position
       `query_offset + t`; `query_offset` defaults to S - T (the last T positions).
@@ -127,13 +166,19 @@ def laplacian_attention(
     implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
       'splash' needs self-attention (T == S, no offset) and no mask.
     return_probs: also return P (B, Hq, T, S) (forces the explicit path).
-    exact_laplacian: in layers with Laplacian heads and bf16/fp16 inputs, keep P V in float32 and
-      subtract in float32 (False: the native-dtype path, kept to measure what it costs).
+    exact_laplacian: in layers with non-attention heads and bf16/fp16 inputs, keep P V in
+      float32 and combine in float32 (False: the native-dtype path, kept to measure its cost).
+    palette: the operators a traced int row indexes (`heads.palette`).
+    mix: (a, b), each (Hq,): the learned coefficients of the 'mix' heads (other heads ignore
+      theirs). Required when the row has mix heads.
+    values_for_pass: multi-step operators (heat) when T < S: called as f(i, y_i) with pass i's
+      output at the T query positions (B, T, Hq, D), returns y_i at all S key positions (a KV
+      cache of the earlier steps). Not needed for self-attention.
 
   Returns:
-    (B, T, Hq, D) outputs in q's dtype (and P if `return_probs`). A Laplacian head's identity
-    term is the value at the query's own position, expanded to the query heads under
-    grouped-query attention.
+    (B, T, Hq, D) outputs in q's dtype (and P if `return_probs`). The identity term is the
+    value at the query's own position, expanded to the query heads under grouped-query
+    attention.
   """
   b, t, num_heads, head_dim = q.shape
   s, num_kv_heads = k.shape[1], k.shape[2]
@@ -141,44 +186,62 @@ def laplacian_attention(
     raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
   if t > s:
     raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
-  lap = _lap_mask(laplacian_heads, num_heads)
-  has_lap = not (isinstance(lap, np.ndarray) and not lap.any())
+  ops = _Ops(laplacian_heads, num_heads, palette)
+  if ops.any_learned and mix is None:
+    raise ValueError("the layer has 'mix' heads: pass their coefficients as mix=(a, b)")
+  has_lap = ops.any_other
   scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
   aligned = t == s and query_offset is None
+  if ops.max_steps > 1 and not aligned:
+    if values_for_pass is None:
+      raise ValueError("multi-step operators (heat) over cached keys need values_for_pass")
+    if not is_causal:
+      raise ValueError("multi-step operators (heat) decode only causally: without a causal "
+                       "mask the earlier positions' outputs change with every new key")
   positions = None if aligned else query_positions(b, t, s, query_offset)
   impl = resolve_implementation(implementation, dtype=q.dtype, self_attention=aligned,
                                 has_mask=mask is not None)
+  if impl == "splash" and (not aligned or mask is not None):
+    raise ValueError("implementation='splash' supports self-attention (T == S, no "
+                     "query_offset) without a mask: use 'xla' for decoding or masks")
   out_dtype = q.dtype
-  # bf16-exact: P V unrounded (float32) in layers that subtract it from v.
+  # bf16-exact: P V unrounded (float32) in layers that combine it with v.
   f32 = has_lap and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
+  explicit = return_probs or impl == "explicit"
+  full = (_full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
+                     b, t, s) if explicit else None)
+  probs = None
 
-  if return_probs or impl == "explicit":
-    full = _full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
-                      b, t, s)
-    out, probs = _explicit_attention(q, k, v, full, scale, f32_out=f32)
-  else:
-    probs = None
+  def attend(qh, kh, vh, heads=None):
+    """One fused pass: P vh (B, T, H', D); qh (B, T, H', D), kh/vh (B, S, H'' | H', D); `heads`
+    the static query heads qh holds when a subset."""
+    nonlocal probs
+    pass_mask = mask
+    if heads is not None and mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
+      pass_mask = mask[:, heads]
+    if explicit:
+      if probs is None:
+        out, probs = _explicit_attention(qh, kh, vh, full, scale, f32_out=f32)
+        return out
+      # later passes reuse P (every query head, in order): one einsum, no second softmax
+      return jnp.einsum("bnts,bsnd->btnd", probs, vh.astype(jnp.float32 if f32 else vh.dtype))
     if impl == "splash":
-      if not aligned or mask is not None:
-        raise ValueError("implementation='splash' supports self-attention (T == S, no "
-                         "query_offset) without a mask: use 'xla' for decoding or masks")
-      out = splash_lib.splash_attention(q, k, v, is_causal=is_causal, scale=scale,
-                                        out_dtype=jnp.float32 if f32 else None)
-    else:
-      # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
-      # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
-      if f32 and impl == "xla":
-        q, k, v_in = (x.astype(jnp.float32) for x in (q, k, v))
-      else:
-        v_in = v
-      if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
-        out = jax.nn.dot_product_attention(q, k, v_in, mask=mask, scale=scale,
-                                           is_causal=is_causal, implementation=impl)
-      else:
-        out = jax.nn.dot_product_attention(q, k, v_in, mask=_full_mask(mask, is_causal,
-                                                                       positions, b, t, s),
-                                           scale=scale, implementation=impl)
+      return splash_lib.splash_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
+                                         out_dtype=jnp.float32 if f32 else None)
+    # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
+    # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
+    if f32 and impl == "xla":
+      qh, kh, vh = (x.astype(jnp.float32) for x in (qh, kh, vh))
+    elif impl == "cudnn":
+      vh = vh.astype(qh.dtype)
+    if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
+      return jax.nn.dot_product_attention(qh, kh, vh, mask=pass_mask, scale=scale,
+                                          is_causal=is_causal, implementation=impl)
+    return jax.nn.dot_product_attention(
+        qh, kh, vh, mask=_full_mask(pass_mask, is_causal, positions, b, t, s), scale=scale,
+        implementation=impl)
 
+  out = attend(q, k, v)
   if not has_lap:
     out = out.astype(out_dtype)
     return (out, probs) if return_probs else out
@@ -186,11 +249,41 @@ def laplacian_attention(
   v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
   work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
   v_self, out = v_self.astype(work), out.astype(work)
-  # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
-  if isinstance(lap, np.ndarray) and lap.all():  # every head: no select for XLA to carry
-    out = (v_self - out).astype(out_dtype)
-  else:
-    out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out).astype(out_dtype)
+  if ops.basic:  # the paper's two operators: one select, no coefficients
+    lap = ~ops.plain
+    # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
+    if ops.row is not None and lap.all():  # every head: no select for XLA to carry
+      out = v_self - out
+    else:
+      out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out)
+    out = out.astype(out_dtype)
+    return (out, probs) if return_probs else out
+
+  # The general recurrence y_i = a y_{i-1} + b P y_{i-1} (laplax.heads.Operator).
+  coef_a, coef_b = jnp.asarray(ops.a, work), jnp.asarray(ops.b, work)
+  if ops.any_learned:
+    mix_a, mix_b = (jnp.asarray(c).astype(work).reshape(num_heads) for c in mix)
+    coef_a = jnp.where(ops.learned, mix_a, coef_a)
+    coef_b = jnp.where(ops.learned, mix_b, coef_b)
+  combine = lambda y, o, idx: coef_a[idx][:, None] * y + coef_b[idx][:, None] * o
+  every = slice(None)
+  y = combine(v_self, out, every)
+  if ops.max_steps > 1:
+    k_heads = jnp.repeat(k, num_heads // num_kv_heads, axis=2)
+  for i in range(2, ops.max_steps + 1):
+    keys_y = y if values_for_pass is None else values_for_pass(i - 1, y)
+    if ops.row is not None:  # static: only the heads that still step
+      idx = np.flatnonzero(ops.steps >= i)
+      if explicit:
+        o = jnp.einsum("bnts,bsnd->btnd", probs[:, idx], keys_y[:, :, idx].astype(work))
+      else:
+        o = attend(q[:, :, idx], k_heads[:, :, idx], keys_y[:, :, idx], idx)
+      y_next = combine(y[:, :, idx], o.astype(work), idx)
+      y = y_next if idx.size == num_heads else y.at[:, :, idx].set(y_next)
+    else:
+      o = attend(q, k_heads, keys_y).astype(work)
+      y = jnp.where((ops.steps >= i)[:, None], combine(y, o, every), y)
+  out = y.astype(out_dtype)
   return (out, probs) if return_probs else out
 
 
@@ -214,10 +307,14 @@ class MultiHeadAttention(nn.Module):
   """Self-attention with qkv / out projections, optional QK-norm, RoPE, GQA and a KV cache.
 
   `laplacian_heads` is this layer's static spec (validated at construction). Scanned models pass
-  their row of the (depth, heads) table at call time as `head_mask` instead.
+  their row of the (depth, heads) table at call time as `head_mask` instead: bools, or int32
+  codes into the static `palette` (laplax.heads.palette).
 
   Parameter logical axes: q/k/v kernels ('embed', 'heads', 'head_dim'), out ('heads', 'head_dim',
-  'embed'): identical trees for baseline and Laplacian models.
+  'embed'): identical trees for baseline, Laplacian and heat models. A layer with 'mix' heads
+  (in a scanned model: a model with mix heads anywhere) adds `mix_a` and `mix_b`, float32
+  (heads,) with logical axis ('heads',), initialised at each head's operator (a, b); heads that
+  are not mix ignore theirs. Optimisers find them by these names (laplax.train.optim).
   """
 
   num_heads: int
@@ -229,6 +326,7 @@ class MultiHeadAttention(nn.Module):
   use_bias: bool = True
   is_causal: bool = False
   implementation: str | None = None  # None = 'auto'; see the module docstring
+  palette: tuple = ()  # the operators a traced int `head_mask` row indexes
   # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
   out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
@@ -239,7 +337,7 @@ class MultiHeadAttention(nn.Module):
     kv = self.num_kv_heads or self.num_heads
     if self.num_heads % kv:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={kv}")
-    heads_lib.head_mask(self.laplacian_heads, self.num_heads)  # raises a clear ValueError now
+    heads_lib.head_row(self.laplacian_heads, self.num_heads)  # raises a clear ValueError now
     if self.qk_norm not in (None, "layer", "rms"):
       raise ValueError(f"qk_norm={self.qk_norm!r}; use None, 'layer' or 'rms'")
     if self.implementation not in IMPLEMENTATIONS:
@@ -307,9 +405,28 @@ class MultiHeadAttention(nn.Module):
     # Names for remat policies (laplax.models.remat); no-ops outside jax.checkpoint.
     q, k, v = (checkpoint_name(a, "attn_qkv") for a in (q, k, v))
     spec = head_mask if head_mask is not None else self.laplacian_heads
+    ops = _Ops(spec, self.num_heads, self.palette)
+    mix = None
+    if ops.any_learned:
+      # Initial values from the row (traced under nn.scan: each layer its own).
+      mix = tuple(self.param(name, nn.with_logical_partitioning(
+          lambda _, init: jnp.asarray(init, jnp.float32), ("heads",)), init)
+          for name, init in (("mix_a", ops.a), ("mix_b", ops.b)))
+    values_for_pass = None
+    if decode and ops.max_steps > 1:
+      def values_for_pass(i, y):
+        """Step i's outputs at the decoded positions -> at every cached position."""
+        var = self.variable("cache", f"cached_step{i}", jnp.zeros,
+                            (b, k.shape[1], self.num_heads, self.head_dim), y.dtype)
+        if not cached:
+          return y
+        var.value = jax.lax.dynamic_update_slice(var.value, y.astype(var.value.dtype),
+                                                 (0, start, 0, 0))
+        return var.value
     out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
                               query_offset=query_offset, implementation=self.implementation,
-                              return_probs=return_probs)
+                              return_probs=return_probs, palette=self.palette or None, mix=mix,
+                              values_for_pass=values_for_pass)
     probs = None
     if return_probs:
       out, probs = out

@@ -10,7 +10,9 @@ N: parameters of the matmuls a token goes through (every parameter with >= 2 dim
 tables that are looked up or added, not multiplied: the GPT's token 'embedding', a ViT's
 'pos_embedding' and 'cls', and biases / norm scales); L: attention layers; T: tokens per
 sequence (the keys a query sees); d: query heads x head_dim. 12 L T d = 3 passes x 2 matmuls
-(Q K^T and P V) x 2 FLOPs per multiply-add x L T d. Causal masks are not discounted (as PaLM
+(Q K^T and P V) x 2 FLOPs per multiply-add x L T d. A heat(t) head (laplax.heads) runs the
+fused kernel t times (each pass recomputes Q K^T): L counts attention passes, each layer the
+mean of its heads' steps (`attention_passes`). Causal masks are not discounted (as PaLM
 and nanochat count); norms, softmax, RoPE and the optimiser update are left out (a few % at
 these sizes), and so is rematerialisation (model FLOPs, not hardware FLOPs). A ViT's patch
 embedding is counted per token, its classifier per token too (a small overcount: it sees only
@@ -23,6 +25,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from laplax import heads as heads_lib
 
 # Tables a token reads by lookup or addition: no multiply-adds. A ViT's patch projection is
 # 'embedding/kernel': a matmul, counted.
@@ -42,13 +46,21 @@ def matmul_params(params: Any, *, skip: frozenset[str] = NOT_MATMULS) -> int:
   return total
 
 
-def transformer_flops(n_matmul: int, *, layers: int, seq_len: int, attn_dim: int,
+def attention_passes(model) -> float:
+  """L: a model's attention layers weighted by their heads' mean number of fused passes (its
+  depth when every head is attention, Laplacian or mix)."""
+  table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
+  return float(sum(np.mean([op.steps for op in row]) for row in table))
+
+
+def transformer_flops(n_matmul: int, *, layers: float, seq_len: int, attn_dim: int,
                       sequences: int, backward: bool = True) -> int:
   """FLOPs of `sequences` sequences of `seq_len` tokens through a transformer:
-  (6 N + 12 L T d) per token with the backward pass, (2 N + 4 L T d) forward only."""
+  (6 N + 12 L T d) per token with the backward pass, (2 N + 4 L T d) forward only; `layers`
+  is L, the attention passes (attention_passes)."""
   per_token = (6 if backward else 2) * n_matmul + (12 if backward else 4) * layers * seq_len \
       * attn_dim
-  return int(per_token) * seq_len * sequences
+  return int(round(per_token * seq_len * sequences))
 
 
 # Peak dense bfloat16 FLOP/s per chip from the vendors' data sheets, by jax's device_kind

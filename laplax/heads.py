@@ -1,21 +1,87 @@
-"""Laplacian head specs: the one parser from user specs to static boolean head masks.
+"""Head operators and head specs: the one parser from user specs to static per-head operators.
 
-A spec says which query heads of a layer are Laplacian:
-  * an int k: the last k heads (the paper's convention; "ViT-B-12L" is k = 12 in every layer);
-  * a sequence of `num_heads` bools: exactly those heads.
-A model-level spec (config field `laplacian_heads`) is either one layer spec used in every layer
-or a list with one layer spec per layer (depth-placement ablations).
+Every head h of a layer returns an operator applied to its values, always built from the same
+softmax matrix P (never materialised, see `laplax.attention`):
+  * 'attention'   P V                       (the ordinary head; also False / 0 / 'plain')
+  * 'laplacian'   (I - P) V                 (the paper's head; also True / 1 / 'heat(1)')
+  * 'mix(a,b)'    a_h V + b_h P V           learned per-head scalars, initialised at (a, b):
+                  'mix' / 'mix(plain)' = (0, 1), 'mix(laplacian)' = (1, -1), or given numbers
+  * 'heat(t)'     (I - P)^t V               t steps of the random-walk Laplacian, P applied t
+                  times with the same probabilities (t fused attention passes)
+All four are one recurrence: y_0 = V, y_i = a y_{i-1} + b P y_{i-1}, output y_steps
+(`Operator.a, .b, .steps`).
+
+A layer spec says what each of its `num_heads` query heads computes:
+  * an int k: the last k heads are Laplacian (the paper's convention; "ViT-B-12L" is k = 12);
+  * an operator name: every head of the layer ('mix(laplacian)', 'heat(2)');
+  * a sequence of `num_heads` entries, each a bool or an operator name: exactly those heads.
+A model spec (config field `laplacian_heads`) is one layer spec used in every layer, or a list
+with one layer spec per layer (depth-placement ablations). A flat list of bools is one layer's
+heads; any other flat list is per layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Union
 
 import numpy as np
 
-LayerSpec = Union[int, Sequence[bool]]
+LayerSpec = Union[int, str, Sequence[Union[bool, str]]]
 ModelSpec = Union[LayerSpec, Sequence[LayerSpec]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+  """One head's operator: y_0 = V, y_i = a y_{i-1} + b P y_{i-1} for i = 1..steps.
+
+  `learned` (mix heads): a and b are the initial values of the layer's `mix_a` / `mix_b`
+  parameters."""
+
+  kind: str  # 'attention' | 'laplacian' | 'mix' | 'heat'
+  a: float = 0.0
+  b: float = 1.0
+  steps: int = 1
+
+  @property
+  def learned(self) -> bool:
+    return self.kind == "mix"
+
+  @property
+  def name(self) -> str:
+    if self.kind == "mix":
+      named = {(0.0, 1.0): "plain", (1.0, -1.0): "laplacian"}.get((self.a, self.b))
+      return f"mix({named or f'{self.a:g},{self.b:g}'})"
+    if self.kind == "heat":
+      return f"heat({self.steps})"
+    return self.kind
+
+  @property
+  def code(self) -> str:
+    """One character for head-table pictures: '.', 'L', 'm' (mix), or t (heat(t), t < 10)."""
+    if self.kind == "heat":
+      return str(self.steps) if self.steps < 10 else "H"
+    return {"attention": ".", "laplacian": "L", "mix": "m"}[self.kind]
+
+  def __repr__(self) -> str:
+    return self.name
+
+
+ATTENTION = Operator("attention", 0.0, 1.0, 1)
+LAPLACIAN = Operator("laplacian", 1.0, -1.0, 1)
+_NAMED = {"attention": ATTENTION, "plain": ATTENTION, "softmax": ATTENTION,
+          "laplacian": LAPLACIAN}
+_FORMS = "'attention', 'laplacian', 'mix', 'mix(plain)', 'mix(laplacian)', 'mix(a,b)', 'heat(t)'"
+
+
+def mix(a: float, b: float) -> Operator:
+  return Operator("mix", float(a), float(b), 1)
+
+
+def heat(t: int) -> Operator:
+  return LAPLACIAN if t == 1 else Operator("heat", 1.0, -1.0, int(t))
 
 
 def _is_bool(x) -> bool:
@@ -26,66 +92,184 @@ def _is_int(x) -> bool:
   return isinstance(x, (int, np.integer)) and not _is_bool(x)
 
 
-def head_mask(spec: LayerSpec, num_heads: int) -> tuple[bool, ...]:
-  """One layer's spec -> a static tuple of `num_heads` bools (True = Laplacian head)."""
+def parse_operator(entry) -> Operator:
+  """A per-head entry (bool, 0/1, an operator name or an Operator) -> Operator."""
+  if isinstance(entry, Operator):
+    return entry
+  if _is_bool(entry) or (_is_int(entry) and entry in (0, 1)):
+    return LAPLACIAN if entry else ATTENTION
+  if not isinstance(entry, str):
+    raise ValueError(f"head operator {entry!r}: use a bool or one of {_FORMS}")
+  text = entry.strip().lower().replace(" ", "")
+  if text in _NAMED:
+    return _NAMED[text]
+  m = re.fullmatch(r"mix(?:\((.*)\))?", text)
+  if m:
+    arg = m.group(1)
+    if arg in (None, "", "plain", "attention"):
+      return mix(0, 1)
+    if arg == "laplacian":
+      return mix(1, -1)
+    try:
+      a, b = (float(x) for x in arg.split(","))
+    except ValueError:
+      raise ValueError(f"head operator {entry!r}: mix takes 'plain', 'laplacian' or two numbers "
+                       "a,b (a V + b P V)") from None
+    if not (np.isfinite(a) and np.isfinite(b)):
+      raise ValueError(f"head operator {entry!r}: mix coefficients must be finite")
+    return mix(a, b)
+  m = re.fullmatch(r"heat\((\d+)\)", text)
+  if m:
+    t = int(m.group(1))
+    if not 1 <= t <= 16:
+      raise ValueError(f"head operator {entry!r}: heat(t) takes 1 <= t <= 16 steps")
+    return heat(t)
+  raise ValueError(f"head operator {entry!r} is unknown: use one of {_FORMS}")
+
+
+Row = tuple[Operator, ...]
+Table = tuple[Row, ...]
+
+
+def head_row(spec: LayerSpec, num_heads: int) -> Row:
+  """One layer's spec -> a static tuple of `num_heads` Operators."""
   if _is_int(spec):
     k = int(spec)
     if not 0 <= k <= num_heads:
       raise ValueError(
           f"laplacian_heads={k} but the layer has {num_heads} heads: use 0..{num_heads}")
-    return (False,) * (num_heads - k) + (True,) * k
-  if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence | np.ndarray):
+    return (ATTENTION,) * (num_heads - k) + (LAPLACIAN,) * k
+  if isinstance(spec, (str, Operator)):
+    return (parse_operator(spec),) * num_heads
+  if isinstance(spec, bytes) or not isinstance(spec, Sequence | np.ndarray):
+    raise ValueError(f"laplacian_heads={spec!r} is neither an int, an operator name nor a "
+                     f"sequence of {num_heads} per-head entries")
+  row = tuple(spec)
+  if len(row) != num_heads:
     raise ValueError(
-        f"laplacian_heads={spec!r} is neither an int nor a sequence of {num_heads} bools")
-  mask = tuple(spec)
-  if len(mask) != num_heads:
-    raise ValueError(
-        f"laplacian_heads has {len(mask)} entries but the layer has {num_heads} heads")
-  if not all(_is_bool(m) or (_is_int(m) and m in (0, 1)) for m in mask):
-    raise ValueError(f"laplacian_heads={list(mask)!r}: per-head entries must be bools")
-  return tuple(bool(m) for m in mask)
+        f"laplacian_heads has {len(row)} entries but the layer has {num_heads} heads")
+  return tuple(parse_operator(e) for e in row)
 
 
-def head_table(spec: ModelSpec, num_heads: int, depth: int) -> tuple[tuple[bool, ...], ...]:
-  """Model spec -> (depth, num_heads) static table of bools, validated.
+def head_table(spec: ModelSpec, num_heads: int, depth: int) -> Table:
+  """Model spec -> (depth, num_heads) static table of Operators, validated.
 
-  An int or a tuple of `num_heads` bools applies to every layer; a list of `depth` layer specs
-  gives each layer its own. A flat bool sequence is read as one layer's mask (never as a list of
-  per-layer specs: bools are not head counts).
+  An int, an operator name or a tuple of `num_heads` bools applies to every layer; a list of
+  `depth` layer specs gives each layer its own.
   """
-  if _is_int(spec):
-    return (head_mask(spec, num_heads),) * depth
-  if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence | np.ndarray):
+  if _is_int(spec) or isinstance(spec, (str, Operator)):
+    return (head_row(spec, num_heads),) * depth
+  if isinstance(spec, bytes) or not isinstance(spec, Sequence | np.ndarray):
     raise ValueError(
-        f"laplacian_heads={spec!r}: use an int k (last k heads of every layer) or a list of "
-        f"{depth} per-layer entries")
+        f"laplacian_heads={spec!r}: use an int k (last k heads of every layer), an operator "
+        f"name or a list of {depth} per-layer entries")
   entries = list(spec)
   if entries and all(_is_bool(e) for e in entries):
-    return (head_mask(entries, num_heads),) * depth
+    return (head_row(entries, num_heads),) * depth
   if len(entries) != depth:
     raise ValueError(
         f"laplacian_heads lists {len(entries)} layers but the model has {depth} layers")
-  return tuple(head_mask(e, num_heads) for e in entries)
+  return tuple(head_row(e, num_heads) for e in entries)
 
 
-def count_per_layer(table: Sequence[Sequence[bool]]) -> tuple[int, ...]:
-  """Number of Laplacian heads in each layer of a head table."""
-  return tuple(int(sum(row)) for row in table)
+def freeze(spec: ModelSpec) -> ModelSpec:
+  """A spec with lists (from configs and JSON) as tuples: hashable, comparable, a dict key."""
+  if isinstance(spec, (list, tuple, np.ndarray)):
+    return tuple(freeze(s) for s in spec)
+  if isinstance(spec, np.integer):
+    return int(spec)
+  if isinstance(spec, np.bool_):
+    return bool(spec)
+  return spec
+
+
+def spec_name(spec: ModelSpec) -> str:
+  """Directory-safe name of a spec: 'k0', 'k4', 'k0-0-4-4', 'k1-0' (per-head bools), 'heat2',
+  'mix-plain', 'mix0.5_-0.5', 'k0-heat2' (a per-layer list with an operator)."""
+  def one(entry) -> str:
+    if isinstance(entry, str):
+      name = parse_operator(entry).name
+      return re.sub(r"[^A-Za-z0-9.\-]+", "_",
+                    name.replace("(plain)", "-plain").replace("(laplacian)", "-laplacian")
+                    .replace("(", "").replace(")", "").replace(",", "_")).strip("_")
+    if isinstance(entry, (list, tuple)):
+      return "_".join(one(e) for e in entry)
+    return str(int(entry))
+  if isinstance(spec, str):
+    return one(spec)
+  if isinstance(spec, (int, np.integer)):
+    return f"k{int(spec)}"
+  return "k" + "-".join(one(s) for s in spec)
+
+
+def is_basic(table: Sequence[Sequence[Operator]]) -> bool:
+  """Only the paper's two operators (attention and laplacian)."""
+  return all(op in (ATTENTION, LAPLACIAN) for row in table for op in row)
+
+
+def laplacian_mask(table: Sequence[Sequence[Operator]]) -> np.ndarray:
+  """(depth, heads) bools: True where a head is not plain attention."""
+  return np.asarray([[op != ATTENTION for op in row] for row in table], dtype=bool)
+
+
+def count_per_layer(table: Sequence[Sequence[Operator]]) -> tuple[int, ...]:
+  """Number of non-attention heads in each layer of a head table."""
+  return tuple(int(n) for n in laplacian_mask(table).sum(axis=1)) if len(table) else ()
+
+
+def palette(table: Sequence[Sequence[Operator]]) -> tuple[tuple[Operator, ...], np.ndarray]:
+  """A table as (distinct operators, (depth, heads) int32 codes into them): what a scanned
+  model carries as its per-layer input. Attention is always entry 0."""
+  ops = [ATTENTION]
+  for row in table:
+    for op in row:
+      if op not in ops:
+        ops.append(op)
+  codes = np.asarray([[ops.index(op) for op in row] for row in table], np.int32)
+  return tuple(ops), codes
+
+
+def max_steps(table: Sequence[Sequence[Operator]]) -> int:
+  return max((op.steps for row in table for op in row), default=1)
+
+
+def has_learned(table: Sequence[Sequence[Operator]]) -> bool:
+  return any(op.learned for row in table for op in row)
 
 
 def describe(spec: ModelSpec, num_heads: int, depth: int) -> str:
-  """Short human name of a model spec: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]'."""
+  """Short human name of a model spec: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heat(2)'."""
   return describe_table(head_table(spec, num_heads, depth))
 
 
-def describe_table(table: Sequence[Sequence[bool]]) -> str:
-  """Short human name of a head table: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heads=.L/L.'."""
+def describe_table(table: Sequence[Sequence[Operator]]) -> str:
+  """Short human name of a head table: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heads=.L/L.',
+  'mix(plain)' (one operator everywhere), 'heads=..mm/..22' (codes: Operator.code)."""
   num_heads = len(table[0]) if len(table) else 0
+  ops = {op for row in table for op in row}
+  if len(ops) == 1 and not ops <= {ATTENTION, LAPLACIAN}:
+    return next(iter(ops)).name
   counts = count_per_layer(table)
-  uniform_last_k = all(tuple(row) == head_mask(c, num_heads) for row, c in zip(table, counts))
-  if uniform_last_k and len(set(counts)) == 1:
-    k = counts[0]
-    return f"k={k}" + (" (all)" if k == num_heads and k else "")
-  if uniform_last_k:
-    return "k=[" + ",".join(map(str, counts)) + "]"
-  return "heads=" + "/".join("".join("L" if m else "." for m in row) for row in table)
+  if is_basic(table):
+    uniform_last_k = all(tuple(row) == head_row(c, num_heads) for row, c in zip(table, counts))
+    if uniform_last_k and len(set(counts)) == 1:
+      k = counts[0]
+      return f"k={k}" + (" (all)" if k == num_heads and k else "")
+    if uniform_last_k:
+      return "k=[" + ",".join(map(str, counts)) + "]"
+  return "heads=" + "/".join("".join(op.code for op in row) for row in table)
+
+
+def row_text(row: Sequence[Operator]) -> str:
+  """A row as text that `parse_row_text` reads back: '..LL' for the paper's two operators,
+  else the operator names joined by ',' ('attention,mix(plain),heat(2),laplacian')."""
+  if all(op in (ATTENTION, LAPLACIAN) for op in row):
+    return "".join(op.code for op in row)
+  return ",".join(op.name for op in row)
+
+
+def parse_row_text(text: str) -> Row:
+  """`row_text`'s inverse (every non-basic operator name holds '(')."""
+  if "(" in text:
+    return tuple(parse_operator(e) for e in text.split(","))
+  return tuple(LAPLACIAN if c == "L" else ATTENTION for c in text)

@@ -1,4 +1,5 @@
-"""laplacian_attention against an explicit float64 NumPy reference (I - softmax(QK^T/sqrt(d) + mask)) V."""
+"""laplacian_attention against an explicit float64 NumPy reference: per head, the operator's
+recurrence y_i = a y_{i-1} + b P y_{i-1} with P = softmax(QK^T/sqrt(d) + mask) (laplax.heads)."""
 
 
 import flax.linen as nn
@@ -11,8 +12,24 @@ from laplax import heads
 from laplax.attention import MultiHeadAttention, laplacian_attention, resolve_implementation
 
 
-def reference(q, k, v, lap, mask=None, causal=False, offset=None):
-  """float64 NumPy: per head, P = softmax(q k^T / sqrt(d) + mask); out = P v or v_self - P v."""
+def apply_operators(p, v_self, v, row, mix=None, xp=np):
+  """Per head h: y_0 = v, y_i = a y_{i-1} + b P y_{i-1}, returned at the query positions.
+  p (B, H, T, S); v_self (B, T, H, D) values at the queries; v (B, S, H, D); multi-step heads
+  need T == S. `xp`: np (the float64 reference) or jnp (its differentiable mirror)."""
+  outs = []
+  for h, op in enumerate(row):
+    a, b = (mix[0][h], mix[1][h]) if op.learned else (op.a, op.b)
+    y_keys, y_self = v[:, :, h], v_self[:, :, h]
+    for _ in range(op.steps):
+      y_self = a * y_self + b * xp.einsum("bts,bsd->btd", p[:, h], y_keys)
+      y_keys = y_self
+    outs.append(y_self)
+  return xp.stack(outs, axis=2)
+
+
+def reference(q, k, v, lap, mask=None, causal=False, offset=None, mix=None):
+  """float64 NumPy: per head, P = softmax(q k^T / sqrt(d) + mask); out = the head's operator
+  applied to v (apply_operators)."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   b, t, hq, d = q.shape
   s, hkv = k.shape[1], k.shape[2]
@@ -29,10 +46,8 @@ def reference(q, k, v, lap, mask=None, causal=False, offset=None):
   logits = np.where(allowed, logits, -np.inf)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  pv = np.einsum("bnts,bsnd->btnd", p, v)
   v_self = np.take_along_axis(v, pos[:, :, None, None], axis=1)
-  lap = np.asarray(heads.head_mask(lap, hq))
-  return np.where(lap[None, None, :, None], v_self - pv, pv), p
+  return apply_operators(p, v_self, v, heads.head_row(lap, hq), mix), p
 
 
 def _qkv(key, b, t, s, hq, hkv, d):
@@ -77,24 +92,27 @@ def test_returned_probs_match_reference():
   np.testing.assert_allclose(np.asarray(p).sum(-1), 1.0, atol=1e-6)
 
 
-def reference_grads(q, k, v, w, lap, causal=False, offset=None):
-  """float64 jax.grad of sum(w * reference attention) w.r.t. (q, k, v), as NumPy arrays."""
+def reference_grads(q, k, v, w, lap, causal=False, offset=None, mix=None):
+  """float64 jax.grad of sum(w * reference attention) w.r.t. (q, k, v) (and the mix
+  coefficients when given), as NumPy arrays."""
   t, s = q.shape[1], k.shape[1]
-  lap = heads.head_mask(lap, q.shape[2])
+  row = heads.head_row(lap, q.shape[2])
 
-  def ref_fn(q, k, v):  # float64 jnp mirror of the NumPy reference (differentiable)
+  def ref_fn(q, k, v, *coefficients):  # float64 jnp mirror of the NumPy reference
     g = q.shape[2] // k.shape[2]
     kk, vv = jnp.repeat(k, g, 2), jnp.repeat(v, g, 2)
     pos = (s - t if offset is None else offset) + jnp.arange(t)
     logits = jnp.einsum("btnd,bsnd->bnts", q, kk) / np.sqrt(q.shape[-1])
     if causal:
       logits = jnp.where(pos[:, None] >= jnp.arange(s)[None], logits, -jnp.inf)
-    pv = jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(logits, -1), vv)
-    return jnp.where(jnp.array(lap)[None, None, :, None], vv[:, pos] - pv, pv)
+    return apply_operators(jax.nn.softmax(logits, -1), vv[:, pos], vv, row,
+                           coefficients or None, xp=jnp)
 
   with jax.enable_x64(True):
-    q64, k64, v64, w64 = (jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, w))
-    want = jax.grad(lambda *a: jnp.sum(ref_fn(*a) * w64), argnums=(0, 1, 2))(q64, k64, v64)
+    args = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, *(mix or ()))]
+    w64 = jnp.asarray(np.asarray(w, np.float64))
+    want = jax.grad(lambda *a: jnp.sum(ref_fn(*a) * w64), argnums=tuple(range(len(args))))(
+        *args)
     return [np.asarray(x) for x in want]
 
 
@@ -154,7 +172,10 @@ def test_traced_head_row_equals_static_spec():
     (5, "laplacian_heads=5 but the layer has 4 heads"),
     (-1, "laplacian_heads=-1 but the layer has 4 heads"),
     ((True, False), "laplacian_heads has 2 entries but the layer has 4 heads"),
-    ("all", "neither an int nor a sequence"),
+    ("all", "head operator 'all' is unknown"),
+    (3.5, "neither an int, an operator name nor a sequence"),
+    ("heat(0)", "heat\\(t\\) takes 1 <= t <= 16"),
+    ("mix(1)", "mix takes 'plain', 'laplacian' or two numbers"),
 ])
 def test_bad_head_spec_raises_clear_error(spec, msg):
   q, k, v = _qkv(jax.random.key(8), 1, 3, 3, 4, 4, 8)
@@ -165,13 +186,32 @@ def test_bad_head_spec_raises_clear_error(spec, msg):
 
 
 def test_head_table_specs():
-  assert heads.head_table(2, 4, 3) == ((False, False, True, True),) * 3
-  assert heads.head_table([0, 4], 4, 2) == ((False,) * 4, (True,) * 4)
-  assert heads.head_table((True, False, False, False), 4, 2) == ((True, False, False, False),) * 2
+  A, L = heads.ATTENTION, heads.LAPLACIAN
+  assert heads.head_table(2, 4, 3) == ((A, A, L, L),) * 3
+  assert heads.head_table([0, 4], 4, 2) == ((A,) * 4, (L,) * 4)
+  assert heads.head_table((True, False, False, False), 4, 2) == ((L, A, A, A),) * 2
   with pytest.raises(ValueError, match="lists 3 layers but the model has 2 layers"):
     heads.head_table([1, 1, 1], 4, 2)
   assert heads.describe(4, 4, 2) == "k=4 (all)"
   assert heads.describe([0, 2], 4, 2) == "k=[0,2]"
+  # generalised operators: names, aliases, per-layer and per-head placement
+  assert heads.head_table("heat(2)", 2, 1) == ((heads.heat(2),) * 2,)
+  assert heads.parse_operator("heat(1)") == L and heads.parse_operator("plain") == A
+  assert heads.parse_operator("mix") == heads.parse_operator("mix(plain)") == heads.mix(0, 1)
+  assert heads.parse_operator("MIX(laplacian)") == heads.mix(1, -1)
+  assert heads.parse_operator("mix(0.5, -0.25)") == heads.mix(0.5, -0.25)
+  table = heads.head_table([0, ("attention", "mix", "heat(3)", True)], 4, 2)
+  assert table[1] == (A, heads.mix(0, 1), heads.heat(3), L)
+  assert heads.describe("mix(laplacian)", 4, 2) == "mix(laplacian)"
+  assert heads.describe_table(table) == "heads=..../.m3L"
+  for row in table:  # the identity's row text reads back
+    assert heads.parse_row_text(heads.row_text(row)) == row
+  assert heads.row_text(table[0]) == "...."  # identities of basic tables are unchanged
+  assert heads.spec_name("mix(0.5,-0.25)") == "mix0.5_-0.25"
+  assert heads.spec_name("heat(2)") == "heat2" and heads.spec_name("mix") == "mix-plain"
+  assert heads.spec_name([0, "heat(2)"]) == "k0-heat2"
+  palette, codes = heads.palette(table)
+  assert palette[0] == A and [[palette[c] for c in r] for r in codes] == [list(r) for r in table]
 
 
 def test_module_param_trees_identical_and_k0_module_equals_plain_attention():

@@ -3,8 +3,10 @@
 An export directory holds:
   export.npz   flat parameters {'block0/attn/query/kernel': array, ...} (no pickle)
   export.json  {'format', 'source', 'step', 'config' (the full run config, model included),
-               'laplacian_heads' ((depth, heads) 0/1 table), 'input': {'image_shape', 'mean',
-               'std', 'scale'}, 'class_names', 'num_params'}
+               'laplacian_heads' ((depth, heads) 0/1 table: 1 = not plain attention),
+               'head_operators' ((depth, heads) laplax.heads operator names), 'head_coefficients'
+               ((depth, heads) [a, b] of each learned mix head, else null), 'input':
+               {'image_shape', 'mean', 'std', 'scale'}, 'class_names', 'num_params'}
   config.json  the run config (so eval.py --workdir=DIR evaluates the export)
 The pixels a model reads are (uint8 / 255 - mean) / std per channel (input.scale = 1/255).
 An export never overwrites another run's export or a training workdir: one-line ValueError.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from typing import Any
 import zipfile
@@ -69,7 +72,9 @@ def export_params(params, config: ml_collections.ConfigDict, out: epath.PathLike
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
   meta = {"format": FORMAT, "source": str(source), "step": step,
           "config": json.loads(config.to_json_best_effort()),
-          "laplacian_heads": np.asarray(table).astype(int).tolist(),
+          "laplacian_heads": heads_lib.laplacian_mask(table).astype(int).tolist(),
+          "head_operators": [[op.name for op in row] for row in table],
+          "head_coefficients": head_coefficients(params, table),
           "input": {"image_shape": list(info.image_shape), "mean": list(info.mean),
                     "std": list(info.std), "scale": 1 / 255},
           "class_names": list(info.class_names),
@@ -79,6 +84,39 @@ def export_params(params, config: ml_collections.ConfigDict, out: epath.PathLike
     workdir_lib.write_json_atomic(out / "config.json",
                                   json.loads(config.to_json_best_effort()), indent=2)
   return path
+
+
+def head_coefficients(params, table: heads_lib.Table) -> list[list[list[float] | None]]:
+  """(depth, heads) [a, b] of each mix head as trained (None for other heads): the learned
+  'mix_a' / 'mix_b' parameters of the attention layers, in the order of `table`."""
+  rows = coefficient_rows(params, len(table))
+  return [[[float(rows[0][i][h]), float(rows[1][i][h])] if op.learned and rows else None
+           for h, op in enumerate(row)] for i, row in enumerate(table)]
+
+
+def coefficient_rows(params, depth: int) -> tuple[np.ndarray, np.ndarray] | None:
+  """The learned mix coefficients as two (depth, heads) float arrays (a, b), layers in order
+  (scanned models stack them), or None when the model has no mix heads. Layers without mix
+  parameters (unscanned models) get NaN rows."""
+  flat = flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  found = {}
+  for key, value in flat.items():
+    parts = key.split("/")
+    if parts[-1] not in ("mix_a", "mix_b"):
+      continue
+    value = np.asarray(getattr(value, "value", value), np.float64)
+    layer = next((p for p in parts if re.fullmatch(r"block\d+", p)), None)
+    if value.ndim == 2:  # scanned: (depth, heads)
+      for i in range(value.shape[0]):
+        found[(parts[-1], i)] = value[i]
+    else:
+      found[(parts[-1], int(layer[5:]) if layer else 0)] = value
+  if not found:
+    return None
+  heads = next(iter(found.values())).shape[0]
+  nan = np.full(heads, np.nan)
+  return tuple(np.stack([found.get((name, i), nan) for i in range(depth)])
+               for name in ("mix_a", "mix_b"))
 
 
 def _resolved(path) -> epath.Path:

@@ -53,15 +53,6 @@ from laplax.models.layers import Mlp, logical
 Array = jax.Array
 
 
-def _freeze(spec: Any) -> Any:
-  """Lists (from configs) -> tuples, so the config stays hashable (jit static argument)."""
-  if isinstance(spec, (list, tuple, np.ndarray)):
-    return tuple(_freeze(s) for s in spec)
-  if isinstance(spec, np.integer):
-    return int(spec)
-  return spec
-
-
 INITS = ("glorot", "nanochat")
 
 
@@ -75,7 +66,7 @@ class GPTConfig:
   head_dim: int = 64
   num_kv_heads: int = 0
   mlp_ratio: int = 4
-  laplacian_heads: Any = 0  # int k (last k heads of every layer) or a per-layer list
+  laplacian_heads: Any = 0  # laplax.heads model spec: int k, an operator, or a per-layer list
   rope_theta: float = 10000.0
   logit_softcap: float = 15.0  # <= 0 disables the cap
   attention_impl: str | None = None  # None = 'auto' (laplax.attention)
@@ -86,7 +77,8 @@ class GPTConfig:
   init: str = "glorot"  # INITS: fc1's initialiser (the module docstring)
 
   def __post_init__(self):
-    object.__setattr__(self, "laplacian_heads", _freeze(self.laplacian_heads))
+    # lists (from configs) -> tuples: the config stays hashable (a jit static argument)
+    object.__setattr__(self, "laplacian_heads", heads_lib.freeze(self.laplacian_heads))
     for name in ("vocab_size", "depth", "head_dim", "mlp_ratio"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -129,7 +121,7 @@ class GPTConfig:
     return self.num_kv_heads or self.num_heads
 
   @property
-  def head_table(self) -> tuple[tuple[bool, ...], ...]:
+  def head_table(self) -> heads_lib.Table:
     return heads_lib.head_table(self.laplacian_heads, self.num_heads, self.depth)
 
   def describe(self) -> str:
@@ -157,11 +149,12 @@ class GPTConfig:
 class Block(nn.Module):
   """Pre-norm block: x + attn(rms(x)), then x + mlp(rms(x)). (B, T, E) -> (B, T, E).
 
-  The Laplacian heads are the static `laplacian_heads` row, or a traced (heads,) bool `head_row`
-  (scanned layers)."""
+  The head operators are the static `laplacian_heads` row, or a traced (heads,) int32
+  `head_row` of codes into `palette` (scanned layers)."""
 
   config: GPTConfig
-  laplacian_heads: tuple[bool, ...] = ()
+  laplacian_heads: tuple = ()
+  palette: tuple = ()
   decode: bool = False
 
   @nn.compact
@@ -175,7 +168,7 @@ class Block(nn.Module):
         num_heads=c.num_heads, head_dim=c.head_dim, num_kv_heads=c.kv_heads,
         laplacian_heads=self.laplacian_heads or 0, qk_norm="rms", rope_theta=c.rope_theta,
         use_bias=False, is_causal=True, implementation=c.attention_impl, kernel_init=fan_in,
-        out_init=nn.initializers.zeros, name="attn", **dtypes)(rms_norm(x), decode=decode,
+        out_init=nn.initializers.zeros, palette=self.palette, name="attn", **dtypes)(rms_norm(x), decode=decode,
                                                                head_mask=head_row)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
     # 'nanochat': c_fc as c_q (uniform +-sqrt(3 / embed)); 'glorot': Mlp's own
@@ -239,14 +232,14 @@ class GPT(nn.Module):
     # Rematerialisation is a training-time trade: decoding keeps everything.
     policy = "none" if decode else c.remat_policy
     if c.scan_layers:
-      table = np.asarray(c.head_table)
+      palette, codes = heads_lib.palette(c.head_table)
       stack = nn.scan(remat_lib.wrap(_ScanBlock, policy, prevent_cse=False),
                       variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True},
                       in_axes=0, length=c.depth, metadata_params={nn.PARTITION_NAME: "layers"})
-      # The head table rides along as a scanned (depth, heads) input; an all-ordinary model
-      # passes nothing so its attention stays on the native-dtype path.
-      rows = jnp.asarray(table) if table.any() else jnp.zeros((c.depth, 0), bool)
-      x, ys = stack(c, decode=decode, name="blocks")(x, rows)
+      # The head table rides along as scanned (depth, heads) codes into the palette; an
+      # all-ordinary model passes nothing so its attention stays on the native-dtype path.
+      rows = jnp.asarray(codes) if len(palette) > 1 else jnp.zeros((c.depth, 0), jnp.int32)
+      x, ys = stack(c, palette=palette, decode=decode, name="blocks")(x, rows)
       hidden.extend(ys[i] for i in range(c.depth))
     else:
       block = remat_lib.wrap(Block, policy)

@@ -104,6 +104,7 @@ class Block(nn.Module):
   num_heads: int
   mlp_dim: int
   laplacian_heads: heads_lib.LayerSpec = 0
+  palette: tuple = ()  # scanned layers: the operators `head_row`'s int codes index
   qk_norm: bool = True
   layerscale_init: float | None = 1e-4
   attention_impl: str | None = None
@@ -131,7 +132,7 @@ class Block(nn.Module):
         num_heads=self.num_heads, head_dim=width // self.num_heads,
         laplacian_heads=self.laplacian_heads, qk_norm="layer" if self.qk_norm else None,
         implementation=self.attention_impl, kernel_init=inits["qkv"], out_init=inits["out"],
-        dtype=self.dtype, param_dtype=self.param_dtype, name="attn")(
+        palette=self.palette, dtype=self.dtype, param_dtype=self.param_dtype, name="attn")(
             norm("norm1")(x), head_mask=head_row)
     x = x + drop_path(scale("ls1")(y), drop_rate, rngs[0])
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -162,7 +163,7 @@ class ViT(nn.Module):
   depth: int = 4
   num_heads: int = 4
   mlp_dim: int = 128
-  laplacian_heads: Any = 0  # int k (last k heads of every layer) or a per-layer list
+  laplacian_heads: Any = 0  # laplax.heads model spec: int k, an operator, or a per-layer list
   qk_norm: bool = True
   layerscale_init: float | None = 1e-4
   drop_path_rate: float = 0.0
@@ -186,7 +187,7 @@ class ViT(nn.Module):
     super().__post_init__()
 
   @property
-  def head_table(self) -> tuple[tuple[bool, ...], ...]:
+  def head_table(self) -> heads_lib.Table:
     return heads_lib.head_table(self.laplacian_heads, self.num_heads, self.depth)
 
   @nn.compact
@@ -218,8 +219,9 @@ class ViT(nn.Module):
                                                                            "dropout": True},
                       in_axes=0, length=self.depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x, ys = stack(train=train, name="blocks", **block_kw)(
-          x, (jnp.asarray(self.head_table), jnp.asarray(rates, jnp.float32)))
+      palette, codes = heads_lib.palette(self.head_table)
+      x, ys = stack(train=train, palette=palette, name="blocks", **block_kw)(
+          x, (jnp.asarray(codes), jnp.asarray(rates, jnp.float32)))
       tokens.extend(ys[i] for i in range(self.depth))
     else:
       for i, row in enumerate(self.head_table):

@@ -9,21 +9,17 @@ import pathlib
 from typing import Any
 
 import ml_collections
-import numpy as np
 
+from laplax import heads as heads_lib
+from laplax.heads import spec_name
 from laplax.train import task as task_lib
 
 
-def spec_name(spec) -> str:
-  """Directory-safe name of a head spec: 'k0', 'k4', 'k0-0-4-4', 'k1-0' (per-head bools)."""
-  if isinstance(spec, (int, np.integer)):
-    return f"k{int(spec)}"
-  return "k" + "-".join(str(int(s)) for s in spec)
 
 
 def grid_cells(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, int]]:
   """{cell name ('k4_s0'): (head spec, seed)}, seed-major: the order cells run in."""
-  specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
+  specs = [heads_lib.freeze(s) for s in config.study.laplacian_heads]
   return {f"{spec_name(s)}_s{seed}": (s, int(seed)) for seed in config.study.seeds
           for s in specs}
 
@@ -32,7 +28,7 @@ def cell_config(config: ml_collections.ConfigDict, spec, seed: int) -> ml_collec
   """The base run's config with this cell's head spec and seed."""
   cfg = copy.deepcopy(config.base)
   with cfg.ignore_type():  # an int or a per-layer list (a config read back from JSON is typed)
-    cfg.model.laplacian_heads = spec if isinstance(spec, int) else list(spec)
+    cfg.model.laplacian_heads = spec if isinstance(spec, (int, str)) else list(spec)
   cfg.seed = int(seed)
   cfg.name = f"{spec_name(spec)}_s{seed}"
   return cfg

@@ -55,7 +55,7 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
   """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
   workdir = pathlib.Path(workdir)
   task, section = section_for(config)
-  specs = [s if isinstance(s, int) else tuple(s) for s in config.study.laplacian_heads]
+  specs = [heads_lib.freeze(s) for s in config.study.laplacian_heads]
   if len(specs) < 2:
     raise ValueError(f"study.laplacian_heads={list(config.study.laplacian_heads)}: give the "
                      "baseline first, then at least one Laplacian spec")

@@ -275,7 +275,7 @@ class ClassificationTask(Task):
   def flops_per_step(self, model: vit.ViT, params) -> int:
     h, w, _ = self.info().image_shape
     tokens = 1 + (h // model.patch_size) * (w // model.patch_size)
-    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=model.depth,
+    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=flops_lib.attention_passes(model),
                                        seq_len=tokens, attn_dim=model.hidden_dim,
                                        sequences=self.config.data.batch_size)
 

@@ -371,7 +371,7 @@ class DinoTask(Task):
     views = [(crops.global_size, 2, True), (crops.local_size, crops.num_local, False)]
     total = 0
     for size, count, teacher_too in views:
-      kw = dict(layers=b.depth, seq_len=1 + (size // b.patch_size) ** 2, attn_dim=b.hidden_dim,
+      kw = dict(layers=flops_lib.attention_passes(b), seq_len=1 + (size // b.patch_size) ** 2, attn_dim=b.hidden_dim,
                 sequences=count)
       total += flops_lib.transformer_flops(n_backbone, **kw) + 6 * n_head * count
       if teacher_too:

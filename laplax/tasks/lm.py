@@ -128,7 +128,7 @@ class LanguageModelTask(Task):
 
   def flops_per_step(self, model: gpt.GPT, params) -> int:
     c = model.config
-    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=c.depth,
+    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=flops_lib.attention_passes(model),
                                        seq_len=self.config.data.seq_len,
                                        attn_dim=c.num_heads * c.head_dim,
                                        sequences=self.config.data.batch_size)

@@ -27,7 +27,7 @@ from laplax.train import workdir as workdir_lib
 FILE = "identity.json"
 # What may change on a resume, with --allow_change: the schedule length and the batch.
 ALLOWED = ("total_steps", "data.batch_size", "optim.grad_accum_steps")
-HEADS = "model.laplacian_heads"  # the head table (rows of '.' softmax / 'L' Laplacian heads)
+HEADS = "model.laplacian_heads"  # the head table (heads.row_text rows: '..LL', or operator names)
 
 
 def parse_allow_change(names: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -81,9 +81,10 @@ def module_fields(module: Any, prefix: str) -> dict[str, Any]:
 
 
 def head_rows(model: Any) -> list[str]:
-  """The model's (depth, heads) Laplacian head table, one '..LL' string per layer."""
+  """The model's (depth, heads) head table, one heads.row_text string per layer ('..LL' for
+  the paper's two operators, as identities written before generalised heads hold them)."""
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
-  return ["".join("L" if m else "." for m in row) for row in table]
+  return [heads_lib.row_text(row) for row in table]
 
 
 # --- Comparing --------------------------------------------------------------------------------
@@ -107,8 +108,8 @@ def flatten(d: Any, prefix: str) -> dict[str, Any]:
 def show(name: str, value: Any) -> str:
   """One value for a message: a head table by heads.describe_table's name, fingerprints cut."""
   if name == HEADS and isinstance(value, list) and all(isinstance(r, str) for r in value):
-    text = heads_lib.describe_table([[c == "L" for c in row] for row in value])
-    return text.split("=", 1)[1]  # 'k=2 (all)' -> '2 (all)'
+    text = heads_lib.describe_table([heads_lib.parse_row_text(row) for row in value])
+    return text.split("=", 1)[-1]  # 'k=2 (all)' -> '2 (all)'; 'heat(2)' stays
   if isinstance(value, str):
     return value[:12] if name.endswith("_sha256") else value
   text = json.dumps(plain(value), separators=(",", ":"))

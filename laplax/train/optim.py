@@ -18,6 +18,10 @@ rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
            task passes `width`, the model's, for its lr scaling). optim.muon.distributed:
            Newton-Schulz on each device's share of the matrices (scale_by_muon)
 
+  Any optimiser: optim.mix_lr_scale (default 1) scales the updates of the learned head-operator
+  coefficients (the 'mix_a' / 'mix_b' parameters of 'mix' heads, laplax.heads), which no
+  optimiser decays (they are vectors; Muon gives them its scalar AdamW group).
+
   'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
   'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
               the steps (nanochat; warmdown_schedule)
@@ -577,7 +581,25 @@ def check(optim) -> None:
   ranges.check(optim, "optim")  # every number's range (laplax.train.ranges.RANGES)
   if schedule == "warmdown" and "warmdown_fraction" not in optim:
     raise ValueError("optim.schedule='warmdown' needs optim.warmdown_fraction (in [0, 1])")
+  if optim.get("mix_lr_scale", 1) not in (None, 1) and optim.get("flatten", False):
+    raise ValueError("optim.mix_lr_scale needs parameter names: set optim.flatten=False")
   OPTIMIZERS[name].check(optim)
+
+
+MIX_PARAMS = ("mix_a", "mix_b")  # laplax.attention.MultiHeadAttention's mix coefficients
+
+
+def scale_mix_updates(scale: float) -> optax.GradientTransformation:
+  """Multiplies the updates of the mix coefficients (MIX_PARAMS) by `scale` (stateless): their
+  own learning rate, as they are never decayed."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(
+        lambda p, u: u * scale if _names(p)[-1:] and _names(p)[-1] in MIX_PARAMS else u,
+        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def make(optim, total_steps: int, *, width: int | None = None,
@@ -590,5 +612,9 @@ def make(optim, total_steps: int, *, width: int | None = None,
   and freeze_last_layer_steps (DINO: the head's last layer frozen for that many steps; None:
   no layer kept apart; only 'adamw' honours it)."""
   check(optim)
-  return OPTIMIZERS[optim.get("name", "adamw")].build(
+  tx, lr = OPTIMIZERS[optim.get("name", "adamw")].build(
       optim, total_steps, width=width, freeze_last_layer_steps=freeze_last_layer_steps)
+  mix_scale = optim.get("mix_lr_scale")
+  if mix_scale is not None and mix_scale != 1:
+    tx = optax.chain(tx, scale_mix_updates(float(mix_scale)))
+  return tx, lr
