@@ -143,3 +143,41 @@ def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tuple]]],
+                      depth: int, num_heads: int, path: pathlib.Path) -> pathlib.Path:
+  """The learned mix coefficients over training, one panel per (layer, head): b (the P V
+  weight, solid) and a (the V weight, dashed) vs step, a colour per variant, a line per seed.
+
+  series: {variant: {(layer, head): [(steps, a values, b values) per seed]}}."""
+  fig, axes = plt.subplots(depth, num_heads, figsize=(2.3 * num_heads, 1.8 * depth),
+                           sharex=True, sharey=True, squeeze=False)
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for c, (variant, per_head) in enumerate(series.items()):
+    colour = colours[c % len(colours)]
+    for (layer, head), seeds in per_head.items():
+      ax = axes[layer][head]
+      for i, (steps, a, b) in enumerate(seeds):
+        ax.plot(steps, b, color=colour, lw=1.0, label=variant if i == 0 else None)
+        ax.plot(steps, a, color=colour, lw=0.8, ls="--")
+  for layer in range(depth):
+    for head in range(num_heads):
+      ax = axes[layer][head]
+      ax.axhline(0.0, color="k", lw=0.5)
+      ax.grid(alpha=0.3)
+      ax.tick_params(labelsize=7)
+      if layer == 0:
+        ax.set_title(f"head {head}", fontsize=8)
+      if head == 0:
+        ax.set_ylabel(f"layer {layer}", fontsize=8)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  if handles:
+    fig.legend(handles, labels, loc="upper right", fontsize=7)
+  fig.suptitle("mix heads: b (P V weight, solid), a (V weight, dashed) over training",
+               fontsize=9)
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

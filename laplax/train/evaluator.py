@@ -102,6 +102,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "lm_tasks": "laplax.evals.lm:Benchmarks",
     "lm_geometry": "laplax.evals.lm:LmGeometry",
     "chat": "laplax.evals.chat:ChatEval",
+    "head_coefficients": "laplax.evals.coefficients:HeadCoefficients",
     "dino_probes": "laplax.evals.dino:Probes",
     "dino_stream_probes": "laplax.evals.dino:StreamProbes",
     "dino_transfer": "laplax.evals.dino:Transfer",
