@@ -9,6 +9,9 @@ the output's sum with respect to q, k, v) of:
   lap/<impl>       laplacian_attention with k Laplacian heads (default: all) on the same kernel
   lap-k0/<impl>    laplacian_attention with k=0 (must cost exactly what dpa costs)
   explicit         laplacian_attention(implementation='explicit'): einsum + float32 softmax
+  op:<name>/<impl> laplacian_attention with every head on a laplax.heads operator
+                   (--operators 'mix(laplacian)' 'heat(2)' ...; mix heads get their initial
+                   coefficients as arrays, as a model passes its parameters)
 
 for each implementation in --impls (default 'xla'; 'xla,cudnn' when a GPU is present, where
 cuDNN needs bfloat16 or float16). Prints each time and the ratios lap / dpa, explicit / dpa and,
@@ -30,15 +33,21 @@ import numpy as np
 
 from benchmarks import common
 from laplax import cli
+from laplax import heads
 from laplax.attention import laplacian_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def attention_fns(impls, lap_k: int, causal: bool) -> dict:
+def attention_fns(impls, lap_k: int, causal: bool, operators=()) -> dict:
   """{variant name: f(q, k, v) -> (B, T, Hq, D)} for the requested implementations."""
   fns = {}
   for impl in impls:
+    for name in operators:
+      op = heads.parse_operator(name)
+      fns[f"op:{op.name}/{impl}"] = lambda q, k, v, impl=impl, op=op: laplacian_attention(
+          q, k, v, op, is_causal=causal, implementation=impl,
+          mix=(jnp.full(q.shape[2], op.a), jnp.full(q.shape[2], op.b)) if op.learned else None)
     fns[f"dpa/{impl}"] = lambda q, k, v, impl=impl: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=impl)
     fns[f"lap/{impl}"] = lambda q, k, v, impl=impl: laplacian_attention(
@@ -88,7 +97,7 @@ def run(args) -> dict:
   print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}); q (B, T, Hq, D) = "
         f"{(b, t, hq, d)}, {hkv} kv heads, {args.dtype}, causal={args.causal}, k={lap_k}, "
         f"impls {impls}", flush=True)
-  fns = attention_fns(impls, lap_k, args.causal)
+  fns = attention_fns(impls, lap_k, args.causal, args.operators)
   result = {"config": vars(args), "environment": common.environment()}
   for mode, wrap in (("forward", lambda f: f), ("forward+backward", fwd_bwd)):
     runners, stats, errors = compile_all({n: wrap(f) for n, f in fns.items()}, qkv)
@@ -106,6 +115,7 @@ def run(args) -> dict:
     pairs = [(f"lap/{i}", f"dpa/{i}") for i in impls]
     pairs += [(f"lap-k0/{i}", f"dpa/{i}") for i in impls]
     pairs += [("explicit", f"dpa/{impls[0]}")]
+    pairs += [(n, f"dpa/{n.rsplit('/', 1)[1]}") for n in fns if n.startswith("op:")]
     if "xla" in impls:
       pairs += [(f"{op}/{i}", f"{op}/xla") for i in impls if i != "xla" for op in ("dpa", "lap")]
     for num, den in pairs:
@@ -123,6 +133,9 @@ def parse_args(argv=None):
   p.add_argument("--kv-heads", type=int, default=0, help="grouped-query kv heads (0 = Hq)")
   p.add_argument("--k", type=int, default=None, help="Laplacian heads (default: all)")
   p.add_argument("--causal", action="store_true")
+  p.add_argument("--operators", nargs="*", default=[],
+                 help="laplax.heads operators to time on every head, e.g. laplacian 'mix' "
+                      "'heat(2)'")
   p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
   p.add_argument("--impls", default="", help="comma list of 'xla', 'cudnn' (default: by backend)")
   p.add_argument("--repetitions", type=int, default=40)

@@ -24,10 +24,12 @@ SHARED = shared_data_dir()  # $LAPLAX_SHARED_DATA, else ../shared/data next to t
 
 
 def laplacian_heads(default=0) -> ml_collections.FieldReference:
-  """k (the last k heads of every layer) or a per-layer list / per-head bools.
+  """The head spec (laplax.heads): k (the last k heads of every layer), an operator for every
+  head, or a per-layer list / per-head entries.
 
-  field_type=object lets the flag parse either: --config.model.laplacian_heads=4 or
-  --config.model.laplacian_heads='(0,0,4,4)' (a list per layer) or '[[0,1],[1,1]]'."""
+  field_type=object lets the flag parse any: --config.model.laplacian_heads=4,
+  ='(0,0,4,4)' (a list per layer), ='[[0,1],[1,1]]', ='heat(2)', ='mix(laplacian)' or
+  ="(0, ('attention', 'mix', 'heat(2)', 'laplacian'))"."""
   return ml_collections.FieldReference(default, field_type=object)
 
 

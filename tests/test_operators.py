@@ -249,3 +249,15 @@ def test_gpt_scanned_operators_generate_like_unrolled():
   # decoding equals full recomputation (heat heads read their cached first steps)
   np.testing.assert_array_equal(gpt.generate(model, {"params": params}, prompt, 4,
                                              use_cache=False), out)
+
+
+def test_coefficient_metrics_name_every_mix_head():
+  from laplax.evals import coefficients
+  table = heads.head_table([("mix", "attention"), ("heat(2)", "mix(laplacian)")], 2, 2)
+  params = {"blocks": {"attn": {"mix_a": np.array([[0.1, 0.0], [1.0, 0.9]]),
+                                "mix_b": np.array([[0.8, 1.0], [-1.0, -1.2]])}}}
+  got = coefficients.coefficient_metrics(params, table)
+  assert got == {"a_L0_H0": 0.1, "b_L0_H0": 0.8, "a_L1_H1": 0.9, "b_L1_H1": -1.2}
+  assert coefficients.parse_key("b_L1_H1") == ("b", 1, 1)
+  assert coefficients.parse_key("accuracy") is None
+  assert coefficients.coefficient_metrics({}, heads.head_table(2, 2, 2)) == {}
