@@ -226,15 +226,22 @@ def test_module_param_trees_identical_and_k0_module_equals_plain_attention():
   assert not np.allclose(np.asarray(y0), np.asarray(y4))
 
 
-@pytest.mark.parametrize("lap,kv_heads", [(0, 4), (2, 4), (4, 2), ((True, False, True, False), 1)])
+@pytest.mark.parametrize("lap,kv_heads", [
+    (0, 4), (2, 4), (4, 2), ((True, False, True, False), 1),
+    ("heat(2)", 4), (("attention", "mix(0.3,-0.7)", "heat(2)", "heat(3)"), 2),
+    (("heat(3)", "mix", "laplacian", "attention"), 1)])
 def test_module_kv_cache_decoding_equals_full_forward(lap, kv_heads):
-  """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass."""
+  """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass;
+  heat(t) heads read their cached earlier steps (cache entries cached_step1..t-1)."""
   mod = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=kv_heads, laplacian_heads=lap,
                            qk_norm="rms", rope_theta=10000.0, is_causal=True, use_bias=False)
   x = jax.random.normal(jax.random.key(10), (2, 7, 32))
   variables = mod.init(jax.random.key(0), x)
   full = mod.apply(variables, x)
   cache = mod.init(jax.random.key(0), x, decode=True)["cache"]
+  steps = max(op.steps for op in heads.head_row(lap, 4))
+  assert sorted(k for k in cache if k.startswith("cached_step")) == [
+      f"cached_step{i}" for i in range(1, steps)]
   outs = []
   for sl in (slice(0, 2),) + tuple(slice(i, i + 1) for i in range(2, 7)):
     y, upd = mod.apply({**variables, "cache": cache}, x[:, sl], decode=True, mutable=["cache"])

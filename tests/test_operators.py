@@ -124,29 +124,6 @@ def test_bf16_operators_as_accurate_as_ordinary_heads(impl):
   assert _rel(np.asarray(out, np.float64), np.asarray(f32, np.float64)) <= 3 * ordinary
 
 
-@pytest.mark.parametrize("spec,kv_heads", [("heat(2)", 4), (MIXED, 2),
-                                           (("heat(3)", "mix", "laplacian", "attention"), 1)])
-def test_kv_cache_decoding_with_operators_equals_full_forward(spec, kv_heads):
-  """One token at a time (after a 2-token prefill), heat heads read their cached earlier
-  steps: the same outputs as the causal full pass."""
-  mod = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=kv_heads, laplacian_heads=spec,
-                           qk_norm="rms", rope_theta=10000.0, is_causal=True, use_bias=False)
-  x = jax.random.normal(jax.random.key(10), (2, 7, 32))
-  variables = mod.init(jax.random.key(0), x)
-  full = mod.apply(variables, x)
-  cache = mod.init(jax.random.key(0), x, decode=True)["cache"]
-  steps = max(heads.parse_operator(s).steps for s in (spec if isinstance(spec, tuple)
-                                                       else (spec,)))
-  assert sorted(k for k in cache if k.startswith("cached_step")) == [
-      f"cached_step{i}" for i in range(1, steps)]
-  outs = []
-  for sl in (slice(0, 2),) + tuple(slice(i, i + 1) for i in range(2, 7)):
-    y, upd = mod.apply({**variables, "cache": cache}, x[:, sl], decode=True, mutable=["cache"])
-    cache = upd["cache"]
-    outs.append(y)
-  np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), atol=3e-5)
-
-
 def test_operator_errors_are_one_clear_line():
   q, k, v = _qkv(jax.random.key(8), 1, 3, 6, 4, 4, 8)
   with pytest.raises(ValueError, match="pass their coefficients as mix"):
