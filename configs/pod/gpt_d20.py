@@ -34,6 +34,11 @@ distributed Muon (optim.muon.distributed False -> True; benchmarks/muon_dist.py 
   v5e:16x16  peak 2.60 -> 0.79 GiB per chip (16 -> 5 %), temporaries 2.50 -> 0.67 GiB
   v5e:4x4    peak 6.95 -> 6.93 GiB (43 %; activations dominate: temporaries 6.59 -> 6.58)
   v5e:4x4, seq 8192, batch 16: peak 2.29 -> 2.02 GiB (14 -> 13 %), temporaries 1.94 -> 1.67
+Generalised heads (laplax.heads) by the same flag: --config.model.laplacian_heads="'mix(plain)'"
+or ='heat(2)'. Fit check on v5e:4x4 with distributed Muon (one run, 2026-12-01; peak GiB per
+chip / model FLOPs per step): k = 5 (default) 6.93 / 1.831e15, k = 10 6.93, mix(plain) in every
+head 6.79 / 1.831e15 (+400 parameters), heat(2) in every head 7.31 / 2.161e15 (+18.0 %: at
+2048 tokens attention is a large share of the FLOPs, and every layer runs it twice).
 Newton-Schulz FLOPs per chip (the Muon update alone, XLA's cost analysis; analytic total
 1.259e13 per step, 5 steps x (4 m^2 n + 2 m^3) per m x n matrix, m <= n: 80 of 1280 x 1280,
 40 of 1280 x 5120): v5e:16x16 4.68e11 -> 2.52e11 (the whole-matrix bound: one matrix of each

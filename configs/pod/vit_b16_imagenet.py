@@ -17,6 +17,12 @@ blocks.
   python train.py --config=configs/pod/vit_b16_imagenet.py --workdir=gs://.../vit_b16_k6_s0 \
       --multihost --config.model.laplacian_heads=6 --config.seed=0
 
+Generalised heads (laplax.heads, beyond the paper) by the same flag, e.g.
+--config.model.laplacian_heads="'mix(plain)'" or ='heat(2)'. Fit check on v5e:4x4 (:paper, one
+run, 2026-12-01; peak GiB per chip of 16 / model FLOPs per step): k = 0 2.02 / 1.585e14,
+k = 12 2.83, mix(plain) in every head 2.62 / 1.585e14 (+288 parameters), heat(2) in every
+head 3.32 / 1.633e14 (+3.0 %: a second fused pass per layer).
+
 The sweep: k = 0 (deit3_base_qk_patch16_192), 1, 3, 6, 9, 11, 12 Laplacian heads of 12 in every
 layer (num_vanilla_heads = 12 - k), seeds 0, 1, 2, drop path 0.2: 21 runs.
 
