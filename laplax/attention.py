@@ -217,7 +217,7 @@ def laplacian_attention(
     the static query heads qh holds when a subset."""
     nonlocal probs
     pass_mask = mask
-    if heads is not None and mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
+    if heads is not None and mask is not None and jnp.ndim(mask) == 4 and mask.shape[1] > 1:
       pass_mask = mask[:, heads]
     if explicit:
       if probs is None:
@@ -274,12 +274,16 @@ def laplacian_attention(
     keys_y = y if values_for_pass is None else values_for_pass(i - 1, y)
     if ops.row is not None:  # static: only the heads that still step
       idx = np.flatnonzero(ops.steps >= i)
+      if idx.size == num_heads:  # a slice, not a gather (and no scatter in the backward pass)
+        idx = every
+      elif idx.size == idx[-1] - idx[0] + 1:  # contiguous heads (the last k): a slice too
+        idx = slice(int(idx[0]), int(idx[-1]) + 1)
       if explicit:
         o = jnp.einsum("bnts,bsnd->btnd", probs[:, idx], keys_y[:, :, idx].astype(work))
       else:
         o = attend(q[:, :, idx], k_heads[:, :, idx], keys_y[:, :, idx], idx)
       y_next = combine(y[:, :, idx], o.astype(work), idx)
-      y = y_next if idx.size == num_heads else y.at[:, :, idx].set(y_next)
+      y = y_next if idx is every else y.at[:, :, idx].set(y_next)
     else:
       o = attend(q, k_heads, keys_y).astype(work)
       y = jnp.where((ops.steps >= i)[:, None], combine(y, o, every), y)
