@@ -223,8 +223,9 @@ def laplacian_attention(
       if probs is None:
         out, probs = _explicit_attention(qh, kh, vh, full, scale, f32_out=f32)
         return out
-      # later passes reuse P (every query head, in order): one einsum, no second softmax
-      return jnp.einsum("bnts,bsnd->btnd", probs, vh.astype(jnp.float32 if f32 else vh.dtype))
+      # later passes reuse P (of the heads qh holds): one einsum, no second softmax
+      p = probs if heads is None else probs[:, heads]
+      return jnp.einsum("bnts,bsnd->btnd", p, vh.astype(jnp.float32 if f32 else vh.dtype))
     if impl == "splash":
       return splash_lib.splash_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
                                          out_dtype=jnp.float32 if f32 else None)
@@ -278,10 +279,7 @@ def laplacian_attention(
         idx = every
       elif idx.size == idx[-1] - idx[0] + 1:  # contiguous heads (the last k): a slice too
         idx = slice(int(idx[0]), int(idx[-1]) + 1)
-      if explicit:
-        o = jnp.einsum("bnts,bsnd->btnd", probs[:, idx], keys_y[:, :, idx].astype(work))
-      else:
-        o = attend(q[:, :, idx], k_heads[:, :, idx], keys_y[:, :, idx], idx)
+      o = attend(q[:, :, idx], k_heads[:, :, idx], keys_y[:, :, idx], idx)
       y_next = combine(y[:, :, idx], o.astype(work), idx)
       y = y_next if idx is every else y.at[:, :, idx].set(y_next)
     else:
