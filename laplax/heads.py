@@ -229,10 +229,6 @@ def palette(table: Sequence[Sequence[Operator]]) -> tuple[tuple[Operator, ...], 
   return tuple(ops), codes
 
 
-def max_steps(table: Sequence[Sequence[Operator]]) -> int:
-  return max((op.steps for row in table for op in row), default=1)
-
-
 def has_learned(table: Sequence[Sequence[Operator]]) -> bool:
   return any(op.learned for row in table for op in row)
 
