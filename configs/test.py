@@ -163,7 +163,9 @@ def study_lm() -> ml_collections.ConfigDict:
   b.total_steps = 3
   b.evals.val.every = 0
   b.checkpoint.every_steps = 3
-  c = common.study("test_study_lm", b, specs=(0, 2), seeds=(0, 1))
+  b.evals.coefficients = common.evaluator("head_coefficients", every=1)
+  # the second spec's every head a learned mix started Laplacian: the report's coefficients
+  c = common.study("test_study_lm", b, specs=(0, "mix(laplacian)"), seeds=(0, 1))
   c.study.eval_tasks = ["arc_easy"]
   c.study.eval_limit = 1
   c.study.data_dir = str(common.SHARED)

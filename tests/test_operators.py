@@ -238,3 +238,34 @@ def test_coefficient_metrics_name_every_mix_head():
   assert coefficients.parse_key("b_L1_H1") == ("b", 1, 1)
   assert coefficients.parse_key("accuracy") is None
   assert coefficients.coefficient_metrics({}, heads.head_table(2, 2, 2)) == {}
+
+
+def test_study_coefficient_section_reads_what_the_heads_chose(tmp_path):
+  """Synthetic cells: head (0, 0) turns Laplacian-like from step 20 in both seeds, head (1, 1)
+  ends b < 0 in one seed only; the section counts, dates and tabulates exactly that."""
+  from configs import test as test_configs
+  from laplax.study import coefficients as study_coefficients
+  config = test_configs.get_config("study_lm")  # a GPT of depth 2 with 4 heads
+  spec = ((("mix", "attention", "attention", "attention"),
+           ("attention", "mix", "attention", "attention")))
+  config.study.laplacian_heads = [0, spec]
+  b00 = {0: [0.5, -0.1, -0.4], 1: [0.3, -0.2, -0.6]}  # per seed, at steps 10, 20, 30
+  b11 = {0: [0.9, 0.4, 0.2], 1: [0.5, 0.1, -0.3]}
+  done = {(0, s): {"coefficients": None} for s in (0, 1)}
+  for s in (0, 1):
+    done[(heads.freeze(spec), s)] = {"coefficients": {
+        str(step): {"a_L0_H0": 0.1 * s, "b_L0_H0": b00[s][j], "a_L1_H1": 0.0,
+                    "b_L1_H1": b11[s][j]} for j, step in enumerate((10, 20, 30))}}
+  summary = {"rows": [{"name": "k=0", "seeds": [0, 1]}, {"name": "mix", "seeds": [0, 1]}]}
+  specs = [0, heads.freeze(spec)]
+  lines = study_coefficients.section(tmp_path, config, specs, done, summary)
+  text = "\n".join(lines)
+  assert ("mix: 1/2 mix heads end Laplacian-like (b < 0 in every seed); from step 20 on "
+          "(median over those heads); the seeds agree on the sign of b in 1/2 heads.") in text
+  assert "| 0 | +0.05±0.05 / -0.50±0.10 | - | - | - |" in text  # a / b at step 30
+  assert "| 1 | - | +0.00±0.00 / -0.05±0.25 | - | - |" in text
+  assert (tmp_path / "coefficients.png").read_bytes()[:4] == b"\x89PNG"
+  # No mix heads anywhere: no section, no figure.
+  assert study_coefficients.section(tmp_path / "none", config, [0, 2], {
+      (k, s): {"coefficients": None} for k in (0, 2) for s in (0, 1)},
+      {"rows": [{"name": "k=0", "seeds": [0, 1]}, {"name": "k=2", "seeds": [0, 1]}]}) == []

@@ -12,12 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from laplax import heads as heads_lib
-from laplax.evals import coefficients as coefficients_lib
 from laplax.geometry import plots
-from laplax.study import stats
+from laplax.study import coefficients, stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
-from laplax.train import task as task_lib
 from laplax.train import trainer
 from laplax.train.metrics import read_metrics
 
@@ -57,12 +54,8 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   results = json.loads(results_path.read_text())
   rows = read_metrics(cell_dir / "metrics.jsonl")
   curve = {str(r["step"]): r["accuracy"] for r in rows if r.get("split") == "test"}
-  out = {"results": results, "analysis": results["geometry"], "curve": curve}
-  if "coefficients" in cfg.evals:  # mix heads' coefficients at every checkpoint step
-    out["coefficients"] = {str(r["step"]): {k: v for k, v in r.items()
-                                            if coefficients_lib.parse_key(k)}
-                           for r in rows if r.get("split") == "coefficients"}
-  return out
+  return {"results": results, "analysis": results["geometry"], "curve": curve,
+          "coefficients": coefficients.cell_series(cfg, cell_dir)}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -120,69 +113,6 @@ def curve_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
   return table + ["", "![learning curve](learning_curve.png)", ""]
 
 
-def coefficient_section(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
-  """What the mix heads chose: their coefficients at the last step (mean +- std over seeds),
-  how many turned Laplacian-like (b < 0) and how early, whether the seeds agree; the picture
-  over training (coefficients.png). Empty when no variant has mix heads."""
-  series, tables, notes = {}, [], []
-  model = task_lib.for_config(config.base).build_model()
-  depth, num_heads = model.depth, model.num_heads
-  for spec, row in zip(specs, summary["rows"]):
-    cells = [done[(spec, s)].get("coefficients") for s in row["seeds"]]
-    if not cells or not all(cells):
-      continue
-    table = heads_lib.head_table(spec, num_heads, depth)
-    if not heads_lib.has_learned(table):
-      continue
-    per_head: dict[tuple[int, int], list] = {}
-    final: dict[tuple[int, int], list] = {}
-    for cell in cells:
-      steps = sorted(cell, key=int)
-      for i, ops in enumerate(table):
-        for h, op in enumerate(ops):
-          if not op.learned:
-            continue
-          a = [op.a] + [cell[st][f"a_L{i}_H{h}"] for st in steps]
-          b = [op.b] + [cell[st][f"b_L{i}_H{h}"] for st in steps]
-          per_head.setdefault((i, h), []).append(([0] + [int(st) for st in steps], a, b))
-          final.setdefault((i, h), []).append((a[-1], b[-1]))
-    series[row["name"]] = per_head
-    lap_like = [k for k, v in final.items() if all(b < 0 for _, b in v)]
-    agree = [k for k, v in final.items() if len({b < 0 for _, b in v}) == 1]
-    firsts = []
-    for key in lap_like:  # first step from which b < 0 in every seed
-      runs = per_head[key]
-      steps = runs[0][0]
-      neg = np.all([np.asarray(b) < 0 for _, _, b in runs], axis=0)
-      first = next((steps[j] for j in range(len(steps)) if neg[j:].all()), None)
-      firsts.append(first)
-    when = (f"; from step {int(np.median(firsts))} on (median over those heads)"
-            if firsts else "")
-    notes.append(f"{row['name']}: {len(lap_like)}/{len(final)} mix heads end Laplacian-like "
-                 f"(b < 0 in every seed){when}; the seeds agree on the sign of b in "
-                 f"{len(agree)}/{len(final)} heads.")
-    tables += [f"### {row['name']}: a / b at the last step (mean +- std over seeds)", "",
-               "| layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " |",
-               "| --- |" + " --- |" * num_heads]
-    for i in range(depth):
-      cols = []
-      for h in range(num_heads):
-        v = np.asarray(final.get((i, h), []), float)
-        cols.append("-" if not v.size else
-                    f"{v[:, 0].mean():+.2f}±{v[:, 0].std():.2f} / "
-                    f"{v[:, 1].mean():+.2f}±{v[:, 1].std():.2f}")
-      tables.append(f"| {i} | " + " | ".join(cols) + " |")
-    tables.append("")
-  if not series:
-    return []
-  plots.plot_coefficients(series, depth, num_heads, workdir / "coefficients.png")
-  return ["## Learned head coefficients", "",
-          "A mix head returns a V + b P V: (0, 1) is ordinary attention, (1, -1) the Laplacian "
-          "head; b < 0 subtracts the neighbourhood average (Laplacian-like). Std over seeds "
-          "(population).", "", *[f"- {n}" for n in notes], "", *tables,
-          "![coefficients](coefficients.png)", ""]
-
-
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Accuracy plot, last-layer geometry table, per-layer figures."""
   groups = cells_by_name(specs, done, summary, "analysis")
@@ -192,7 +122,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       [r["scores"]["test_accuracy"] for r in summary["rows"]],
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
-           *coefficient_section(workdir, config, specs, done, summary),
+           *coefficients.section(workdir, config, specs, done, summary),
            "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from laplax.geometry import plots
+from laplax.study import coefficients
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import trainer
 
@@ -51,7 +52,8 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   if not (cell_dir / "results.json").exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
   results = json.loads((cell_dir / "results.json").read_text())
-  return {"results": results, "analysis": results["geometry"]}
+  return {"results": results, "analysis": results["geometry"],
+          "coefficients": coefficients.cell_series(cfg, cell_dir)}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -76,7 +78,8 @@ def setup(config) -> str:
 
 
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
-  """Benchmarks next to chance, collapse and spectrum table, spectrum figure."""
+  """Benchmarks next to chance, collapse and spectrum table, spectrum figure, the mix heads'
+  coefficients."""
   groups = cells_by_name(specs, done, summary, "analysis")
   plots.plot_spectrum(groups, workdir / "spectrum.png")
   lines = []
@@ -101,4 +104,4 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
     lines.append(f"| {row['name']} | {c['cdnv']:.4g} | {c['num_classes']:.0f} | "
                  f"{c['num_excluded']:.0f} | {np.mean(row['scores']['components_99']):.1f} |")
   lines += ["", "![spectrum](spectrum.png)", ""]
-  return lines
+  return lines + coefficients.section(workdir, config, specs, done, summary)
