@@ -35,6 +35,8 @@ def section(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Per spec with mix heads: their coefficients at the last step (mean +- std over seeds), how
   many turned Laplacian-like (b < 0 in every seed) and from which step, whether the seeds agree
   on the sign of b; the picture over training (coefficients.png). [] without mix heads."""
+  if not any(cell.get("coefficients") for cell in done.values()):
+    return []
   model = task_lib.for_config(config.base).build_model()
   depth, num_heads = model.depth, model.num_heads
   series, tables, notes = {}, [], []
