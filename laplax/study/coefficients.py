@@ -1,4 +1,5 @@
-"""The learned head coefficients of a study, for every task's report: what the 'mix' heads chose.
+"""What the mix heads of a study chose: their learned coefficients in the classification and LM
+reports.
 
 A cell whose config has a `head_coefficients` evaluator (laplax.evals.coefficients) logs a and b
 of every mix head at its steps to metrics.jsonl; `cell_series` reads them back, `section` writes
