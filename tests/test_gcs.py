@@ -280,6 +280,7 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(server, refer
                        f"--out={out}"], cwd=REPO, env=hosts.env(8), capture_output=True,
                       text=True, timeout=600)
   assert ev.returncode == 0, ev.stderr[-3000:]
+  assert "backend cpu (cpu): 8 local / 8 global devices" in ev.stderr, ev.stderr[-3000:]
   result = json.loads(ev.stdout)
   assert result["test"]["accuracy"] == results["test"]["accuracy"]
   assert json.loads(epath.Path(f"{out}/eval.json").read_text())["step"] == STEPS
@@ -321,6 +322,8 @@ def test_two_hosts_share_a_gs_workdir(server, cache, reference, tmp_path):
   run = f"gs://{server.bucket()}/run"
   job = hosts.start(_train(run, cache), 2, tmp_path / "logs", devices=4)
   assert job.wait(600) == [0, 0], job.output()[-6000:]
+  for i in (0, 1):  # the start-up line of each host: its own and the job's devices
+    assert f"backend cpu (cpu): 4 local / 8 global devices, process {i} of 2" in job.output(i)
   got = _losses(run)
   assert sorted(got) == sorted(want)
   assert max(abs(got[s] - want[s]) for s in want) <= 1e-5, (got, want)
