@@ -12,7 +12,8 @@
 Runs are real train.py / eval.py processes: a gs:// workdir from start to export, kill -9 in
 the middle of a checkpoint save and a resume identical to the uninterrupted run, two hosts on
 one gs:// workdir, a second run refused by the lock and a dead run's lock taken over, and
-one-line errors for a missing bucket and for missing credentials.
+one-line errors for a missing bucket and for missing credentials. The training runs are
+marked slow; the rest (in process, or a process that stops at once) is in the fast suite.
 """
 
 import io
@@ -224,6 +225,7 @@ def test_a_holder_whose_lock_was_taken_over_stops_in_one_line(bucket):
   assert gcs.read(f"{run}/.lock").info["host"] == "successor"  # not deleted by the loser
 
 
+@pytest.mark.slow  # train.py runs
 def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(server, cache, tmp_path):
   run = f"gs://{server.bucket()}/run"
   lease = ("--config.lock_lease_s=3",)
@@ -259,6 +261,7 @@ def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(server, ca
 # --- whole runs on a gs:// workdir -------------------------------------------------------------
 
 
+@pytest.mark.slow  # train.py runs
 def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(server, reference):
   run, losses, results = reference
   bucket = run[len("gs://"):].split("/")[0]
@@ -290,6 +293,7 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(server, refer
   assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
 
 
+@pytest.mark.slow  # train.py runs
 def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(server, cache, reference):
   _, want, results = reference
   bucket = server.bucket()
@@ -317,6 +321,7 @@ def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(server, cache,
   assert got["test"] == results["test"] and got["val"] == results["val"]
 
 
+@pytest.mark.slow  # train.py runs
 def test_two_hosts_share_a_gs_workdir(server, cache, reference, tmp_path):
   _, want, _ = reference
   run = f"gs://{server.bucket()}/run"
