@@ -313,6 +313,7 @@ def test_two_hosts_share_a_gs_workdir(fake_gcs, cache, reference, tmp_path):
   got = _losses(run)
   assert sorted(got) == sorted(want)
   assert max(abs(got[s] - want[s]) for s in want) <= 1e-5, (got, want)
+  assert gcs.read(f"{run}/.lock") is None  # process 0 held it, and released it
 
 
 # --- bad input: one line, nothing written ------------------------------------------------------
