@@ -26,13 +26,16 @@ Reading a run never writes into its workdir's checkpoints/: it is safe next to a
 """
 
 import json
-import pathlib
 import sys
 
 from absl import app, flags
 
 from laplax import cli
 from laplax.evals import offline
+from laplax.train import gcs
+from laplax.train import platform
+from laplax.train import restore
+from laplax.train import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
@@ -53,6 +56,8 @@ flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (defau
 flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
                     "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
                     "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
+flags.DEFINE_bool("allow_platform_mismatch", False, "Evaluate a run whose config targets "
+                  "another backend (config.platform), or uses splash attention off TPU, anyway.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -69,7 +74,15 @@ def main(argv):
                                   data_dir=FLAGS.data_dir, photos=FLAGS.photos)
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
     log = lambda message: print(message, file=sys.stderr)
-    out = pathlib.Path(FLAGS.out or FLAGS.workdir)
+    log(platform.describe())
+    out = FLAGS.out or FLAGS.workdir  # a str: pathlib would turn gs://b/x into gs:/b/x
+    for path in dict.fromkeys((FLAGS.workdir, out)):
+      gcs.check_access(path)  # a gs:// bucket that cannot be read: one line, in seconds
+    workdir = workdir_lib.as_path(FLAGS.workdir)
+    if (workdir / "config.json").exists():  # else evaluate_workdir says what is missing
+      for note in platform.check(restore.read_config(workdir),
+                                 allow_mismatch=FLAGS.allow_platform_mismatch):
+        log(note)
     print(json.dumps(offline.evaluate_workdir(FLAGS.workdir, out, options, log=log), indent=2))
 
   cli.run_main(work)

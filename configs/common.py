@@ -55,6 +55,9 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.axis_rules = ()  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
   c.profile = ()  # (first step, number of steps): a jax.profiler trace in workdir/profile
   c.compilation_cache_dir = ""  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps
+  c.lock_lease_s = 60.0  # gs:// workdirs: a killed run's lock is taken over after this long
+  # 'tpu' / 'gpu': refuse to start on another backend (laplax.train.platform); None: any.
+  c.platform = ml_collections.FieldReference(None, field_type=str)
   return c
 
 

@@ -83,6 +83,7 @@ def get_config(recipe: str | None = None):
   if recipe not in RECIPES:
     raise ValueError(f"configs/pod/vit_b16_imagenet.py:{recipe}: use one of {RECIPES}")
   c = common.run("vit_b16_imagenet", "classification", log_every=100, every_steps=2000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.recipe = recipe  # documentation: which of RECIPES built this config
   c.data = common.streamed_image_data("imagenet2012", image_size=192, batch_size=2048,
                                       eval_batch_size=1024)

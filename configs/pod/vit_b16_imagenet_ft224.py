@@ -41,6 +41,7 @@ def get_config(source_recipe: str | None = None):
     raise ValueError(f"configs/pod/vit_b16_imagenet_ft224.py:{source_recipe}: use 'paper' or "
                      "'deit3' (the recipe of the init_from run)")
   c = common.run("vit_b16_imagenet_ft224", "classification", log_every=100, every_steps=2000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 20.0
   c.init_from = ""  # the 192 px run's workdir, on the command line
   c.data = common.streamed_image_data("imagenet2012", image_size=224, batch_size=512,

@@ -51,7 +51,7 @@ AT_LEAST_ONE = Range(1, integer=True)
 RANGES: dict[str, Range] = {
     # The run
     "seed": COUNT, "total_steps": COUNT, "init_from_step": COUNT, "num_epochs": POSITIVE,
-    "log_every": AT_LEAST_ONE,
+    "log_every": AT_LEAST_ONE, "lock_lease_s": POSITIVE,
     "checkpoint.every_steps": AT_LEAST_ONE, "checkpoint.keep": AT_LEAST_ONE,
     # Data
     "data.batch_size": AT_LEAST_ONE, "data.eval_batch_size": AT_LEAST_ONE,
