@@ -77,20 +77,12 @@ def default_gpt_config() -> ml_collections.ConfigDict:
 def _with_model(config: ml_collections.ConfigDict, fields: dict[str, Any]
                 ) -> ml_collections.ConfigDict:
   """`config` with its model section's architecture replaced by `fields` (how it computes:
-  dtype, attention kernel, scanning, remat, is kept)."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  model = config.model
-  for key, value in fields.items():
-    if key == "laplacian_heads":
-      model[key] = ml_collections.FieldReference(value, field_type=object)
-    elif key in model:
-      model[key] = value
-    else:
-      with model.unlocked():
-        model[key] = value
-  if "preset" in model:
-    model.preset = ""
-  return config
+  dtype, attention kernel, scanning, remat, is kept; a preset is dropped)."""
+  d = config.to_dict()
+  d["model"].update(fields)
+  if "preset" in d["model"]:
+    d["model"]["preset"] = ""
+  return ml_collections.ConfigDict(d)
 
 
 def _fit(task_obj, model, flat: dict[str, np.ndarray]):

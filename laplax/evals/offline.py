@@ -67,8 +67,9 @@ def switch_heads(run: Run, spec: Any) -> Run:
   """`run` with its model rebuilt for the head spec `spec` (the same weights). Refused in one
   line when the spec's parameters differ from the trained ones (a 'mix' head has its own
   learned coefficients: it cannot be switched on in a model trained without them)."""
-  config = ml_collections.ConfigDict(run.config.to_dict())
-  config.model.laplacian_heads = spec
+  d = run.config.to_dict()
+  d["model"]["laplacian_heads"] = spec  # any spec type (the trained one may be an int)
+  config = ml_collections.ConfigDict(d)
   task = task_lib.for_config(config)
   task.load_assets(run.workdir)
   model = task.build_model()
@@ -174,7 +175,10 @@ def export_run(run: Run, out: epath.PathLike) -> epath.Path:
   task = run.task
   info = task.info() if hasattr(task, "info") else None
   tokenizer = run.workdir / export_lib.TOKENIZER
+  # an export of an export keeps the original source (a run's workdir, a converted file)
+  source = (export_lib.read_manifest(run.workdir)["source"] if export_lib.is_export(run.workdir)
+            else run.workdir)
   return export_lib.write_export(
-      out, run.params, run.config, run.model, source=run.workdir, step=run.step,
+      out, run.params, run.config, run.model, source=source, step=run.step,
       extra=run.extra, model_fields=task.model_identity(run.model), info=info,
       tokenizer=tokenizer if tokenizer.exists() else None)
