@@ -155,7 +155,8 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
   m.scan_layers = False  # nn.scan over blocks, the head table as a scanned input
   m.remat_policy = "none"  # laplax.models.remat: none | full | dots_saveable | ...
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  m.weight_init = "xavier"  # 'xavier' | 'trunc_normal' (DeiT-III; laplax.models.vit.INITS)
+  # 'xavier' | 'trunc_normal' (DeiT-III) | 'timm' (the authors' timm models; laplax.models.vit.INITS)
+  m.weight_init = "xavier"
   m.dtype = "float32"  # compute; parameters and optimiser state stay param_dtype
   m.param_dtype = "float32"
   m.update(overrides)
