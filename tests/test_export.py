@@ -27,6 +27,8 @@ def exported(tmp_path, data_cache):
   task = task_lib.for_config(config)
   model = task.build_model()
   params = nn.unbox(task.init_params(model, jax.random.key(1)))
+  head = params["head"]["kernel"]  # xavier's zero head would make every prediction class 0
+  params["head"]["kernel"] = jax.random.normal(jax.random.key(2), head.shape, head.dtype)
   out = tmp_path / "export"
   export.write_export(out, params, config, model, source=tmp_path / "run", step=3,
                       model_fields=task.model_identity(model), info=task.info())
@@ -120,9 +122,9 @@ def test_heads_switch_evaluates_the_same_weights_with_another_spec(exported, tmp
   switched = offline.switch_heads(run, offline.parse_heads("((1, 0), 2)"))
   assert switched.task.describe_heads(switched.model) == "heads=L./LL"
   x = np.random.RandomState(0).rand(4, 28, 28, 1).astype(np.float32)
-  same = run.model.apply({"params": run.params}, x, return_tokens=True)[1]["pre_logits"]
-  other = switched.model.apply({"params": run.params}, x, return_tokens=True)[1]["pre_logits"]
-  assert np.abs(np.asarray(same) - np.asarray(other)).max() > 1e-2  # (the head is zero-init)
+  same = run.model.apply({"params": run.params}, x)
+  other = switched.model.apply({"params": run.params}, x)
+  assert np.abs(np.asarray(same) - np.asarray(other)).max() > 1e-2
   res = offline.evaluate_workdir(exported, tmp_path / "eval",
                                  offline.EvalOptions(evals=("val",), heads=0),
                                  log=lambda m: None)
@@ -150,3 +152,22 @@ def test_init_from_an_export_with_another_head_spec(exported, tmp_path, data_cac
   config.init_from_step = 7
   with pytest.raises(ValueError, match="is an export of step 3, not of step 7"):
     trainer.train_and_evaluate(config, tmp_path / "ft2", log=lambda m: None)
+
+
+def test_head_switch_study(exported, tmp_path):
+  """Every single-head switch (and all at once) of a k = 2 export, scored on the same test
+  images as the trained spec: the base accuracy is the evaluator's, the deltas are paired."""
+  from laplax.study import head_switches
+  result = head_switches.study(exported, tmp_path / "switches", log=lambda m: None)
+  res = offline.evaluate_workdir(exported, tmp_path / "eval", offline.EvalOptions(evals=("test",)),
+                                 log=lambda m: None)
+  assert result["accuracy"] == pytest.approx(res["test"]["accuracy"])
+  assert [(r["layer"], r["head"], r["from"], r["to"]) for r in result["switches"]] == [
+      (i, h, "laplacian", "attention") for i in range(2) for h in range(2)]
+  assert result["switches"][0]["heads"] == "k=[1,2]"
+  assert len({r["accuracy"] for r in result["switches"]}) > 1  # the heads matter
+  assert result["all_switched"]["heads"] == "k=0"
+  for r in result["switches"] + [result["all_switched"]]:
+    assert r["delta"] == pytest.approx(r["accuracy"] - result["accuracy"])
+    assert r["ci95"][0] <= r["delta"] <= r["ci95"][1]
+  assert (tmp_path / "switches" / "head_switches.png").stat().st_size > 0

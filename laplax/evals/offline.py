@@ -132,6 +132,20 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
   return config, list(dict.fromkeys(names))
 
 
+def placed(run: Run, config: ml_collections.ConfigDict):
+  """(mesh, rules, run with its params and extra replicated over the mesh): the run's own mesh
+  where this machine can build it (the same reductions: the numbers training's final
+  evaluation gave), else every local device on the data axis."""
+  try:
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+  except ValueError:
+    mesh = sharding.make_mesh({"data": -1})
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  weights = dataclasses.replace(run, **jax.device_put(
+      {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
+  return mesh, rules, weights
+
+
 def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=print
                      ) -> dict[str, Any]:
   """Runs the evaluators of the run in workdir; writes and returns out/eval.json."""
@@ -143,15 +157,7 @@ def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=
   task = run.task
   evaluator_lib.check(config, task)
   task.load_data(run.workdir, log)  # the evaluators read the task's data
-  # The run's own mesh where this machine can build it (the same reductions: the numbers
-  # training's final evaluation gave), else every local device on the data axis.
-  try:
-    mesh = sharding.make_mesh(config.mesh.to_dict())
-  except ValueError:
-    mesh = sharding.make_mesh({"data": -1})
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  weights = dataclasses.replace(run, **jax.device_put(
-      {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
+  mesh, rules, weights = placed(run, config)
   out.mkdir(parents=True, exist_ok=True)
   context = evaluator_lib.Context(task, run.model, mesh, rules, out, log)
   evaluators = evaluator_lib.build(config, context, names)
