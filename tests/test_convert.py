@@ -357,3 +357,34 @@ def test_timm_checkpoint_to_export_evaluates_and_goes_back(tmp_path, data_cache)
   assert all(torch.equal(fresh.state_dict()[n], p) for n, p in tm.state_dict().items())
   with pytest.raises(ValueError, match="use --to=deit_mixed"):
     convert.to_torch(tmp_path / "export", tmp_path / "timm2", "timm")
+
+
+def test_dino_backbone_from_dinos_layout_and_back(tmp_path, data_cache):
+  """DINO's vit_small layout (class position entry, no LayerScale, no QK-norm, no classifier)
+  into configs/test.py:dino (28 px grey, patch 7, width 32, 2 heads): the teacher and student
+  backbones are the converted weights, their class-token features are timm's, and --to=dino
+  writes DINO's layout back (a zero class position entry), loaded strictly by timm."""
+  tm = randomise(timm_vit(0, img_size=28, patch_size=7, in_chans=1, num_classes=0,
+                          embed_dim=32, num_heads=2, qk_norm=False, init_values=None,
+                          no_embed_class=False), seed=7)
+  checkpoints.write_safetensors(tmp_path / "dino.safetensors", numpy_state(tm))
+  convert.from_timm(tmp_path / "dino.safetensors", tmp_path / "export", num_heads=2,
+                    task="dino", config=make_config("dino", data_cache))
+  run = offline.load(tmp_path / "export")
+  assert run.task.name == "dino" and sorted(run.extra) == ["centre", "teacher"]
+  x = np.random.RandomState(3).rand(2, 28, 28, 1).astype(np.float32)
+  with torch.no_grad():
+    expected = tm(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()  # the normed class token
+  for tree in (run.params, run.extra["teacher"]):
+    _, features = run.model.apply({"params": tree}, x)
+    assert rel(features, expected) < TOL
+  written = convert.to_torch(tmp_path / "export", tmp_path / "back", "dino")
+  kwargs = json.loads((tmp_path / "back" / "timm_config.json").read_text())
+  assert kwargs["no_embed_class"] is False and kwargs["num_classes"] == 0
+  state, _ = checkpoints.read_state(written[0])
+  assert state["pos_embed"].shape == (1, 17, 32) and not state["pos_embed"][0, 0].any()
+  fresh = timm_vit(0, **kwargs)
+  fresh.load_state_dict({n: torch.from_numpy(v) for n, v in state.items()}, strict=True)
+  with torch.no_grad():
+    again = fresh(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+  assert rel(again, expected) < TOL
