@@ -49,10 +49,20 @@ SOURCES = ("timm", "nanochat", "hf-gpt2", "laplax")
 TARGETS = ("laplax", "timm", "deit_mixed", "dino", "nanochat")
 
 
+def _configs():
+  """The repository's config library (configs/common.py), for the default run configs."""
+  try:
+    from configs import common
+  except ImportError:
+    raise ValueError("configs/ is not importable from here: run from the repository root, or "
+                     "pass --config") from None
+  return common
+
+
 def default_vit_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
   """A run config for a converted image classifier: ImageNet-style streamed data at the
   checkpoint's resolution and classes (set data.tfds_data_dir to evaluate or fine-tune)."""
-  from configs import common  # the repository's config library (a checkout or an install)
+  common = _configs()
   c = common.run("converted_vit", "classification")
   c.data = common.streamed_image_data("imagenet2012", image_size=fields["image_size"])
   c.data.num_classes = max(fields["num_classes"], 1)
@@ -65,7 +75,7 @@ def default_vit_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
 
 def default_gpt_config() -> ml_collections.ConfigDict:
   """A run config for a converted GPT (set data.sources to evaluate or train it)."""
-  from configs import common
+  common = _configs()
   c = common.run("converted_gpt", "lm", total_steps=1)
   c.evals = common.lm_evals(every=0)
   c.data = common.text_data(sources=(str(common.SHARED / "text"),))
@@ -192,14 +202,14 @@ def from_nanochat(path: epath.PathLike, out: epath.PathLike, *, meta: epath.Path
   fields.pop("vocab_size")  # the lm task pads the tokenizer's vocabulary (vocab_multiple 64)
   config = _with_model(config or default_gpt_config(), {**fields, "vocab_multiple":
                                                        gpt_convert.VOCAB_MULTIPLE})
+  task_obj = task_lib.for_config(config)
+  task_obj.tokenizer = tok
+  model = task_obj.build_model()
+  params = _fit(task_obj, model, flat)  # checked before anything is written
   out = workdir_lib.as_path(out)
   out.mkdir(parents=True, exist_ok=True)
   tok_path = out / export_lib.TOKENIZER
   tok.save(tok_path)
-  task_obj = task_lib.for_config(config)
-  task_obj.tokenizer = tok
-  model = task_obj.build_model()
-  params = _fit(task_obj, model, flat)
   step = json.loads(meta_path.read_text()).get("step")
   return export_lib.write_export(out, params, config, model, source=path, step=step,
                                  model_fields=task_obj.model_identity(model),
