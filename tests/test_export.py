@@ -50,15 +50,18 @@ def test_an_export_loads_back(exported):
   assert flat["block0/attn/query"].shape == (32, 2, 16)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: b[:len(b) // 2], "is damaged or truncated: its sha256"),
-    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "is damaged or truncated: its sha256"),
+@pytest.mark.parametrize("damage, through_eval_py", [
+    (lambda b: b[:len(b) // 2], True),  # truncated; the process-level check once is enough
+    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), False),  # one bit flipped
 ])
-def test_a_damaged_export_is_refused_in_one_line(exported, damage, message):
+def test_a_damaged_export_is_refused_in_one_line(exported, damage, through_eval_py):
   path = exported / "params.safetensors"
+  message = "is damaged or truncated: its sha256"
   path.write_bytes(damage(path.read_bytes()))
   with pytest.raises(ValueError, match=f"{path} {message}"):
     offline.load(exported)
+  if not through_eval_py:
+    return
   proc = subprocess.run([sys.executable, "eval.py", f"--workdir={exported}"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
