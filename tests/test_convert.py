@@ -271,8 +271,11 @@ def test_gpt_refuses_what_it_cannot_express():
     gpt_convert.from_nanochat({**state, "resid_lambdas": np.ones(2, np.float32)}, model_config)
   with pytest.raises(ValueError, match="vocab_size=100 is not a multiple of 64"):
     gpt_convert.from_nanochat(state, {**model_config, "vocab_size": 100})
-  with pytest.raises(ValueError, match="learned position embeddings .* nothing was converted"):
+  with pytest.raises(ValueError, match="GPT-2 cannot be .*learned position embeddings .* "
+                     "nothing was converted"):
     gpt_convert.from_hf_gpt2({"model_type": "gpt2"})
+  with pytest.raises(ValueError, match="'llama' model, not GPT-2"):
+    gpt_convert.from_hf_gpt2({"model_type": "llama"})
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +316,7 @@ def test_nanochat_checkpoint_to_export_and_back(nanochat_files, tmp_path):
   assert enc.encode_ordinary("To be") == list(tok.encode("To be"))
 
 
+@pytest.mark.slow  # a CLI process
 def test_convert_command_refuses_in_one_line(tmp_path):
   tm = timm_vit(0, reg_tokens=1, no_embed_class=True)
   checkpoints.write_safetensors(tmp_path / "vit.safetensors", numpy_state(tm))

@@ -179,9 +179,12 @@ def to_nanochat(flat: dict[str, np.ndarray], config) -> tuple[dict[str, np.ndarr
 
 def from_hf_gpt2(hf_config: dict[str, Any]) -> None:
   """Hugging Face GPT-2 cannot be expressed by laplax's GPT: one ValueError line naming why."""
-  kind = hf_config.get("model_type", "?")
+  kind = hf_config.get("model_type", "gpt2")
+  if kind != "gpt2":
+    raise ValueError(f"a Hugging Face {kind!r} model, not GPT-2: --from=hf-gpt2 reads GPT-2's "
+                     "layout only")
   raise ValueError(
-      f"a Hugging Face {kind} model cannot be expressed by laplax's GPT: it has learned position "
+      "Hugging Face GPT-2 cannot be expressed by laplax's GPT: it has learned position "
       "embeddings (wpe; laplax: rotary), LayerNorms with weights and biases (laplax: "
       "parameter-free RMSNorm), biased fused qkv and MLP projections (laplax: no biases), a "
       "GELU MLP (laplax: ReLU^2), tied input and output embeddings, no QK-norm and no logit "
