@@ -158,7 +158,8 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
   m.scan_layers = False  # nn.scan over blocks, the head table as a scanned input
   m.remat_policy = "none"  # laplax.models.remat: none | full | dots_saveable | ...
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  m.weight_init = "xavier"  # 'xavier' | 'trunc_normal' (DeiT-III; laplax.models.vit.INITS)
+  # 'xavier' | 'trunc_normal' (DeiT-III) | 'timm' (the authors' timm models; laplax.models.vit.INITS)
+  m.weight_init = "xavier"
   m.dtype = "float32"  # compute; parameters and optimiser state stay param_dtype
   m.param_dtype = "float32"
   m.update(overrides)
@@ -302,7 +303,9 @@ def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "gl
   m.num_kv_heads = 0  # 0 = no GQA
   m.mlp_ratio = 4
   m.laplacian_heads = laplacian_heads(0)  # k or a per-layer list
-  m.rope_theta = 10000.0
+  m.rope_theta = 10000.0  # nanochat's Laplacian fork: 100000
+  m.rope_table_dtype = "float32"  # 'bfloat16': cos / sin rounded as nanochat keeps them
+  m.qk_scale = 1.0  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
   m.logit_softcap = 15.0
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
   m.dtype = "float32"

@@ -27,7 +27,9 @@ The sweep: k = 0 (deit3_base_qk_patch16_192), 1, 3, 6, 9, 11, 12 Laplacian heads
 layer (num_vanilla_heads = 12 - k), seeds 0, 1, 2, drop path 0.2: 21 runs.
 
 Model: no position entry for the class token, trunc_normal(0.02) Linear weights and position
-table, LayerNorm eps 1e-6 in both. `paper` (timm's deit3_base_*_patch16_192): LayerScale 1e-6
+table, the patch embedding at PyTorch's Conv2d default, LayerNorm eps 1e-6 in both; the class
+token normal(1e-6) in `paper` (timm's init_weights, model.weight_init 'timm'), trunc_normal(0.02)
+in `deit3`. `paper` (timm's deit3_base_*_patch16_192): LayerScale 1e-6
 (init_values), QK-norm (qk_norm=True in every sweep model), drop path rising linearly to 0.2.
 `deit3` (models_v2.py deit_base_patch16_LS): LayerScale 1e-4 (vit_models' init_scale), no
 QK-norm; DeiT-III's drop path is 0.2 in every block (dpr_constant), laplax's rises linearly.
@@ -103,6 +105,7 @@ def get_config(recipe: str | None = None):
     c.bce_binary_targets = False  # timm's BinaryCrossEntropy on the soft targets
     c.optim.label_smoothing = 0.1
     c.model.qk_norm = True
+    c.model.weight_init = "timm"  # timm's init_weights (class token normal(1e-6))
   else:
     c.num_epochs = 800.0
     c.optim.final_lr_fraction = 1e-5 / lr  # main.py's min-lr 1e-5

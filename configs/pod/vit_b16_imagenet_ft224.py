@@ -53,7 +53,8 @@ def get_config(source_recipe: str | None = None):
   # The source's model: only the position table may differ (192 -> 224 px).
   c.model = common.vit("B", patch_size=16, drop_path_rate=0.2, dtype="bfloat16",
                        scan_layers=True, remat_policy="full", attention_impl="splash",
-                       qk_norm=source_recipe == "paper", weight_init="trunc_normal")
+                       qk_norm=source_recipe == "paper",
+                       weight_init="timm" if source_recipe == "paper" else "trunc_normal")
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(1e-5, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.1,
                          clip_norm=0.0, final_lr_fraction=1.0)  # min-lr 1e-5 = lr

@@ -9,7 +9,7 @@ mixed label-smoothed targets, as timm's BinaryCrossEntropy after its Mixup; with
 `targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
 (`config.mixup`, laplax.data.mixup) run on the device in the step. Its evaluators
 (accuracy, per-layer geometry) are laplax.evals.classification, picked by config.evals; eval.py
-also writes a self-contained export (laplax.evals.export).
+writes its export (laplax.train.export).
 """
 
 from __future__ import annotations

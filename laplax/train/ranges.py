@@ -70,6 +70,7 @@ RANGES: dict[str, Range] = {
     "model.num_kv_heads": COUNT, "model.drop_path_rate": BETA,
     "model.layerscale_init": POSITIVE, "model.loss_chunk": COUNT,
     "model.vocab_multiple": AT_LEAST_ONE, "model.rope_theta": POSITIVE,
+    "model.qk_scale": POSITIVE,
     # Optimiser
     "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,
