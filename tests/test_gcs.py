@@ -4,7 +4,7 @@ session, a fresh bucket per test).
 
   gcsfs (through etils.epath)    config.json, metrics.jsonl, the TensorBoard event file
                                  (tensorboardX), checksum manifests, results.json, eval.json,
-                                 export.npz / export.json, the TFDS data set's metadata, the
+                                 the export (safetensors + manifest), the TFDS data set's metadata, the
                                  parquet corpus
   tensorstore (orbax)            the checkpoint arrays (OCDBT)
   google-cloud-storage           the workdir lock (generation preconditions, laplax.train.gcs)
@@ -36,6 +36,7 @@ import hosts
 from laplax.data import streaming
 from laplax.data.images import load_image_data
 from laplax.data.text import corpus
+from laplax.train import export as export_lib
 from laplax.train import gcs, manifest, metrics, workdir
 from laplax.train.metrics import read_metrics
 from test_paths import tensorboard_scalars
@@ -268,9 +269,10 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(fake_gcs, ref
   result = json.loads(ev.stdout)
   assert result["test"]["accuracy"] == results["test"]["accuracy"]
   assert json.loads(epath.Path(f"{out}/eval.json").read_text())["step"] == STEPS
-  meta = json.loads(epath.Path(f"{out}/export.json").read_text())
-  params = dict(np.load(io.BytesIO(epath.Path(f"{out}/export.npz").read_bytes())))
+  meta = export_lib.read_manifest(out)
+  params = export_lib.read_safetensors(epath.Path(f"{out}/params.safetensors"))
   assert meta["step"] == STEPS and params and all(np.isfinite(v).all() for v in params.values())
+  assert export_lib.is_export(out) and export_lib.verified_files(out, meta)  # sha256 on gs://
   assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
 
 
