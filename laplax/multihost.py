@@ -160,7 +160,8 @@ def _verdict(key: str, problem: str, wait) -> str:
 
 
 class PeerFailed(ValueError):
-  """Process 0 failed in a block the others waited for (a ValueError: the CLIs print one line)."""
+  """Another process (process 0, in process_0_first) failed in a block this one waited in (a
+  ValueError: the CLIs print one line)."""
 
 
 @contextlib.contextmanager
