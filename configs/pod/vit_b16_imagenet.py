@@ -55,8 +55,11 @@ no repeated augmentation, no EMA (main.py keeps one, decay 0.99996, by default).
 Both: laplax's training crop resizes bilinearly and its evaluation resize is bilinear with
 antialiasing (timm: random bilinear / bicubic training, bicubic evaluation; DeiT-III bicubic).
 
-Data: ImageNet prepared by TFDS in ArrayRecord format (`imagenet2012/<version>/` under
-`--config.data.tfds_data_dir=DIR`, local or gs://), streamed per record (laplax.data.streaming):
+Data: ImageNet in TFDS's ArrayRecord format (`imagenet2012/<version>/` under
+`--config.data.tfds_data_dir=DIR`, local or gs://; from the official tars, once:
+`python -m laplax.data.prepare imagenet --source=TARS --out=DIR`), or Hugging Face parquet
+shards (`--config.data.source=parquet --config.data.parquet_files='DIR/data/{split}-*.parquet'`),
+streamed per record (laplax.data.streaming):
 random-resized crop, flip, 3-Augment and colour jitter in grain worker processes (one per host
 core but one), uint8 to the device.
 `data.image_size` / `data.num_classes` / `data.num_train` let the model be built and compiled

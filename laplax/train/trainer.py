@@ -166,9 +166,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
            allow_change) -> dict[str, Any]:
   check_workdir_config(workdir, config, allow_change)
-  # Missing or bad data stops a fresh start before config.json. Process 0 prepares first (into
-  # a shared cache the others then find ready), so the hosts never prepare one entry at once.
-  with multihost.process_0_first("load_data"):
+  # Missing or bad data stops a fresh start before config.json. Every host prepares at once:
+  # its own copy, its share of one, or it waits for the host that prepares a shared cache
+  # entry (laplax.data.host_cache); one host's failure stops all with its line.
+  with multihost.together("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
   model = task.build_model()
