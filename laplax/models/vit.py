@@ -92,7 +92,7 @@ class PatchEmbed(nn.Module):
 
   features: int
   patch_size: int
-  init: str = "lecun"  # 'lecun' (LeCun normal, zero bias) | 'torch' (PyTorch's Conv2d default)
+  kernel_style: str = "lecun"  # "lecun" (LeCun normal, zero bias) | "torch" (Conv2d default)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -100,7 +100,7 @@ class PatchEmbed(nn.Module):
   def __call__(self, images: Array) -> Array:
     b, h, w, c = images.shape
     p = self.patch_size
-    if self.init == "torch":  # kaiming_uniform(a=sqrt 5): uniform(+-1/sqrt(fan_in)), both
+    if self.kernel_style == "torch":  # kaiming_uniform(a=sqrt 5): uniform(+-1/sqrt(fan_in)), both
       kernel_init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
       bias_init = torch_conv_bias(p * p * c)
     else:
@@ -215,7 +215,7 @@ class ViT(nn.Module):
     if h % p or w % p:
       raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
     inits = _inits(self.weight_init)
-    x = PatchEmbed(self.hidden_dim, p, init=inits["patch"], dtype=self.dtype,
+    x = PatchEmbed(self.hidden_dim, p, kernel_style=inits["patch"], dtype=self.dtype,
                    param_dtype=self.param_dtype, name="embedding")(images)
     pos = self.param("pos_embedding", logical(inits["pos"], None, "length", "embed"),
                      (1, x.shape[1], self.hidden_dim), self.param_dtype)
