@@ -3,7 +3,11 @@
 Which tokens each metric uses (layer 0 = patch embedding + positions, layer l = output of block
 l, before the final LayerNorm):
   * variance decomposition, within-sequence cosine: all 1 + N tokens of an image (the sequence);
-  * spectrum (components for 90/95/99 % of the variance, effective rank): the N patch tokens;
+  * spectrum pooled over images (`components_90/95/99`, `effective_rank`: one covariance of the
+    N patch tokens of every image) and per image, the paper's quantity
+    (`per_sequence_components_90/95/99`, `per_sequence_effective_rank`, each with `_std`: each
+    image's own covariance of its N patch tokens, averaged over images; its rank is at most
+    `per_sequence_rank_bound` = min(N - 1, E); laplax.geometry.spectra);
   * Neural Collapse on sequence means (`nc_mean_*`): the mean of all tokens of an image;
   * Neural Collapse on the class token (`nc_cls_*`);
   * NC3 / NC4 (`classifier_*`): the final, normalised class token against the linear head.
@@ -20,6 +24,7 @@ import numpy as np
 
 from laplax import geometry
 from laplax.data import pipeline
+from laplax.geometry import spectra
 
 _update = {cls: jax.jit(cls.update) for cls in (
     geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats,
@@ -27,6 +32,8 @@ _update = {cls: jax.jit(cls.update) for cls in (
 _finalize = {cls: jax.jit(cls.finalize) for cls in (
     geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats)}
 _finalize_nc = jax.jit(geometry.NeuralCollapseStats.finalize)
+_update_per_image = jax.jit(spectra.SequenceSpectrumStats.update)
+_finalize_per_image = jax.jit(spectra.SequenceSpectrumStats.finalize)
 
 
 def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -50,7 +57,8 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
                      nc_mean=geometry.NeuralCollapseStats.init(num_classes, dim,
                                                                dtype=np.float64),
                      nc_cls=geometry.NeuralCollapseStats.init(num_classes, dim,
-                                                              dtype=np.float64))
+                                                              dtype=np.float64),
+                     per_image=spectra.SequenceSpectrumStats.init(dtype=np.float64))
                 for _ in range(depth)]
       for layer, acc in enumerate(accs):
         t = jnp.asarray(tokens[layer], jnp.float64)
@@ -59,6 +67,7 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
         acc["spectrum"] = _update[geometry.CovarianceStats](acc["spectrum"], t[:, 1:])
         acc["nc_mean"] = _update[geometry.NeuralCollapseStats](acc["nc_mean"], t.mean(1), y)
         acc["nc_cls"] = _update[geometry.NeuralCollapseStats](acc["nc_cls"], t[:, 0], y)
+        acc["per_image"] = _update_per_image(acc["per_image"], t[:, 1:])
   out = []
   with jax.enable_x64(True):
     for acc in accs:
@@ -68,6 +77,8 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
       row.update({k: float(v) for k, v in geometry.spectral_decay(eig).items()})
       row.update(_scalars(_finalize_nc(acc["nc_mean"]), "nc_mean_"))
       row.update(_scalars(_finalize_nc(acc["nc_cls"]), "nc_cls_"))
+      row.update(spectra.host_result(jax.device_get(_finalize_per_image(acc["per_image"])),
+                                     seq - 1, dim))
       out.append(row)
   return out
 
