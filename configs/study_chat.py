@@ -6,15 +6,18 @@ Each cell (heads x seed) pretrains a small GPT on the default corpus, mid-trains
 conversations (configs/lm_mid.py's mixture), fine-tunes it on padded conversations
 (configs/lm_sft.py's) and scores it in chat format: ARC-Easy, ARC-Challenge and MMLU
 categorical, GSM8K with the calculator tool, HumanEval in the sandbox, SpellingBee, and
-ChatCORE (laplax.study.chat). report.md and summary.json hold each stage's bits per byte and
-the chat scores with paired intervals over seeds.
+ChatCORE (laplax.study.chat), after mid-training and after SFT (nanochat's order), with the
+paper's five-task mean (the plain mean of ARC-E, ARC-C, MMLU, GSM8K, HumanEval). report.md and
+summary.json hold each stage's bits per byte and the chat scores with paired intervals over
+seeds.
 
 Scale: a 2-layer GPT of width 128 (about 0.6M parameters) sees well under 1M tokens: it is
 at chance on the multiple-choice benchmarks (25 %) and near 0 on the generative ones; the
 report says so. What the study measures at this scale: each stage's validation bits per byte
 before and after it (mid-training and SFT must lower theirs), and the size of seed noise.
 
-Measured (2026-12-01, 2 CPU cores (AMD EPYC), 2 workers, 6 cells: 6 min 39 s, peak RSS 1.6 GB;
+Measured (2026-12-01, 2 CPU cores (AMD EPYC), 2 workers, 6 cells: 6 min 39 s, peak RSS 1.6 GB,
+before the chat evaluation after mid-training was added;
 mean over seeds 0-2, k=2 - k=0 paired with 95 % intervals):
   pretraining bpb      2.041 (k=0)  2.083 (k=2)  +0.041 (+0.013, +0.069)
   mid-training bpb     3.956 -> 2.252  3.982 -> 2.277  +0.025 (+0.005, +0.045)
@@ -54,6 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   sft.data.train.gsm8k.size = 400
   sft.data.batch_size = 16
   sft.evals.chat.update(limit=50, max_new_tokens=128, batch_size=16)
+  mid.evals.chat.update(limit=50, max_new_tokens=128, batch_size=16)  # after mid-training too
   c.study.stages = ml_collections.ConfigDict({"mid": mid, "sft": sft})
   c.study.stage_order = ("mid", "sft")
   return c
