@@ -26,10 +26,8 @@ from laplax.data import photos as photos_lib
 from laplax.data import pipeline
 from laplax.evals import inputs
 from laplax.geometry import mechanism
+from laplax.geometry import plots
 from laplax.train.evaluator import Evaluator
-
-_VERB = {"attention": "adds", "laplacian": "subtracts"}
-
 
 def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int = 8
                      ) -> np.ndarray:
@@ -50,43 +48,6 @@ def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int =
   rows = np.concatenate([np.asarray(last_row(params, images[i:i + batch_size]))
                          for i in range(0, len(images), batch_size)])
   return rows[:, :, 1:].reshape(len(images), -1, *grid), rows[:, :, 0]
-
-
-def draw(images: np.ndarray, maps: Mapping[str, tuple[np.ndarray, Sequence[str]]],
-         path: pathlib.Path, *, row_labels: Sequence[str] | None = None) -> pathlib.Path:
-  """One PNG: rows = images (uint8 (N, H, W, C)), then for each run {name: (maps (N, heads, h,
-  w), head kinds)} its heads side by side, each panel on its own scale."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  n = len(images)
-  cols = 1 + sum(m.shape[1] for m, _ in maps.values())
-  fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols, 1.55 * n + 0.5), squeeze=False)
-  grey = images.shape[-1] == 1
-  for i in range(n):
-    ax = axes[i, 0]
-    ax.imshow(images[i, ..., 0] if grey else images[i], cmap="gray" if grey else None)
-    ax.set_ylabel(row_labels[i] if row_labels is not None else f"image {i}", fontsize=7)
-    j = 1
-    for name, (m, kinds) in maps.items():
-      for h in range(m.shape[1]):
-        ax = axes[i, j]
-        ax.imshow(m[i, h], cmap="inferno", interpolation="nearest")
-        if i == 0:
-          verb = _VERB.get(kinds[h], kinds[h])
-          ax.set_title(f"{name}\nhead {h}: {verb} P", fontsize=7)
-        j += 1
-  for ax in axes.flat:
-    ax.set_xticks([])
-    ax.set_yticks([])
-  fig.suptitle("Last block: class-token attention P per head (an ordinary head adds the "
-               "P-weighted values, a Laplacian head subtracts them)", fontsize=8)
-  fig.tight_layout()
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
 
 
 def display_images(images: np.ndarray, mean, std) -> np.ndarray:
@@ -111,7 +72,8 @@ def comparison(subjects: Mapping[str, inputs.Subject], images: np.ndarray, path,
     entropy = -np.sum(np.where(full > 0, full * np.log(np.where(full > 0, full, 1)), 0), -1)
     out[name] = {"cls_self_attention": self_weight.mean(0).tolist(),
                  "cls_entropy": entropy.mean(0).tolist(), "head_kinds": kinds}
-  draw(display_images(images, mean, std), maps, path, row_labels=row_labels)
+  plots.plot_attention_maps(display_images(images, mean, std), maps, path,
+                            row_labels=row_labels)
   return out
 
 

@@ -1,4 +1,5 @@
-"""Per-layer geometry plots (matplotlib, Agg): one curve per model variant, mean +- std bands."""
+"""Per-layer geometry plots (matplotlib, Agg): one curve per model variant, mean +- std bands;
+attention maps."""
 
 from __future__ import annotations
 
@@ -124,12 +125,51 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   fig.suptitle(title)
+  return _save(fig, path)
+
+
+def _save(fig, path, dpi: int = 110) -> pathlib.Path:
+  """Lays out, writes (making the folder) and closes a figure -> its path."""
   fig.tight_layout()
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path
+
+
+# What each kind of head does with the P-weighted values (attention maps' titles).
+_VERB = {"attention": "adds", "laplacian": "subtracts"}
+
+
+def plot_attention_maps(images: np.ndarray,
+                        maps: Mapping[str, tuple[np.ndarray, Sequence[str]]], path: pathlib.Path,
+                        *, row_labels: Sequence[str] | None = None) -> pathlib.Path:
+  """One PNG: rows = images (uint8 (N, H, W, C)), then for each run {name: (maps (N, heads, h,
+  w), head kinds)} its heads side by side, each panel on its own scale."""
+  n = len(images)
+  cols = 1 + sum(m.shape[1] for m, _ in maps.values())
+  fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols, 1.55 * n + 0.5), squeeze=False)
+  grey = images.shape[-1] == 1
+  for i in range(n):
+    ax = axes[i, 0]
+    ax.imshow(images[i, ..., 0] if grey else images[i], cmap="gray" if grey else None)
+    ax.set_ylabel(row_labels[i] if row_labels is not None else f"image {i}", fontsize=7)
+    j = 1
+    for name, (m, kinds) in maps.items():
+      for h in range(m.shape[1]):
+        ax = axes[i, j]
+        ax.imshow(m[i, h], cmap="inferno", interpolation="nearest")
+        if i == 0:
+          verb = _VERB.get(kinds[h], kinds[h])
+          ax.set_title(f"{name}\nhead {h}: {verb} P", fontsize=7)
+        j += 1
+  for ax in axes.flat:
+    ax.set_xticks([])
+    ax.set_yticks([])
+  fig.suptitle("Last block: class-token attention P per head (an ordinary head adds the "
+               "P-weighted values, a Laplacian head subtracts them)", fontsize=8)
+  return _save(fig, path)
 
 
 def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[Sequence[float]]],
