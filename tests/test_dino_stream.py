@@ -304,7 +304,8 @@ def test_streamed_dino_run_resumes_exactly(tmp_path, data_dir):
 
 def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   """dino_spectra on a streamed run: global batches sharded over 8 devices, float32 sums on the
-  devices, the last batch padded -> the in-memory float64 path's numbers on the same images."""
+  devices, the last batch padded -> the in-memory float64 path's numbers on the same images;
+  the photo PCA and attention maps of a streamed run at twice its crop size."""
   import types
   import flax.linen as nn
   import jax
@@ -315,7 +316,9 @@ def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   from laplax.train import task as task_lib
   c = _streamed_config(data_dir)
   c.data.eval_split = "train"  # the planted set's one split
-  c.evals = {"spectra": common.evaluator("dino_spectra", examples=20, batch_size=8)}
+  c.evals = {"spectra": common.evaluator("dino_spectra", examples=20, batch_size=8),
+             "photos": common.evaluator("photo_pca", photos="builtin", size=64),
+             "attention": common.evaluator("attention_maps", photos="builtin", size=64)}
   task = task_lib.for_config(c)
   task.load_data(tmp_path, lambda m: None)
   model = task.build_model()
@@ -323,8 +326,14 @@ def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   mesh = sharding.make_mesh({"data": -1})
   ctx = evaluator_lib.Context(task, model, mesh, sharding.rules_from_config(None), tmp_path,
                               lambda m: None)
-  (ev,) = evaluator_lib.build(c, ctx).values()
-  got = ev.run(types.SimpleNamespace(params=params, extra={"teacher": params}), 6)
+  evaluator_lib.check(c, task)
+  evs = evaluator_lib.build(c, ctx)
+  weights = types.SimpleNamespace(params=params, extra={"teacher": params})
+  got = evs["spectra"].run(weights, 6)
+  assert len(evs["photos"].run(weights, 6)["names"]) == 9
+  maps = evs["attention"].run(weights, 6)
+  assert maps["num_images"] == 9 and (tmp_path / "pca_photos.png").stat().st_size > 0
+  assert len(maps["runs"]["dino_tiny"]["cls_entropy"]) == 2  # one per head
   resize, crop = inputs.stream_crop(task)
   assert (resize, crop) == (37, 32)
   batch = next(iter(streaming.eval_dataset(inputs.stream_source(task), batch_size=20,

@@ -26,9 +26,19 @@ from laplax.train.evaluator import Evaluator
 _SPLITS = ("val", "test")
 
 
+_FORWARD: dict[str, Any] = {}  # one compiled forward per model (study cells share theirs)
+
+
 def forward_fn(subj: inputs.Subject):
   """-> jitted f(params, x, valid) -> mechanism.batch_sums of one batch (x: normalised images
-  (B, H, W, C) for a ViT, int tokens (B, T) for a GPT)."""
+  (B, H, W, C) for a ViT, int tokens (B, T) for a GPT); the same function for equal models."""
+  key = f"{subj.kind}:{subj.module!r}"
+  if key not in _FORWARD:
+    _FORWARD[key] = _make_forward(subj)
+  return _FORWARD[key]
+
+
+def _make_forward(subj: inputs.Subject):
   module, depth = subj.module, subj.depth
 
   @jax.jit
@@ -82,20 +92,14 @@ class Mechanism(Evaluator):
       if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
         raise ValueError(f"{key}={config[key]!r} must be a positive integer")
 
-  def __init__(self, name, config, ctx):
-    super().__init__(name, config, ctx)
-    self._forward = None
-
   def run(self, weights, step) -> dict[str, Any]:
     task, c = self.ctx.task, self.config
     subj = inputs.subject(task, self.ctx.model, weights)
-    if self._forward is None:
-      self._forward = forward_fn(subj)
     if subj.kind == "vit":
       batches = inputs.image_batches(task, c.split, c.examples, c.batch_size)
     else:
       batches = inputs.token_batches(task, c.examples, c.batch_size)
-    out = measure(subj, batches, self._forward)
+    out = measure(subj, batches)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     tag = f"step{step}" if step is not None else "export"
