@@ -29,6 +29,17 @@ from laplax.geometry import mechanism
 from laplax.geometry import plots
 from laplax.train.evaluator import Evaluator
 
+def class_token_row(vit, depth: int):
+  """-> f(params, images (B, H, W, C) normalised) -> (B, heads, 1 + N): the last block's P at
+  the class token (not jitted; params at the images' grid)."""
+
+  def row(params, x):
+    _, col = vit.apply({"params": params}, x, mutable=[ANALYSIS])
+    return mechanism.collect(col, depth)["probs"][-1][:, :, 0]  # (B, H, T, T) -> class row
+
+  return row
+
+
 def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int = 8
                      ) -> np.ndarray:
   """float32 normalised images (N, H, W, C) -> (N, heads, h, w): the last block's attention
@@ -38,13 +49,7 @@ def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int =
   params = subj.params_at(images.shape[1:3])
   p = subj.module.patch_size
   grid = (images.shape[1] // p, images.shape[2] // p)
-
-  @jax.jit
-  def last_row(params, x):
-    _, col = subj.module.apply({"params": params}, x, mutable=[ANALYSIS])
-    probs = mechanism.collect(col, subj.depth)["probs"][-1]  # (B, H, T, T)
-    return probs[:, :, 0]  # the class token's row
-
+  last_row = jax.jit(class_token_row(subj.module, subj.depth))
   rows = np.concatenate([np.asarray(last_row(params, images[i:i + batch_size]))
                          for i in range(0, len(images), batch_size)])
   return rows[:, :, 1:].reshape(len(images), -1, *grid), rows[:, :, 0]

@@ -150,6 +150,19 @@ def patch_spectra(model: dino_lib.DINO, params, images: np.ndarray, *,
   return acc.finalize()
 
 
+def spectra_step(model: dino_lib.DINO, *, base_grid: tuple[int, int], mean, std,
+                 fractions=FRACTIONS):
+  """-> step(params, batch {'image': uint8 (G, H, W, C), 'mask': bool (G,)}) -> (spectra_sums
+  in float32, number of valid images): one streamed batch's device work, not jitted."""
+
+  def step(params, batch):
+    images = pipeline.device_normalize(batch["image"], mean, std)
+    tokens = _patch_tokens(model, params, images, base_grid).astype(jnp.float32)
+    return spectra_sums(tokens, batch["mask"], fractions), jnp.sum(batch["mask"])
+
+  return step
+
+
 def streamed_patch_spectra(model: dino_lib.DINO, params, batches: Iterable[dict[str, Any]], *,
                            base_grid: tuple[int, int], mean, std, mesh, rules,
                            fractions=FRACTIONS) -> dict[str, Any]:
@@ -158,12 +171,7 @@ def streamed_patch_spectra(model: dino_lib.DINO, params, batches: Iterable[dict[
   laplax.evals.stream_features.host_stream): every batch's spectra_sums in float32 on the
   devices (replicated: a few (E, E) arrays per layer), added in float64 on each host."""
   acc = SpectraAccumulator(fractions)
-
-  def compute(params, batch):
-    images = pipeline.device_normalize(batch["image"], mean, std)
-    tokens = _patch_tokens(model, params, images, base_grid).astype(jnp.float32)
-    return spectra_sums(tokens, batch["mask"], fractions), jnp.sum(batch["mask"])
-
+  compute = spectra_step(model, base_grid=base_grid, mean=mean, std=std, fractions=fractions)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     fn = jax.jit(compute, out_shardings=sharding.replicated(mesh))
     for batch in batches:
