@@ -27,6 +27,7 @@ from laplax.data import pipeline
 from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
+from laplax.train import restore
 from laplax.train.evaluator import Evaluator
 
 def class_token_row(vit, depth: int):
@@ -113,7 +114,6 @@ class AttentionMaps(Evaluator):
       self.photos = photos_lib.load_photos(size, config.photos)
     self.other = None
     if config.compare:  # loaded now: a missing run stops before any work
-      from laplax.train import restore
       run = restore.load_run(config.compare, log=lambda m: None)
       if run.task.name != ctx.task.name:
         raise ValueError(f"compare={config.compare!r} is a {run.task.name!r} run; this one is "

@@ -19,6 +19,7 @@ import numpy as np
 
 from laplax import heads as heads_lib
 from laplax.data import pipeline, streaming
+from laplax.data.text import pipeline as text_pipeline
 from laplax.models import dino as dino_lib
 from laplax.models import vit as vit_lib
 
@@ -130,7 +131,6 @@ def token_batches(task, examples: int, batch_size: int
                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(inputs int32 (B, T), valid bool (B,)) of the first `examples` validation windows of an LM
   run (the window's first T tokens; windows holding padding are not valid)."""
-  from laplax.data.text import pipeline as text_pipeline  # the LM's data, only for LM runs
   for b in text_pipeline.eval_batches(task.val_shards, batch_size=batch_size,
                                       max_windows=examples):
     tokens = np.asarray(b["tokens"])

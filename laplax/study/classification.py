@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from laplax.data import pipeline
+from laplax.data.images import load_image_data
+from laplax.evals import attention_maps, inputs
 from laplax.geometry import plots
 from laplax.heads import spec_name
 from laplax.study import coefficients, stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
-from laplax.train import trainer
+from laplax.train import restore, trainer
 from laplax.train.metrics import read_metrics
 
 FINISHED = ("results.json",)
@@ -266,9 +268,6 @@ def attention_section(workdir: pathlib.Path, config, specs, done, summary,
                       num_images: int = 4) -> list[str]:
   """The last block's class-token attention maps of the baseline and the first Laplacian spec
   (first seed with both) on the first test images -> attention_maps.png."""
-  from laplax.data.images import load_image_data
-  from laplax.evals import attention_maps, inputs
-  from laplax.train import restore
   base, lap = specs[0], specs[1]
   seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
   if not seeds:

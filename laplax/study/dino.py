@@ -13,10 +13,10 @@ import json
 import pathlib
 from typing import Any
 
-from laplax.data import builders
+from laplax.data import builders, pipeline
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
-from laplax.evals import features
+from laplax.evals import attention_maps, features, inputs
 from laplax.evals import segmentation
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
@@ -176,8 +176,6 @@ def attention_figure(config, specs, done, names, path: pathlib.Path, num_images:
   """Class-token attention maps of the baseline and the first Laplacian teacher (first seed
   with both) on the photo_pca evaluator's photos (RGB runs with one) or the first test images
   -> {'seed', 'images'} ({} without such a seed)."""
-  from laplax.data import pipeline
-  from laplax.evals import attention_maps, inputs
   base, lap = specs[0], specs[1]
   seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
   if not seeds:
