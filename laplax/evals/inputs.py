@@ -24,7 +24,7 @@ from laplax.models import dino as dino_lib
 from laplax.models import vit as vit_lib
 
 IMAGE_TASKS = ("classification", "dino")
-TOKEN_TASKS = ("lm", "chat")
+TOKEN_TASKS = ("lm",)  # the chat task has conversations, not validation windows
 
 
 class Subject(NamedTuple):
