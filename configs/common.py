@@ -79,12 +79,14 @@ def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections
 
 
 def lm_evals(*, every: int) -> ml_collections.ConfigDict:
-  """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks and
-  the geometry for eval.py (--tasks, --analyze)."""
+  """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks, the
+  geometry and the mechanism measurements for eval.py (--tasks, --analyze)."""
   return ml_collections.ConfigDict({
       "val": evaluator("bpb", every=every),
       "lm_tasks": evaluator("lm_tasks", final=False),
-      "geometry": evaluator("lm_geometry", final=False, analysis=True)})
+      "geometry": evaluator("lm_geometry", final=False, analysis=True),
+      "mechanism": evaluator("mechanism", final=False, analysis=True, examples=256,
+                             batch_size=8)})
 
 
 def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
