@@ -2,7 +2,7 @@ r"""Per-chip memory of the pod DINO config's geometry evaluators at their sizes,
 time for a TPU topology on a CPU host (libtpu: requirements-tpu.txt; no TPU, nothing allocated).
 
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/eval_aot.py --topology=v5e:4x4 \
-      --out=runs/eval_aot.json
+      --json=runs/eval_aot.json
 
 Programs (configs/pod/dino_vit_s16.py's evals, the teacher's parameters in their training
 layout for the mesh programs, gathered on one chip for the one-chip ones):
@@ -44,7 +44,7 @@ from laplax.train import task as task_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("topology", "v5e:4x4", "TPU topology to compile for.")
-flags.DEFINE_string("out", "", "Also write the figures to this JSON file.")
+flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
 
 
 def _compile(fn, *args):
@@ -111,8 +111,8 @@ def main(argv):
     print(f"{name:10s} {r['shape']:28s} peak {r['peak_bytes_per_chip'] / aot.GIB:6.2f} GiB/chip "
           f"of {cap / aot.GIB:.0f} (temp {r['temp_bytes'] / aot.GIB:.2f}) "
           f"{'fits' if r['fits'] else 'DOES NOT FIT'}; compiled in {r['compile_seconds']} s")
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(json.dumps({"topology": FLAGS.topology, **results},
+  if FLAGS.json:
+    pathlib.Path(FLAGS.json).write_text(json.dumps({"topology": FLAGS.topology, **results},
                                                   indent=2))
 
 
