@@ -70,5 +70,11 @@ def test_eval_lm_errors(lm_run, tmp_path):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
+  # An evaluator type the run's config lacks runs with its defaults, if it fits the task.
+  with pytest.raises(ValueError, match="attention_maps measures classification, dino runs; "
+                                       "this is a 'lm' run"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("attention_maps",)))
+  with pytest.raises(ValueError, match="--compare is for attention_maps evaluators"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(compare=str(lm_run)))
   with pytest.raises(ValueError, match="--export is for image classifiers"):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(export=True))
