@@ -115,9 +115,10 @@ def image_batches(task, split: str, examples: int, batch_size: int
 
 
 def stream_source(task):
-  """A streamed DINO run's evaluation split (data.eval_split) as a random-access source."""
+  """A streamed DINO run's evaluation split (data.eval_split) as a random-access source (TFDS or
+  parquet, by data.source: streaming.open_split)."""
   d = task.config.data
-  return streaming.open_source(d.tfds_name, d.tfds_data_dir, d.get("eval_split", "validation"))[0]
+  return streaming.open_split(d, d.get("eval_split", "validation"))[0]
 
 
 def stream_crop(task) -> tuple[int, int]:
