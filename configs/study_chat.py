@@ -16,16 +16,18 @@ at chance on the multiple-choice benchmarks (25 %) and near 0 on the generative 
 report says so. What the study measures at this scale: each stage's validation bits per byte
 before and after it (mid-training and SFT must lower theirs), and the size of seed noise.
 
-Measured (2026-12-01, 2 CPU cores (AMD EPYC), 2 workers, 6 cells: 6 min 39 s, peak RSS 1.6 GB,
-before the chat evaluation after mid-training was added;
+Measured (2026-12-02, 2 CPU cores (AMD EPYC), 2 workers, 6 cells: 8 min 43 s, peak RSS 1.75 GB;
 mean over seeds 0-2, k=2 - k=0 paired with 95 % intervals):
-  pretraining bpb      2.041 (k=0)  2.083 (k=2)  +0.041 (+0.013, +0.069)
-  mid-training bpb     3.956 -> 2.252  3.982 -> 2.277  +0.025 (+0.005, +0.045)
-  SFT bpb (assistant)  2.411 -> 2.395  2.440 -> 2.418  +0.024 (+0.014, +0.033)
-  ChatCORE             1.6 % +- 5.0   2.2 % +- 7.0     +0.6 (-4.4, +5.5)
-ARC-E/ARC-C/MMLU at chance (20-29 % of 50 items each, chance 25 %), GSM8K 0-2 %, HumanEval 0,
-SpellingBee 14-15 % (the calculator's .count, learnt in mid-training). Every benchmark's
-interval contains 0; the Laplacian heads are worse in bits per byte at every stage.
+  pretraining bpb       2.041 (k=0)  2.083 (k=2)  +0.041 (+0.014, +0.069)
+  mid-training bpb      3.956 -> 2.252  3.982 -> 2.277  +0.025 (+0.007, +0.043)
+  SFT bpb (assistant)   2.411 -> 2.395  2.440 -> 2.418  +0.023 (+0.012, +0.034)
+  five-task mean, mid   14.3 % +- 2.7   14.9 % +- 3.3   +0.7 (-0.9, +2.2)
+  five-task mean, SFT   14.4 % +- 2.4   14.8 % +- 2.8   +0.4 (-2.6, +3.4)
+  ChatCORE, SFT         1.6 % +- 5.0    0.6 % +- 3.8    -0.9 (-4.2, +2.3)
+The five-task mean's chance is 15 %. ARC-E/ARC-C/MMLU at chance (19-32 % of 50 items each),
+GSM8K 0-2 %, HumanEval 0, SpellingBee 5-17 % (the calculator's .count, learnt in
+mid-training). Every benchmark's interval contains 0; the Laplacian heads are worse in bits per
+byte at every stage.
 """
 
 import ml_collections
