@@ -44,6 +44,8 @@ from laplax.kernels import splash as splash_lib
 
 Array = jax.Array
 IMPLEMENTATIONS = (None, "auto", "xla", "cudnn", "splash", "explicit")
+# The collection MultiHeadAttention sows its analysis into (P, per-head outputs) when mutable.
+ANALYSIS = "attention"
 _HALF = (jnp.bfloat16, jnp.float16)
 
 
@@ -326,6 +328,12 @@ class MultiHeadAttention(nn.Module):
   (in a scanned model: a model with mix heads anywhere) adds `mix_a` and `mix_b`, float32
   (heads,) with logical axis ('heads',), initialised at each head's operator (a, b); heads that
   are not mix ignore theirs. Optimisers find them by these names (laplax.train.optim).
+
+  Analysis: applied with `mutable=[ANALYSIS]` ('attention'), every layer also computes P
+  explicitly and sows 'probs' (B, H, T, S) float32 and 'head_outputs' (B, T, H, E) float32 (each
+  head's contribution to the output, o_h W_O_h, before the output bias) into that collection
+  (laplax.geometry.mechanism.collect reads them, scanned or not). Otherwise nothing changes: the
+  fused kernel runs and nothing is stored.
   """
 
   num_heads: int
@@ -441,18 +449,25 @@ class MultiHeadAttention(nn.Module):
         var.value = jax.lax.dynamic_update_slice(var.value, y.astype(var.value.dtype),
                                                  (0, start, 0, 0))
         return var.value
+    # Analysis (module docstring): only a caller that makes ANALYSIS mutable pays for P.
+    analysis = self.is_mutable_collection(ANALYSIS) and not self.is_initializing()
     out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
                               query_offset=query_offset, implementation=self.implementation,
-                              return_probs=return_probs, palette=self.palette or None, mix=mix,
+                              return_probs=return_probs or analysis,
+                              palette=self.palette or None, mix=mix,
                               values_for_pass=values_for_pass)
     probs = None
-    if return_probs:
+    if return_probs or analysis:
       out, probs = out
     out = checkpoint_name(out, "attn_out")
     kernel = self.param("out", nn.with_logical_partitioning(
         self.out_init, ("heads", "head_dim", "embed")),
         (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)
     y = jnp.einsum("bthd,hde->bte", out.astype(self.dtype), kernel.astype(self.dtype))
+    if analysis:
+      self.sow(ANALYSIS, "probs", probs)
+      self.sow(ANALYSIS, "head_outputs", jnp.einsum(
+          "bthd,hde->bthe", out.astype(jnp.float32), kernel.astype(jnp.float32)))
     if self.use_bias:
       y = y + self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                   ("embed",)),

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.attention import IMPLEMENTATIONS, MultiHeadAttention, rms_norm
+from laplax.attention import ANALYSIS, IMPLEMENTATIONS, MultiHeadAttention, rms_norm
 from laplax.models import remat as remat_lib
 from laplax.models.layers import Mlp, logical
 
@@ -238,7 +238,8 @@ class GPT(nn.Module):
     if c.scan_layers:
       palette, codes = heads_lib.palette(c.head_table)
       stack = nn.scan(remat_lib.wrap(_ScanBlock, policy, prevent_cse=False),
-                      variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True},
+                      variable_axes={"params": 0, "cache": 0, ANALYSIS: 0},
+                      split_rngs={"params": True},
                       in_axes=0, length=c.depth, metadata_params={nn.PARTITION_NAME: "layers"})
       # The head table rides along as scanned (depth, heads) codes into the palette; an
       # all-ordinary model passes nothing so its attention stays on the native-dtype path.

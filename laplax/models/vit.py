@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.attention import MultiHeadAttention
+from laplax.attention import ANALYSIS, MultiHeadAttention
 from laplax.models import remat as remat_lib
 from laplax.models.layers import LayerScale, Mlp, drop_path, logical, trunc_normal
 
@@ -233,7 +233,7 @@ class ViT(nn.Module):
     tokens = [x]
     if self.scan_layers:
       stack = nn.scan(remat_lib.wrap(_ScanBlock, self.remat_policy, prevent_cse=False),
-                      variable_axes={"params": 0}, split_rngs={"params": True,
+                      variable_axes={"params": 0, ANALYSIS: 0}, split_rngs={"params": True,
                                                                            "dropout": True},
                       in_axes=0, length=self.depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})

@@ -111,6 +111,8 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "ade20k_patch": "laplax.evals.dino:Ade20kPatch",
     "photo_pca": "laplax.evals.dino:PhotoPca",
     "dino_spectra": "laplax.evals.dino:Spectra",
+    "mechanism": "laplax.evals.mechanism:Mechanism",
+    "attention_maps": "laplax.evals.attention_maps:AttentionMaps",
 }
 
 
