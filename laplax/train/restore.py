@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 from laplax import sharding
+from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -40,7 +41,8 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mes
   state (DINO: the teacher and centre). Reading never writes into the workdir.
   """
   workdir = workdir_lib.as_path(workdir)
-  config = read_config(workdir)
+  # An 'auto(...)' run: the head mask the checkpoint was trained with (laplax.train.auto_heads).
+  config = auto_heads.config_at(read_config(workdir), workdir / "checkpoints", step)
   task = task_lib.for_config(config)
   task.load_assets(workdir)
   model = task.build_model()
