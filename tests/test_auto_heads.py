@@ -249,3 +249,22 @@ def test_auto_run_freezes_resumes_and_reads_back(tmp_path, data_cache):
   np.testing.assert_allclose(again["p_attention"], choice["p_attention"], rtol=1e-5)
   rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
   assert [r["step"] for r in rows] == list(range(1, 9))
+
+
+def test_study_mask_section_tabulates_and_pictures_the_choices(tmp_path):
+  from laplax.study import masks
+  spec = "auto(steps=3)"
+  choice = lambda table, p: {"step": 3, "table": table, "p_attention": p,
+                             "laplacian": sum(r.count("L") for r in table)}
+  done = {(0, 0): {"results": {}}, (0, 1): {"results": {}},
+          (spec, 0): {"results": {"auto_heads": choice(["L.", ".."], [[0.4, 0.6], [0.5, 0.55]])}},
+          (spec, 1): {"results": {"auto_heads": choice(["L.", "L."], [[0.3, 0.7], [0.45, 0.9]])}}}
+  summary = {"rows": [{"name": "k=0", "seeds": [0, 1]}, {"name": spec, "seeds": [0, 1]}]}
+  text = "\n".join(masks.section(tmp_path, [0, spec], done, summary))
+  assert "| auto(steps=3) | 0 | 3 | 1 | L./.. | 0.40 / 0.60 |" in text
+  assert "| auto(steps=3) | 1 | 3 | 2 | L./L. | 0.30 / 0.90 |" in text
+  assert "the 2 seeds choose the same operator in 3/4 heads" in text
+  assert "(mean over seeds): 1.0, 0.5" in text
+  assert (tmp_path / "masks.png").read_bytes()[:4] == b"\x89PNG"
+  assert masks.section(tmp_path, [0], {(0, 0): {"results": {}}},
+                       {"rows": [{"name": "k=0", "seeds": [0]}]}) == []

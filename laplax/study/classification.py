@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from laplax.geometry import plots
-from laplax.study import coefficients, stats
+from laplax.study import coefficients, masks, stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import trainer
 from laplax.train.metrics import read_metrics
@@ -123,6 +123,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
            *coefficients.section(workdir, config, specs, done, summary),
+           *masks.section(workdir, specs, done, summary),
            "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
