@@ -156,6 +156,19 @@ def test_bf16_controls_close_to_float32_twins(impl):
           < 2 ** -8
 
 
+def test_control_specs_per_layer_and_per_head_and_their_names():
+  table = heads.head_table((0, "centering", 4, ("uniform", "identity", "attention", "laplacian")),
+                           4, 4)
+  assert heads.describe_table(table) == "heads=..../cccc/LLLL/ui.L"
+  assert [heads.parse_row_text(heads.row_text(r)) for r in table] == list(table)
+  row = heads.head_row(("mix(0.3,-0.7)", "centering", "attention", "heat(2)"), 4)
+  assert heads.parse_row_text(heads.row_text(row)) == row  # commas inside a name
+  assert heads.parse_row_text("identity") == (heads.IDENTITY,)  # one head, no comma
+  assert heads.describe("centering", 4, 2) == "centering" and heads.spec_name("identity") == \
+      "identity"
+  assert heads.laplacian_mask(table).sum() == 4 + 4 + 3  # 1 = not plain attention
+
+
 def test_flops_count_no_softmax_pass_for_controls():
   from types import SimpleNamespace
   from laplax import flops
@@ -251,14 +264,15 @@ def test_parameter_trees_heat_equals_baseline_mix_adds_named_coefficients():
 
 @pytest.mark.slow  # compiles two ViTs and their gradients
 def test_vit_scanned_equals_unrolled_with_operators():
+  """A palette without plain attention (controls in it): scanned == unrolled, gradients too."""
   kw = dict(num_classes=3, patch_size=4, hidden_dim=32, depth=2, num_heads=4, mlp_dim=32,
-            laplacian_heads=["mix(laplacian)", ("heat(2)", "mix", "attention", "laplacian")])
+            laplacian_heads=["mix(laplacian)", ("heat(2)", "mix", "centering", "uniform")])
   model, scanned = vit.ViT(**kw), vit.ViT(**kw, scan_layers=True)
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   params = nn.unbox(model.init(jax.random.key(1), images)["params"])
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), params["block0"], params["block1"])
   sparams = {k: v for k, v in params.items() if not k.startswith("block")} | {"blocks": stacked}
-  np.testing.assert_array_equal(stacked["attn"]["mix_a"], [[1] * 4, [1, 0, 0, 1]])
+  np.testing.assert_array_equal(stacked["attn"]["mix_a"], [[1] * 4, [1, 0, 1, 0]])
   fwd = lambda m, p: m.apply({"params": p}, images)
   np.testing.assert_allclose(fwd(model, params), fwd(scanned, sparams), atol=2e-5)
   ga = jax.grad(lambda p: fwd(model, p).sum())(params)
@@ -305,7 +319,7 @@ def test_export_records_operators_and_learned_coefficients():
 @pytest.mark.slow  # compiles GPTs with scanned and unrolled heat / mix layers, and generates
 def test_gpt_scanned_operators_generate_like_unrolled():
   cfg = dict(vocab_size=64, depth=2, width=64, head_dim=16, num_kv_heads=2,
-             laplacian_heads=["mix", ("heat(2)", "mix(laplacian)", "attention", "laplacian")])
+             laplacian_heads=["mix", ("heat(2)", "mix(laplacian)", "uniform", "laplacian")])
   model, scanned = gpt.GPT(cfg), gpt.GPT({**cfg, "scan_layers": True})
   tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 64)
   params = nn.unbox(model.init(jax.random.key(0), tokens)["params"])

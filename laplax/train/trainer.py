@@ -11,7 +11,6 @@ results.json. Reading a run back is laplax.train.restore; train.py dispatches a 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import signal
 import threading
@@ -247,9 +246,10 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
 
       def freeze(state):
         """After the gate phase: the static mask, its model, evaluators and step."""
-        nonlocal model, evaluators, periodic, auto
+        nonlocal model, evaluators, periodic, auto, n_params
         state, model = freezer(state)
         auto = freezer.plan
+        n_params = sum(x.size for x in jax.tree.leaves(freezer.abstract.params))
         with multihost.process_0_first("evaluators"):
           evaluators = evaluator_lib.build(config, evaluator_lib.Context(
               task, model, mesh, rules, workdir, log), list(evaluators))
