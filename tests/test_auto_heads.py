@@ -118,7 +118,8 @@ def test_models_draw_gates_while_training_and_apply_the_frozen_rule_otherwise(sc
               laplacian_heads="auto")
   images = jax.random.normal(jax.random.key(4), (2, 8, 8, 1))
   vp = _perturbed(nn.unbox(v.init(jax.random.key(0), images)["params"]))
-  out = lambda key: v.apply({"params": vp}, images, train=True, rngs={"dropout": jax.random.key(key)})
+  out = lambda key: v.apply({"params": vp}, images, train=True,
+                            rngs={"dropout": jax.random.key(key)})
   assert not np.allclose(out(0), out(1))
 
 
@@ -268,3 +269,16 @@ def test_study_mask_section_tabulates_and_pictures_the_choices(tmp_path):
   assert (tmp_path / "masks.png").read_bytes()[:4] == b"\x89PNG"
   assert masks.section(tmp_path, [0], {(0, 0): {"results": {}}},
                        {"rows": [{"name": "k=0", "seeds": [0]}]}) == []
+  # the chosen masks vs their pick=random twin, paired over the seeds both have
+  twin = "auto(steps=3,pick=random)"
+  done |= {(twin, s): {"results": {"auto_heads": choice(["L.", ".."], [[0.4, 0.6]] * 2),
+                                   "acc": a}} for s, a in ((0, 0.5), (1, 0.6))}
+  for s, a in ((0, 0.6), (1, 0.8)):
+    done[(spec, s)]["results"]["acc"] = a
+  summary["rows"].append({"name": twin, "seeds": [0, 1]})
+  lines = masks.chosen_vs_random([0, spec, twin], done, summary,
+                                 lambda cell: {"test_accuracy": cell["results"]["acc"]})
+  # differences 0.1 and 0.2: mean 0.15, t(0.975, 1) * 0.0707 / sqrt(2) = 0.635
+  assert lines == [f"- {spec} - {twin} (the chosen mask vs a random one of the same size after "
+                   "the same phase, paired over 2 seeds): test_accuracy +15.00 (-48.53, "
+                   "+78.53)."]

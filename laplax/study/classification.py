@@ -123,7 +123,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
            *coefficients.section(workdir, config, specs, done, summary),
-           *masks.section(workdir, specs, done, summary),
+           *masks.section(workdir, specs, done, summary, cell_scores),
            "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
