@@ -233,6 +233,16 @@ def test_auto_run_freezes_resumes_and_reads_back(tmp_path, data_cache):
   want = jax.eval_shape(lambda: baseline.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1))))
   assert jax.tree.map(lambda x: x.shape, nn.unbox(want["params"])) == \
       jax.tree.map(lambda x: x.shape, frozen.params)
+  # Its export (laplax.train.export) records the chosen mask and reads back as that model.
+  from laplax.evals import offline
+  from laplax.train import export as export_lib
+  offline.export_run(frozen, tmp_path / "export")
+  manifest = export_lib.read_manifest(tmp_path / "export")
+  assert manifest["heads"]["head_operators"] == [[op.name for op in heads.parse_row_text(r)]
+                                                 for r in choice["table"]]
+  exported = restore.load_run(tmp_path / "export")
+  assert [heads.row_text(r) for r in heads.head_table(
+      exported.model.laplacian_heads, 2, 2)] == choice["table"] and not has_gates(exported)
   # A resume past the freeze trains the frozen mask (8 steps now).
   config.total_steps = 8
   trainer.train_and_evaluate(config, tmp_path, log=logs.append, allow_change=("total_steps",))

@@ -46,7 +46,7 @@ import ml_collections
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.evals import export as export_lib
+from laplax.train import export as export_lib
 from laplax.train import identity as identity_lib
 from laplax.train import workdir as workdir_lib
 
