@@ -145,13 +145,17 @@ class Block(nn.Module):
     rng = self.make_rng("dropout") if train and not static_zero else None
     rngs = (None, None) if rng is None else tuple(jax.random.split(rng))
     inits = _inits(self.weight_init)
+    # Gate heads ('auto(...)') draw their gates while training.
+    gates = heads_lib.has_gates([self.palette or heads_lib.head_row(self.laplacian_heads,
+                                                                     self.num_heads)])
+    gate_rng = self.make_rng("dropout") if train and gates else None
 
     y = MultiHeadAttention(
         num_heads=self.num_heads, head_dim=width // self.num_heads,
         laplacian_heads=self.laplacian_heads, qk_norm="layer" if self.qk_norm else None,
         implementation=self.attention_impl, kernel_init=inits["qkv"], out_init=inits["out"],
         palette=self.palette, dtype=self.dtype, param_dtype=self.param_dtype, name="attn")(
-            norm("norm1")(x), head_mask=head_row)
+            norm("norm1")(x), head_mask=head_row, gate_rng=gate_rng)
     x = x + drop_path(scale("ls1")(y), drop_rate, rngs[0])
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     y = Mlp(self.mlp_dim, in_init=inits["fc1"], in_bias_init=inits["fc1_bias"],

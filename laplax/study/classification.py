@@ -17,7 +17,7 @@ from laplax.data.images import load_image_data
 from laplax.evals import attention_maps, inputs
 from laplax.geometry import plots
 from laplax.heads import spec_name
-from laplax.study import coefficients, stats
+from laplax.study import coefficients, masks, stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import restore, trainer
 from laplax.train.metrics import read_metrics
@@ -167,6 +167,7 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
            *coefficients.section(workdir, config, specs, done, summary),
+           *masks.section(workdir, specs, done, summary, cell_scores),
            "## Last layer geometry (mean over seeds)", "",
            "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % (pooled) | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
