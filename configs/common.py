@@ -59,9 +59,13 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
 
 
 def evaluator(type_: str, **keys) -> ml_collections.ConfigDict:
-  """A config.evals section: its `type`, and what differs from the evaluator's defaults
-  (`every`, `at_init`, `final`, `analysis` and its own keys; laplax.train.evaluator)."""
-  return ml_collections.ConfigDict({"type": type_, **keys})
+  """A config.evals section with every key of the evaluator as a field, at its default
+  (`every`, `at_init`, `final`, `analysis` and the class's own; laplax.train.evaluator), except
+  `keys`: so --config.evals.NAME.KEY=V sets any of them from the command line."""
+  # Imported here, not at the top: `import configs.common` stays light (ml_collections only);
+  # building a section imports the evaluator's module to read its defaults.
+  from laplax.train import evaluator as evaluator_lib
+  return evaluator_lib.section(type_, **keys)
 
 
 def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections.ConfigDict:

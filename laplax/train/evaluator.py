@@ -16,7 +16,9 @@ prefix them with the evaluator's name: `test_accuracy`).
 
 The concrete evaluators live in laplax.evals (by task: classification, lm, chat, dino); TYPES maps
 each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(type, cls)` at
-run time, e.g. from a test), a config section naming the type.
+run time, e.g. from a test), a config section naming the type. A config declares a section with
+`section(type, **keys)` (configs/common.py's `evaluator`): every key of COMMON and of the
+class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them.
 """
 
 from __future__ import annotations
@@ -131,8 +133,28 @@ def get(type_: str) -> type[Evaluator]:
   return entry
 
 
+def section(type_: str, **keys) -> ml_collections.ConfigDict:
+  """A config.evals section of `type_` with every key it takes: COMMON's and the class's
+  `defaults`, overridden by `keys` (a key neither has is refused: a typo never passes). A None
+  default becomes an object-typed field, so that the command line can set it too."""
+  try:
+    cls = get(type_)
+  except ValueError as e:
+    raise ValueError(f"common.evaluator: {e}") from None
+  known = {**COMMON, **cls.defaults}
+  unknown = sorted(set(keys) - set(known) - {"type"})
+  if unknown:
+    raise ValueError(f"evaluator {type_!r} has no key {unknown[0]!r}; its keys: {sorted(known)}")
+  values = {**known, **keys, "type": type_}
+  return ml_collections.ConfigDict(
+      {k: ml_collections.FieldReference(None, field_type=object) if v is None else v
+       for k, v in values.items()})
+
+
 def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """{name: section with every key filled} of config.evals, checked (one-line ValueErrors)."""
+  """{name: section with every key filled} of config.evals, checked (one-line ValueErrors).
+  Sections built by `section` hold every key already; a config.json of an older run may not
+  (its missing keys take the defaults here)."""
   evals = config.get("evals")
   if evals is None:
     return {}

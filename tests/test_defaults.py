@@ -1,0 +1,123 @@
+"""Defaults in one place: every key of every evaluator is a config field, so the command line sets
+it (`--config.evals.NAME.KEY=V`, parsed by config_flags as train.py does, config locked); the
+shipped configs' sections hold every key; the loss keys live in one `loss` section."""
+
+import pathlib
+
+from absl import flags
+from ml_collections import config_flags
+import ml_collections
+import pytest
+
+from configs import common
+from laplax.train import evaluator as evaluator_lib
+from test_configs import CONFIGS, _load
+
+pytestmark = pytest.mark.unit
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def parse(config_file: str, *overrides: str) -> ml_collections.ConfigDict:
+  """The config as train.py's flag parser builds it (config file, locked, then overrides)."""
+  argv = ["train.py", f"--config={config_file}", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def _other(value):
+  """(a value of the same type unlike `value`, its command-line spelling)."""
+  if isinstance(value, bool):
+    return (not value), str(not value)
+  if isinstance(value, int):
+    return value + 3, str(value + 3)
+  if isinstance(value, float):
+    return value * 2 + 0.5, repr(value * 2 + 0.5)
+  if isinstance(value, str):
+    return value + "_x", value + "_x"
+  if isinstance(value, tuple):
+    new = tuple(v + 1 for v in value) if value else ("x",)
+    return new, repr(new)
+  if isinstance(value, ml_collections.ConfigDict):
+    return {"x": ""}, "{'x': ''}"
+  if value is None:
+    return 7, "7"
+  raise AssertionError(f"no command-line spelling for {value!r}")
+
+
+SECTION_CONFIG = '''
+import ml_collections
+from configs import common
+
+def get_config(type_):
+  c = ml_collections.ConfigDict()
+  c.evals = ml_collections.ConfigDict({"e": common.evaluator(type_)})
+  return c
+'''
+
+
+@pytest.mark.parametrize("type_", sorted(evaluator_lib.TYPES))
+def test_every_key_of_every_evaluator_is_set_from_the_command_line(type_, tmp_path):
+  """A section from common.evaluator holds COMMON + the class's defaults, each a field that
+  --config.evals.NAME.KEY=V sets (new evaluator types are covered by this parametrisation)."""
+  cls = evaluator_lib.get(type_)
+  section = common.evaluator(type_)
+  assert set(section) == set(evaluator_lib.COMMON) | set(cls.defaults)
+  path = tmp_path / "sections.py"
+  path.write_text(SECTION_CONFIG)
+  wanted, overrides = {}, []
+  for key, value in section.items():
+    if key == "type":
+      continue
+    wanted[key], text = _other(value)
+    overrides.append(f"--config.evals.e.{key}={text}")
+  config = parse(f"{path}:{type_}", *overrides)
+  got = config.evals.e.to_dict()
+  for key, value in wanted.items():
+    assert got[key] == value, (key, got[key], value)
+  assert evaluator_lib.sections(config)["e"].to_dict() == got  # nothing left to fill in
+
+
+def test_a_key_the_evaluator_does_not_have_is_refused_where_the_config_is_built():
+  with pytest.raises(ValueError, match="evaluator 'accuracy' has no key 'splt'; its keys:"):
+    common.evaluator("accuracy", splt="val")
+  with pytest.raises(ValueError, match="evaluator type 'acuracy'; choose one of"):
+    common.evaluator("acuracy")
+
+
+@pytest.mark.parametrize("config_file, override, key", [
+    ("fashion_mnist_vit.py", "--config.evals.val.at_init=True", ("val", "at_init", True)),
+    ("dino_tiny.py", "--config.evals.probes.final=False", ("probes", "final", False)),
+    ("lm_tiny.py", "--config.evals.lm_tasks.limit=5", ("lm_tasks", "limit", 5)),
+    ("test.py:dino", "--config.evals.probes.knn_ks=(5, 7)", ("probes", "knn_ks", (5, 7))),
+])
+def test_the_issues_examples_switch_an_evaluator_from_the_command_line(config_file, override,
+                                                                       key):
+  name, field, value = key
+  config = parse(str(REPO / "configs" / config_file), override)
+  assert config.evals[name][field] == value
+
+
+def test_old_config_json_sections_still_take_the_defaults():
+  """A config.json of an older run holds only the keys its config stated."""
+  old = ml_collections.ConfigDict({"evals": {"probes": {"type": "dino_probes", "at_init": True}}})
+  full = evaluator_lib.sections(old)["probes"]
+  assert full.at_init and full.final and full.probe_epochs == 30
+
+
+def _runs(config):
+  """The run configs of a shipped config: itself, or a study's base and its stages."""
+  if "study" not in config:
+    return [config]
+  return [config.base, *config.study.get("stages", {}).values()]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_shipped_evaluator_section_holds_every_key(name):
+  for run in _runs(_load(name)):
+    for section_name, section in run.get("evals", {}).items():
+      known = {**evaluator_lib.COMMON, **evaluator_lib.get(section.type).defaults}
+      assert set(section) == set(known), (section_name, sorted(set(known) - set(section)))
