@@ -6,15 +6,17 @@
   streamed_image_data(tfds_name)  a prepared TFDS data set streamed per record (ImageNet)
   vit(preset)            a DeiT-III-style ViT
   adamw(lr)              optim.name 'adamw' on the 'cosine' schedule (warm-up, cosine), clipping
-  classification_loss()  loss, mixup / cutmix (off by default) for the classification task
+  classification_loss()  the loss section: loss, label smoothing, mixup / cutmix (off)
+  lm_loss()              the lm / chat loss section (chunked cross-entropy)
   evaluator(type)        one config.evals section (laplax.train.evaluator); *_evals(): a task's
   deit3(c)               DeiT-III's training recipe applied to a classification config
   text_data(), gpt(), lm_optim(), muon()   the lm task's data, model and optimiser sections
-  dino_sections(c)       DINO's head, multicrop and dino sections
+  dino_sections(c, ...)  DINO's head, multicrop (every MultiCropConfig field) and dino sections
   study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
 """
 
 import copy
+import dataclasses
 
 import ml_collections
 
@@ -279,6 +281,7 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
   c.mesh = ml_collections.ConfigDict(base.mesh.to_dict())
   c.axis_rules = base.axis_rules
   c.model = copy.deepcopy(base.model)  # keeps laplacian_heads' object-typed field
+  c.loss = copy.deepcopy(base.loss)
   c.data = data
   c.optim = copy.deepcopy(base.optim)
   c.optim.schedule = "warmdown"
@@ -314,14 +317,13 @@ def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "gl
   # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |
   # save_qkv_attention_out (laplax.models.remat)
   m.remat_policy = "none"
-  m.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
   return m
 
 
 def gpt_d20_model() -> ml_collections.ConfigDict:
   """nanochat's depth-20 GPT on a pod (configs/pod/gpt_d20.py and its chat stages): 10 heads of
   128, k = 5, nanochat's init (nanochat/gpt.py at ae0bf52: MLP c_fc uniform +-sqrt(3 / 1280)),
-  bf16 compute, splash attention, scanned blocks with full remat, chunked cross-entropy."""
+  bf16 compute, splash attention, scanned blocks with full remat (its loss: lm_loss(chunk=256))."""
   m = gpt(depth=20, width=1280, head_dim=128, init="nanochat")
   m.laplacian_heads = laplacian_heads(5)
   m.attention_impl = "splash"
@@ -329,7 +331,6 @@ def gpt_d20_model() -> ml_collections.ConfigDict:
   m.param_dtype = "float32"
   m.scan_layers = True
   m.remat_policy = "full"
-  m.loss_chunk = 256
   return m
 
 
@@ -355,6 +356,7 @@ def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.Co
   base = run("gpt_d20", "lm", log_every=log_every, every_steps=every_steps)
   base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
   base.model = gpt_d20_model()
+  base.loss = lm_loss(chunk=256)
   base.optim = gpt_d20_optim(warmdown_fraction=0.0)  # each stage sets its own schedule
   base.optim.muon.embedding_lr = 0.2
   return base
@@ -384,22 +386,20 @@ def lm_optim() -> ml_collections.ConfigDict:
 
 
 def dino_sections(c: ml_collections.ConfigDict, *, out_dim: int = 1024, hidden_dim: int = 256,
-                  bottleneck_dim: int = 64, global_size: int = 32, local_size: int = 16,
-                  num_local: int = 4, blur_sigma=(0.1, 1.0), warmup_teacher_temp_epochs=0.3,
-                  freeze_last_layer_epochs=0.1) -> ml_collections.ConfigDict:
+                  bottleneck_dim: int = 64, warmup_teacher_temp_epochs=0.3,
+                  freeze_last_layer_epochs=0.1, **multicrop) -> ml_collections.ConfigDict:
   """DINO's head, multicrop and dino sections on c (the dino task; laplax.tasks.dino), with
   DINO's optimiser: AdamW at `c.optim`'s lr with weight decay on a cosine 0.04 -> 0.4 and each
-  parameter's gradient clipped to norm 3.0. The defaults are CPU-sized (blur sigma (0.1, 2.0)
-  px is DINO's for 224 px crops); the temperatures and momenta are DINO's."""
+  parameter's gradient clipped to norm 3.0. The head defaults are CPU-sized; the temperatures
+  and momenta are DINO's. The multicrop section holds every field of
+  laplax.data.multicrop.MultiCropConfig (whose defaults are DINO's 224 px recipe: 6 local crops,
+  blur sigma (0.1, 2.0) px), set by `multicrop` (global_size and local_size at least)."""
+  # Imported here: `import configs.common` stays light; the dataclass holds the defaults.
+  from laplax.data import multicrop as multicrop_lib
   c.head = ml_collections.ConfigDict({"out_dim": out_dim, "hidden_dim": hidden_dim,
                                       "bottleneck_dim": bottleneck_dim, "num_layers": 3})
-  c.multicrop = ml_collections.ConfigDict()
-  c.multicrop.global_size = global_size
-  c.multicrop.local_size = local_size
-  c.multicrop.num_local = num_local
-  c.multicrop.global_scale = (0.4, 1.0)
-  c.multicrop.local_scale = (0.05, 0.4)
-  c.multicrop.blur_sigma = tuple(blur_sigma)
+  c.multicrop = ml_collections.ConfigDict(dataclasses.asdict(
+      multicrop_lib.MultiCropConfig(**multicrop)))
   c.dino = ml_collections.ConfigDict()
   c.dino.student_temp = 0.1
   c.dino.teacher_temp = 0.07
@@ -420,16 +420,25 @@ def dino_optim(lr: float, *, warmup_steps: int) -> ml_collections.ConfigDict:
   return o
 
 
-def classification_loss(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the classification task's loss keys to `c`: softmax cross-entropy, no mixing."""
-  c.loss = "softmax_xent"  # 'softmax_xent' | 'sigmoid_xent' (DeiT-III's BCE, mean over B x K)
-  c.bce_binary_targets = False  # sigmoid_xent: targets > 0 -> 1 (DeiT-III), needs smoothing 0
-  c.mixup = ml_collections.ConfigDict()  # laplax.data.mixup, on the device in the step
-  c.mixup.mixup_alpha = 0.0  # Beta(a, a) blend of each image with the reversed batch; 0: off
-  c.mixup.cutmix_alpha = 0.0  # Beta(a, a) box pasted from the reversed batch; 0: off
-  c.mixup.switch_prob = 0.5  # both on: CutMix with this probability, else Mixup
-  c.mixup.prob = 1.0  # chance that a batch is mixed at all
-  return c
+def classification_loss(*, label_smoothing: float = 0.0) -> ml_collections.ConfigDict:
+  """The classification task's loss section: softmax cross-entropy, no mixing. Its targets
+  (label smoothing, Mixup / CutMix: every field of laplax.data.mixup.MixupConfig, whose defaults
+  are off) are part of it."""
+  from laplax.data import mixup as mixup_lib  # here: `import configs.common` stays light
+  l = ml_collections.ConfigDict()
+  l.name = "softmax_xent"  # 'softmax_xent' | 'sigmoid_xent' (DeiT-III's BCE, mean over B x K)
+  l.label_smoothing = label_smoothing  # of the one-hot targets, before mixing
+  l.bce_binary_targets = False  # sigmoid_xent: targets > 0 -> 1 (DeiT-III), needs smoothing 0
+  # laplax.data.mixup, on the device in the step: mixup_alpha, cutmix_alpha (Beta(a, a); 0: off),
+  # switch_prob (both on: CutMix with this probability), prob (that a batch is mixed at all)
+  l.mixup = ml_collections.ConfigDict(dataclasses.asdict(mixup_lib.MixupConfig()))
+  return l
+
+
+def lm_loss(*, chunk: int = 0) -> ml_collections.ConfigDict:
+  """The lm and chat tasks' loss section: next-token cross-entropy, in sequence chunks of
+  `chunk` tokens when > 0 (the float32 (B, T, V) logits never exist; gpt.chunked_cross_entropy)."""
+  return ml_collections.ConfigDict({"chunk": chunk})
 
 
 def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.ConfigDict:
@@ -444,12 +453,11 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   # The same ops in memory and streamed (laplax.data.ops).
   c.data.augment = ("rrc(0.08,1)" if crop == "rrc" else "pad_crop(4,reflect)", "flip",
                     "three_augment", "color_jitter(0.3)")
-  classification_loss(c)
-  c.loss = "sigmoid_xent"
-  c.bce_binary_targets = True
-  c.mixup.mixup_alpha = 0.8
-  c.mixup.cutmix_alpha = 1.0
-  c.optim.label_smoothing = 0.0
+  c.loss = classification_loss(label_smoothing=0.0)
+  c.loss.name = "sigmoid_xent"
+  c.loss.bce_binary_targets = True
+  c.loss.mixup.mixup_alpha = 0.8
+  c.loss.mixup.cutmix_alpha = 1.0
   c.model.weight_init = "trunc_normal"
   return c
 

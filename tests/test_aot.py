@@ -130,7 +130,7 @@ def aot():
 # The LM also through the pod configs' memory path: splash attention as its Mosaic kernel under
 # shard_map, scanned and rematerialised blocks, chunked cross-entropy.
 MEMORY_PATH = {"model.attention_impl": "splash", "model.scan_layers": True,
-               "model.remat_policy": "full", "model.loss_chunk": 8}
+               "model.remat_policy": "full", "loss.chunk": 8}
 
 
 @pytest.mark.parametrize("kind", ["vit", "lm", "lm_memory_path"])

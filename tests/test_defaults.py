@@ -2,6 +2,7 @@
 it (`--config.evals.NAME.KEY=V`, parsed by config_flags as train.py does, config locked); the
 shipped configs' sections hold every key; the loss keys live in one `loss` section."""
 
+import json
 import pathlib
 
 from absl import flags
@@ -10,7 +11,10 @@ import ml_collections
 import pytest
 
 from configs import common
+from laplax import cli
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import restore
+from laplax.train import task as task_lib
 from test_configs import CONFIGS, _load
 
 pytestmark = pytest.mark.unit
@@ -121,3 +125,39 @@ def test_every_shipped_evaluator_section_holds_every_key(name):
     for section_name, section in run.get("evals", {}).items():
       known = {**evaluator_lib.COMMON, **evaluator_lib.get(section.type).defaults}
       assert set(section) == set(known), (section_name, sorted(set(known) - set(section)))
+
+
+@pytest.mark.parametrize("old, value, new", [
+    ("loss", "sigmoid_xent", "loss.name"),
+    ("bce_binary_targets", True, "loss.bce_binary_targets"),
+    ("optim.label_smoothing", 0.1, "loss.label_smoothing"),
+    ("mixup", {"mixup_alpha": 0.8}, "loss.mixup"),
+])
+def test_the_loss_keys_of_four_sections_are_one_loss_section(old, value, new):
+  """An old key in a config is refused naming the new one; an older run's config.json is read
+  with it moved (restore.read_config); train.py's flag error names the new flag."""
+  config = _load("test:vit")
+  if old == "loss":
+    del config["loss"]
+  config.update_from_flattened_dict({old: value}) if "." in old else config.__setitem__(old, value)
+  with pytest.raises(ValueError, match=f"config.{old} is gone: write config.{new}"):
+    task_lib.for_config(config)
+  moved = task_lib.move_keys(config)
+  assert task_lib.moved_keys(moved) == []
+  got = moved
+  for part in new.split("."):
+    got = got[part]
+  assert (got.to_dict() if hasattr(got, "to_dict") else got) == value
+  flag = f"--config.{old}.mixup_alpha=0.8" if old == "mixup" else f"--config.{old}={value}"
+  line = cli._moved_flag(["train.py", "--config=configs/test.py:vit", flag])
+  assert line.startswith(f"--config.{old}") and f"write --config.{new}" in line
+
+
+def test_an_old_lm_run_reads_back_with_its_loss_chunk_moved(tmp_path):
+  config = _load("test:lm").to_dict()
+  del config["loss"]
+  config["model"]["loss_chunk"] = 8  # where laplax kept it before the loss section
+  (tmp_path / "config.json").write_text(json.dumps(config, default=list))
+  read = restore.read_config(tmp_path)
+  assert read.loss.chunk == 8 and "loss_chunk" not in read.model
+  task_lib.for_config(read).build_model()  # the model section builds the GPT again

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # each case is several train.py processes
 TOL = 1e-5
 # A ViT whose step draws per-row randomness on the device (Mixup / CutMix partners and boxes)
 # and per-image crops on the host.
-VIT = ("--config.mixup.mixup_alpha=0.8", "--config.mixup.cutmix_alpha=1.0",
+VIT = ("--config.loss.mixup.mixup_alpha=0.8", "--config.loss.mixup.cutmix_alpha=1.0",
        "--config.data.augment=('rrc','flip')", "--config.log_every=1")
 
 

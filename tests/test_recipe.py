@@ -165,7 +165,7 @@ def test_layerscale_presets():
   from configs.pod import vit_b16_imagenet, vit_b_cifar100
   for c in (vit_b16_imagenet.get_config(), vit_b_cifar100.get_config()):
     assert c.model.layerscale_init == 1e-6 and c.model.weight_init == 'trunc_normal'
-    assert c.loss == 'sigmoid_xent' and c.mixup.mixup_alpha == 0.8
+    assert c.loss.name == 'sigmoid_xent' and c.loss.mixup.mixup_alpha == 0.8
   # The same ops in memory (CIFAR-100, DeiT-III's simple crop) and streamed (ImageNet).
   assert vit_b_cifar100.get_config().data.augment == (
       'pad_crop(4,reflect)', 'flip', 'three_augment', 'color_jitter(0.3)')

@@ -138,7 +138,7 @@ def test_grad_accumulation_equals_one_big_batch():
   state, _ = state_lib.create_state(task, model, tx, mesh, rules, 0)
   batch = {"image": jax.random.normal(jax.random.key(1), (8, 28, 28, 1)),
            "label": jnp.arange(8) % 10}
-  config.optim.label_smoothing = 0.0
+  config.loss.label_smoothing = 0.0
   loss_fn = task.loss_fn(model)
   outs = [jax.jit(make_train_step(loss_fn, tx, seed=0, grad_accum_steps=a))(state, batch)
           for a in (1, 4)]

@@ -213,7 +213,7 @@ class ChatTask(LanguageModelTask):
     sum(w * nll) / sum(w) over the (micro-)batch."""
     if self.config.data.rows == "packed":
       return super().loss_fn(model)
-    chunk = int(self.config.model.get("loss_chunk", 0))
+    chunk = int(self.config.loss.chunk)
 
     def loss_fn(params, batch, rng):
       del rng

@@ -281,9 +281,6 @@ class DinoTask(Task):
     crops = multicrop_config(config)
     if self.streaming:
       dino_stream.view_ops(crops)  # what the per-record ops cannot express
-      for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
-        if int(config.data.get(key, low)) < low:
-          raise ValueError(f"data.{key}={config.data.get(key)} is out of range")
     elif crops.hue:
       raise ValueError(f"multicrop.hue={crops.hue}: the in-step crops of in-memory data have "
                        "no hue jitter; stream the data (data.tfds_name) or set it to 0")

@@ -62,6 +62,52 @@ _GONE = {
 }
 
 
+# Keys that moved, old -> new (the loss keys of four sections are one `loss` section now):
+# refused with the new name in a config (for_config; train.py's flag errors, laplax.cli), moved
+# when an older run's config.json is read back (laplax.train.restore.read_config).
+MOVED = {
+    "loss": "loss.name",  # when `loss` is a string, not the section
+    "bce_binary_targets": "loss.bce_binary_targets",
+    "optim.label_smoothing": "loss.label_smoothing",
+    "mixup": "loss.mixup",
+    "model.loss_chunk": "loss.chunk",
+}
+
+
+def _find(config, dotted: str):
+  """(section, key) holding `dotted` in config, or None."""
+  *path, key = dotted.split(".")
+  for part in path:
+    config = config.get(part) if isinstance(config, (ml_collections.ConfigDict, dict)) else None
+  if isinstance(config, (ml_collections.ConfigDict, dict)) and key in config:
+    if dotted == "loss" and isinstance(config[key], (ml_collections.ConfigDict, dict)):
+      return None  # the loss section itself
+    return config, key
+  return None
+
+
+def moved_keys(config) -> list[tuple[str, str]]:
+  """(old, new) for each MOVED key `config` still has."""
+  return [(old, new) for old, new in MOVED.items() if _find(config, old) is not None]
+
+
+def move_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` (an older run's) with its MOVED keys where they are now."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for old, new in moved_keys(config):
+    section, key = _find(config, old)
+    value = section[key]
+    del section[key]
+    *path, last = new.split(".")
+    target = config
+    for part in path:
+      if part not in target:
+        target[part] = ml_collections.ConfigDict()
+      target = target[part]
+    target[last] = value
+  return config
+
+
 @dataclasses.dataclass
 class Run:
   """A trained run restored on one device (laplax.train.restore.load_run)."""
@@ -268,6 +314,11 @@ def for_config(config) -> Task:
   """The task object of a run's config (config.task, default 'classification'); a config that
   lacks a section the task reads fails here, in one line."""
   cls = get(config.get("task", "classification"))
+  moved = moved_keys(config)
+  if moved:
+    old, new = moved[0]
+    raise ValueError(f"config.{old} is gone: write config.{new} (configs/common.py builds the "
+                     "loss section)")
   missing = [s for s in cls.sections if s not in config]
   if missing:
     raise ValueError(f"the config has no {', '.join(missing)} (task {cls.name!r} reads "
