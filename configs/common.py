@@ -242,6 +242,7 @@ def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size
   d.batch_size = batch_size  # global, in windows of seq_len + 1 tokens
   d.eval_batch_size = eval_batch_size
   d.eval_windows = 0  # first N validation windows (0 = all)
+  d.wait_timeout_s = 4 * 3600.0  # how long hosts > 0 wait for process 0's tokenizer and shards
   return d
 
 

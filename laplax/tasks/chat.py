@@ -38,6 +38,7 @@ from laplax.data.tokenizer import Tokenizer, as_path
 from laplax.evals import chat as chat_evals
 from laplax.models import gpt
 from laplax.tasks.lm import LanguageModelTask, text_cache_dir
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import identity as identity_lib
 
 
@@ -173,12 +174,12 @@ class ChatTask(LanguageModelTask):
     draws words, letters and templates at random, so train and test rows can coincide) is
     dropped from training, and the count logged."""
     out = train
-    for name, section in self.config.get("evals", {}).items():
-      if section.get("type") != "chat" or not section.get("tasks"):
+    for name, section in evaluator_lib.sections(self.config).items():
+      if section.type != "chat" or not section.tasks:
         continue
       for benchmark in section.tasks:
-        keys = chat_evals.test_items_keys([benchmark], section.get("data_dir", ""),
-                                          int(section.get("limit", 0)), words=self.words)
+        keys = chat_evals.test_items_keys([benchmark], section.data_dir, int(section.limit),
+                                          words=self.words)
         hits = [c for c in out if chat_tasks.question_key(c) in keys]
         if not hits:
           continue

@@ -392,7 +392,7 @@ class DinoTask(Task):
                           seed=self.config.seed, total_steps=total_steps,
                           steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
                           precomputed_crops=self.streaming,
-                          skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
+                          skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   def train_iterator(self, process_index: int, process_count: int):
     d = self.config.data

@@ -71,7 +71,8 @@ RANGES: dict[str, Range] = {
     "data.image_size": COUNT, "data.num_classes": COUNT, "data.num_train": COUNT,
     "data.seq_len": Range(2, integer=True), "data.eval_windows": COUNT,
     "data.max_tokens": Range(2, integer=True), "data.epochs": POSITIVE, "data.mixture_seed": COUNT,
-    "data.val_fraction": Range(0, 1, low_open=True, high_open=True),
+    "data.val_fraction": Range(0, 0.5, low_open=True, high_open=True),
+    "data.wait_timeout_s": POSITIVE,
     "data.vocab_size": AT_LEAST_ONE, "data.tokenizer_train_chars": AT_LEAST_ONE,
     "data.eval_crop": COUNT, "data.eval_resize": COUNT,
     "data.eval_crop_pct": Range(0, 1, low_open=True),  # crop / resize (0.875: 224 of 256)

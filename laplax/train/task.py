@@ -148,7 +148,7 @@ class Task(abc.ABC):
       if old in c:
         raise ValueError(f"config.{old} is gone: {now}")
     ranges.check(c)  # every numeric field's range (laplax.train.ranges.RANGES)
-    accum = int(c.optim.get("grad_accum_steps", 1))
+    accum = int(c.optim.grad_accum_steps)
     bs = c.data.batch_size
     if bs <= 0 or bs % (dp * accum):
       raise ValueError(f"data.batch_size={bs} must be a positive multiple of data-parallel "
@@ -163,7 +163,7 @@ class Task(abc.ABC):
     jax.eval_shape(lambda key: self.init_params(model, key), jax.random.key(0))
     # Built once (optax closures, no arrays): an optimiser that cannot serve this task (Muon
     # without the model width, a frozen layer it cannot keep apart) fails here too.
-    self.optimizer(max(int(c.get("total_steps", 0) or 1), 1))
+    self.optimizer(max(int(c.total_steps or 1), 1))
 
   # --- Data and model ------------------------------------------------------------------------
 
@@ -236,8 +236,8 @@ class Task(abc.ABC):
     del total_steps
     return steps_lib.make_train_step(
         self.loss_fn(model), tx, seed=self.config.seed,
-        grad_accum_steps=self.config.optim.get("grad_accum_steps", 1),
-        skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
+        grad_accum_steps=self.config.optim.grad_accum_steps,
+        skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   @abc.abstractmethod
   def train_iterator(self, process_index: int, process_count: int):
@@ -265,7 +265,7 @@ class Task(abc.ABC):
     out.update({f"data.{k}": identity_lib.plain(c.data[k]) for k in ("name", "tfds_name", "sources")
                 if k in c.data})
     out.update({"seed": c.seed, "data.batch_size": c.data.batch_size,
-                "optim.grad_accum_steps": int(c.optim.get("grad_accum_steps", 1)),
+                "optim.grad_accum_steps": int(c.optim.grad_accum_steps),
                 "total_steps": int(total_steps)})
     return out
 

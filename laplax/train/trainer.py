@@ -54,7 +54,7 @@ def jit_step(step_fn, shardings, mesh):
 def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
   """config.profile = (first step, number of steps) -> a trace in workdir/profile for
   TensorBoard / XProf; () or absent: no trace."""
-  window = tuple(config.get("profile", ()) or ())
+  window = tuple(config.profile or ())
   if not window:
     return None
   if len(window) != 2 or window[0] < 1 or window[1] < 1:
@@ -177,7 +177,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
     return finished
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
-  name = config.get("name", task.name)
+  name = config.name
   # The evaluators load their own data (transfer sets, ADE20K, photos): missing data stops a
   # fresh start before config.json too. Those that run only in eval.py are not built.
   context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
@@ -275,7 +275,7 @@ def _start_params(task: Task, expected, log, mesh, rules):
   leaf by leaf against this model's `expected` shapes."""
   config = task.config
   source = workdir_lib.as_path(config.init_from)
-  step = int(config.get("init_from_step", 0) or 0) or None
+  step = int(config.init_from_step or 0) or None
   run = restore.load_run(source, step=step, log=log, mesh=mesh, rules=rules)
   params = task.adapt_params(run.params, run.config, expected)
   want = flax.traverse_util.flatten_dict(expected, sep="/")

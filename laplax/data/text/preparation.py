@@ -51,9 +51,7 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   log = log or (lambda *_: None)
   suffixes = tuple(data_config.get("suffixes") or corpus.DEFAULT_SUFFIXES)
   paths = corpus.list_documents(corpus.resolve_sources(data_config), suffixes=suffixes)
-  val_fraction = float(data_config.val_fraction)
-  if not 0.0 < val_fraction < 0.5:
-    raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 0.5)")
+  val_fraction = float(data_config.val_fraction)  # in (0, 0.5): laplax.train.ranges
   timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
   cache_dir = as_path(cache_dir)
   vocab_size = int(data_config.vocab_size)
