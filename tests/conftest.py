@@ -114,3 +114,15 @@ def pytest_runtest_call(item):
     if reason is None or os.environ.get("LAPLAX_REQUIRE_DATA") == "1":
       raise
     pytest.skip(reason)
+
+
+# --- The suite's two kinds -----------------------------------------------------------------
+# `integration` is marked where a test exercises the system end to end (a training run,
+# train.py / eval.py processes, a study, several hosts); every other test is a `unit` test, so
+# that -m unit and -m integration split the suite (pytest.ini registers both, --strict-markers).
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.get_closest_marker("integration") is None:
+      item.add_marker(pytest.mark.unit)

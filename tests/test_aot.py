@@ -165,6 +165,7 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
   assert saved["peak_bytes_per_chip"] < 2 ** 30
 
 
+@pytest.mark.integration
 def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
   cfg = f"--config={REPO / 'configs' / 'test.py'}:lm"
   ok = _cli(tmp_path / "ok", cfg, "--aot=v5e:2x2")

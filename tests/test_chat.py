@@ -166,6 +166,7 @@ def _stage(kind, tmp_path, init_from, train, val, **overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_path):
   import jax
   import jax.numpy as jnp
@@ -241,6 +242,7 @@ def test_rows_count_the_supervised_targets_inside_the_cut(tmp_path, tok):
     assert rows.supervised() == int(rows.rows(np.arange(4))["mask"].sum())
 
 
+@pytest.mark.integration
 def test_a_benchmark_test_item_in_the_training_mixture_stops_the_run(tmp_path, tok, shared_data):
   from conftest import make_config
   from laplax.train import trainer

@@ -17,8 +17,6 @@ from laplax.train import restore
 from laplax.train import task as task_lib
 from test_configs import CONFIGS, _load
 
-pytestmark = pytest.mark.unit
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -491,6 +491,7 @@ def _test_config(fashion_mnist_dir, data_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_tiny_dino_run_learns_without_collapse(tmp_path, fashion_mnist_dir, data_cache):
   config = _test_config(fashion_mnist_dir, data_cache)
   results = trainer.train_and_evaluate(config, tmp_path, log=lambda s: None)

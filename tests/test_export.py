@@ -39,6 +39,7 @@ def test_an_export_loads_back(exported):
     (lambda b: b[:len(b) // 2], "is damaged or truncated"),
     (lambda b: b"not a zip at all", "is damaged or truncated"),
 ])
+@pytest.mark.integration
 def test_a_damaged_export_is_refused_in_one_line(exported, damage, message):
   path = exported / "export.npz"
   path.write_bytes(damage(path.read_bytes()))

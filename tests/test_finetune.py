@@ -54,6 +54,7 @@ def _flat(params):
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
+@pytest.mark.integration
 def test_init_from_another_resolution_resizes_only_the_position_table(tmp_path, data_dir):
   quiet = lambda m: None
   trainer.train_and_evaluate(_config(data_dir, 16, 2), tmp_path / "a", log=quiet)  # 2 x 2 grid

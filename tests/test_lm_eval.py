@@ -9,7 +9,7 @@ from laplax.evals import offline
 from laplax.train import trainer
 from laplax.evals.offline import EvalOptions
 
-pytestmark = pytest.mark.slow  # a training run and every LM task
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a training run and every LM task
 
 
 @pytest.fixture(scope="module")

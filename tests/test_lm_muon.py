@@ -215,6 +215,7 @@ def test_sharded_muon_steps_equal_one_device():
                results["one"][1])
 
 
+@pytest.mark.integration
 def test_unknown_optimiser_is_one_error_line(tmp_path):
   work = tmp_path / "w"
   out = subprocess.run([sys.executable, str(REPO / "train.py"),

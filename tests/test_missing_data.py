@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, missing_data
 
 PROBES = '''
@@ -28,6 +30,7 @@ def _pytest(tmp_path, **env):
            "LAPLAX_SHARED_DATA": str(tmp_path / "empty"), **env})
 
 
+@pytest.mark.integration
 def test_missing_shared_data_skips_with_its_source(tmp_path):
   out = _pytest(tmp_path, LAPLAX_REQUIRE_DATA="").stdout
   assert "1 failed, 1 skipped" in out, out

@@ -19,7 +19,7 @@ from conftest import REPO
 import hosts
 from laplax.train.metrics import read_metrics
 
-pytestmark = pytest.mark.slow  # each case is several train.py processes
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each case is several train.py processes
 
 TOL = 1e-5
 # A ViT whose step draws per-row randomness on the device (Mixup / CutMix partners and boxes)

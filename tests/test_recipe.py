@@ -174,6 +174,7 @@ def test_layerscale_presets():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_deit3_recipe_trains_at_mu_size_on_cifar10(tmp_path, data_cache):
   """The whole recipe (configs/test.py:vit_deit3) through the trainer on 8 fake devices."""
   from conftest import make_config

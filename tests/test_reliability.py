@@ -83,6 +83,7 @@ def _race(directory, read_only: bool, steps: int = 15):
   return trainer.returncode, t_err, reader.returncode, r_out + r_err
 
 
+@pytest.mark.integration
 def test_read_only_reader_does_not_kill_a_saving_trainer(tmp_path):
   rc, err, reader_rc, reader_out = _race(tmp_path / "ckpt", read_only=True)
   assert rc == 0, err[-3000:]
@@ -118,6 +119,7 @@ def _try_lock(workdir) -> subprocess.CompletedProcess:
                         env=ENV, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_second_process_refuses_a_locked_workdir_until_the_holder_is_killed(tmp_path):
   holder = _spawn(_HOLDER, tmp_path / "w")
   try:
@@ -160,6 +162,7 @@ _CACHE_HOLDER = """
 """
 
 
+@pytest.mark.integration
 def test_a_cache_entry_has_one_preparer_and_a_killed_one_frees_it(tmp_path):
   first = _spawn(_CACHE_HOLDER, tmp_path, 1.5)
   assert first.stdout.readline().startswith("holding"), first.stderr.read()
@@ -180,6 +183,7 @@ def test_a_cache_entry_has_one_preparer_and_a_killed_one_frees_it(tmp_path):
   assert out.startswith("holding"), (out, err)
 
 
+@pytest.mark.integration
 def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path):
   script = """
       import os, sys
@@ -210,6 +214,7 @@ def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path
      "use host:port"),
     (["--multihost"], "--multihost:"),  # no cluster to detect on this machine
 ])
+@pytest.mark.integration
 def test_bad_cluster_flags_are_one_error_line(tmp_path, flags, message):
   env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORD"))}
   out = subprocess.run([sys.executable, str(REPO / "train.py"),
@@ -233,6 +238,7 @@ def test_write_json_atomic_failure_keeps_the_old_file(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp file left
 
 
+@pytest.mark.integration
 def test_write_json_atomic_killed_mid_write_leaves_old_or_new(tmp_path):
   """SIGKILL while a child rewrites a big file in a loop: the file always parses."""
   path = tmp_path / "state.json"
@@ -512,6 +518,7 @@ _ASYNC_SAVE_FAILS = """
 """
 
 
+@pytest.mark.integration
 def test_failed_async_save_is_one_error_line(tmp_path):
   proc = _spawn(_ASYNC_SAVE_FAILS, tmp_path / "ckpt")
   # Control, at the same time: with LAPLAX_DEBUG=1 orbax's thread tracebacks are printed.
@@ -544,6 +551,7 @@ _CLOSED_LOOP_NOISE = """
 """
 
 
+@pytest.mark.integration
 def test_closed_event_loop_noise_of_a_full_disk_is_dropped(tmp_path):
   proc = _spawn(_CLOSED_LOOP_NOISE, tmp_path)
   out, err = proc.communicate(timeout=120)
@@ -555,6 +563,7 @@ def test_closed_event_loop_noise_of_a_full_disk_is_dropped(tmp_path):
   assert debug.stderr.count("RuntimeError: Event loop is closed") == 5  # the control
 
 
+@pytest.mark.integration
 def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
   script = """
       import logging, threading
@@ -578,6 +587,7 @@ def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
     ("def get_config(:\n  pass\n", ":1: SyntaxError: invalid syntax"),
     ("def get_config():\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
 ])
+@pytest.mark.integration
 def test_broken_config_file_is_one_error_line(tmp_path, source, message):
   config = tmp_path / "bad_config.py"
   config.write_text(source)

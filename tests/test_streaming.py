@@ -72,6 +72,7 @@ def test_train_batches_are_uint8_crops(train_source):
     assert np.abs(batch["image"][..., 2].mean((1, 2)) - 5 * batch["label"]).max() < 3
 
 
+@pytest.mark.integration
 def test_hosts_read_disjoint_shards_that_cover_each_epoch(train_source):
   hosts, per_host = 3, 4
   epoch_batches = N_TRAIN // (hosts * per_host)
@@ -133,6 +134,7 @@ def test_worker_processes_give_the_same_stream_and_resume(train_source):
 
 
 @pytest.mark.parametrize("hosts, batch_size", [(1, 5), (3, 2), (2, 8)])
+@pytest.mark.integration
 def test_evaluation_sees_every_example_once(val_source, hosts, batch_size):
   per_host = []
   for p in range(hosts):
@@ -275,6 +277,7 @@ def _train_py(workdir, data_dir, *extra):
       cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.integration
 def test_bad_tfds_name_from_train_py_is_one_line(tmp_path, data_dir):
   out = _train_py(tmp_path / "run", data_dir, "--config.data.tfds_name=no_such_images")
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
@@ -284,6 +287,7 @@ def test_bad_tfds_name_from_train_py_is_one_line(tmp_path, data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_pod_config_trains_three_steps_on_cpu(tmp_path, data_dir):
   # DeiT-III's split resolution at patch 32: trained on 192 px crops (6 x 6 patches),
   # evaluated on 224 px centre crops (7 x 7: the position table resized).

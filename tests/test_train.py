@@ -36,6 +36,7 @@ def _losses(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
   config = tiny_config(data_cache, steps=60)
   config.optim.lr = 4e-3
@@ -68,6 +69,7 @@ def _run_train(workdir, cache, *extra, wait=True):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted."""
   load_image_data(tiny_config(data_cache).data)  # prepare data outside the timed run
@@ -165,6 +167,7 @@ def test_grad_accumulation_equals_one_big_batch():
     ("--config.optim.lr=nan", "optim.lr=nan must be a finite positive number"),
     ("--config.optim.lr=inf", "optim.lr=inf must be a finite positive number"),
 ])
+@pytest.mark.integration
 def test_bad_input_gives_one_line_error(tmp_path, data_cache, flag, message):
   rc, out = _run_train(tmp_path / "w", data_cache, flag)
   assert rc != 0
