@@ -192,15 +192,23 @@ def _moved_flag(argv: list[str]) -> str | None:
   return None
 
 
+def flag_error(e: BaseException, argv: list[str]) -> str:
+  """The one line for a failed parse of `argv` (a moved key, a missing field, a bad value)."""
+  return _moved_flag(argv) or _missing_field(e, argv) or one_line(e)
+
+
+# What absl flag parsing raises for a bad command line (config_flags' overrides included).
+FLAG_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
   file) and exit 2."""
   from absl import flags
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    print(f"error: {_moved_flag(argv) or _missing_field(e, argv) or one_line(e)}",
-          file=sys.stderr)
+  except (flags.Error, *FLAG_ERRORS) as e:
+    print(f"error: {flag_error(e, argv)}", file=sys.stderr)
     sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except  # raised by executing a config file
     if _debug():

@@ -384,8 +384,8 @@ def test_ade20k_probe_runs_on_the_teacher(initial_state, tmp_path):
   _write_ade20k(root, [(12, 20)] * 2, split="validation", start=10)
   config = _task().config
   config.data.cache_dir = str(tmp_path / "cache")
-  section = common.evaluator("ade20k", dir=str(root), size=SIZE, train_images=0, val_images=0,
-                             seg_epochs=2)
+  section = common.evaluator("ade20k_patch", dir=str(root), size=SIZE, train_images=0,
+                             val_images=0, seg_epochs=2)
   mesh = sharding.make_mesh({"data": 8})
   feature_fn = features.make_feature_fn(_tiny_model(), (2, 2), mesh, sharding.DEFAULT_RULES, 1)
   info = dino_task.DinoTask(config).info()

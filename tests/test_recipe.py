@@ -1,5 +1,7 @@
 """The DeiT-III training recipe: Mixup / CutMix on the device, BCE on the mixed targets,
 trunc_normal initialisation, LayerScale presets, and a CPU smoke run of the whole recipe."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,9 +23,14 @@ def _batch(b=8, h=8, w=8, c=3, seed=0):
   return images, labels
 
 
+@functools.cache
+def _mixer(smoothing, config):
+  """One jitted mix_batch per (smoothing, MixupConfig): the seeds of a test reuse its compile."""
+  return jax.jit(lambda k, x, y: mixup.mix_batch(k, x, y, K, config, label_smoothing=smoothing))
+
+
 def _mix(key, images, labels, smoothing=0.0, **cfg):
-  return jax.jit(lambda k, x, y: mixup.mix_batch(
-      k, x, y, K, mixup.MixupConfig(**cfg), label_smoothing=smoothing))(key, images, labels)
+  return _mixer(smoothing, mixup.MixupConfig(**cfg))(key, images, labels)
 
 
 def test_inactive_mixing_is_the_identity():
