@@ -5,6 +5,7 @@
 import os
 import re
 import pathlib
+import types
 
 # Must be set before JAX initialises its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -51,6 +52,19 @@ def data_cache() -> pathlib.Path:
   """The suite's one prepared-data cache (LAPLAX_TEST_CACHE, default ~/.cache/laplax/tests)."""
   TEST_CACHE.mkdir(parents=True, exist_ok=True)
   return TEST_CACHE
+
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory, data_cache):
+  """configs/test.py:lm trained once per test run (40 steps on tinyshakespeare, validation at
+  steps 20 and 40; the suite's data cache), for the tests that read a trained LM run:
+  .workdir, .results, .config() (a fresh copy of the config it was trained with). A test that
+  changes the run (a resume) copies it first (shutil.copytree)."""
+  from laplax.train import trainer
+  workdir = tmp_path_factory.mktemp("lm_run") / "run"
+  config = lambda: make_config("lm", data_cache)
+  results = trainer.train_and_evaluate(config(), workdir, log=lambda m: None)
+  return types.SimpleNamespace(workdir=workdir, results=results, config=config)
 
 
 def make_config(kind: str, cache=None, **overrides):

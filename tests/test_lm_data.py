@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import jax
 import ml_collections
@@ -219,12 +220,9 @@ def test_bits_per_byte_on_a_known_distribution():
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
-  config = make_config("lm")
-  config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
-  config.data.cache_dir = str(tmp_path / "cache")
-  lines = []
-  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, lm_run):
+  shutil.copytree(lm_run.workdir, tmp_path / "run")  # the session's run (conftest), resumed here
+  config, results, lines = lm_run.config(), lm_run.results, []
   vocab = -(-config.data.vocab_size // 64) * 64
   records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   val = [r for r in records if r["split"] == "val"]

@@ -1,34 +1,23 @@
-"""eval.py's LM mode end to end: a few-step GPT run, every task on two items, the geometry."""
+"""eval.py's LM mode end to end: the session's GPT run, every task on two items, the geometry."""
 
 import json
 
 import pytest
 
-from conftest import make_config
 from laplax.evals import offline
-from laplax.train import trainer
 from laplax.evals.offline import EvalOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a training run and every LM task
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory, shared_data):
-  config = make_config("lm")
-  tmp = tmp_path_factory.mktemp("lm_eval")
-  config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
-  config.data.cache_dir = str(tmp / "cache")
-  config.data.tokenizer_train_chars = 20_000
-  config.total_steps = 4
-  config.evals.val.every = 0
-  config.checkpoint.every_steps = 4
-  trainer.train_and_evaluate(config, tmp / "run", log=lambda m: None)
-  return tmp / "run"
+def lm_workdir(lm_run):
+  return lm_run.workdir  # the session's trained LM run (conftest); eval.py only reads it
 
 
-def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
+def test_eval_lm_tasks_and_geometry(lm_workdir, shared_data, tmp_path):
   tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
-  res = offline.evaluate_workdir(lm_run, tmp_path / "out", EvalOptions(
+  res = offline.evaluate_workdir(lm_workdir, tmp_path / "out", EvalOptions(
       tasks=tasks, limit=2, data_dir=str(shared_data), analyze=True, analysis_examples=16),
                      log=lambda m: None)
   saved = json.loads((tmp_path / "out" / "eval.json").read_text())
@@ -49,15 +38,15 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
 
 
-def test_eval_lm_errors(lm_run, tmp_path):
+def test_eval_lm_errors(lm_workdir, tmp_path):
   with pytest.raises(ValueError, match="unknown task 'nope'"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
   with pytest.raises(ValueError, match="gsm8k"):  # no task data there
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["gsm8k"],
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["gsm8k"],
                                                            data_dir=str(tmp_path / "none")))
   with pytest.raises(ValueError, match="--photos is for photo_pca evaluators, but this run's"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(photos="builtin"))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("nope",)))
   with pytest.raises(ValueError, match="--export is for image classifiers"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(export=True))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(export=True))
