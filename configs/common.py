@@ -185,6 +185,11 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.clip_mode = "global"  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
   o.grad_accum_steps = 1
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
+  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
+  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
+  # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
+  # update in fewer ops on the CPU; global clipping and constant weight decay only.
+  o.flatten = False
   return o
 
 
@@ -383,6 +388,8 @@ def lm_optim() -> ml_collections.ConfigDict:
   o.grad_accum_steps = 1
   o.muon = muon()
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
+  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
+  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
   return o
 
 
