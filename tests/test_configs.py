@@ -87,7 +87,10 @@ def test_pod_config_flags(name):
 
 @pytest.mark.parametrize("name, override, message", [
     ("test:dino", {"evals.probes.knn_ks": (0, 20)},
-     "evals.probes: knn_ks=\\(0, 20\\) must be >= 1"),
+     "evals.probes.knn_ks=\\(0, 20\\) must be a tuple of numbers each an integer >= 1"),
+    ("test:dino", {"evals.probes.probe_lr": 0.0},
+     "evals.probes.probe_lr=0.0 must be a finite positive number"),
+    ("test:lm", {"evals.lm_tasks.limit": -1}, "evals.lm_tasks.limit=-1 must be an integer >= 0"),
     ("test:dino", {"optim.clip_mode": "layer"}, "optim.clip_mode='layer': use one of"),
     ("test:dino", {"optim.weight_decay_end": -0.4}, "optim.weight_decay_end=-0.4 must be a finite"),
     ("test:dino_rgb", {"evals.photos.size": 30},

@@ -18,7 +18,8 @@ The concrete evaluators live in laplax.evals (by task: classification, lm, chat,
 each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(type, cls)` at
 run time, e.g. from a test), a config section naming the type. A config declares a section with
 `section(type, **keys)` (configs/common.py's `evaluator`): every key of COMMON and of the
-class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them.
+class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them; the class's
+`ranges` (laplax.train.ranges values) are checked with every section.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from etils import epath
 import flax.linen as nn
 import ml_collections
 
+from laplax.train import ranges as ranges_lib
 from laplax.train.task import Task
 
 Log = Callable[[str], None]
@@ -43,6 +45,7 @@ RESERVED = ("task", "step", "params", "laplacian_heads", "last_train_metrics", "
 
 # The keys every evaluator section has, with their defaults (the one place they live).
 COMMON = {"type": None, "every": 0, "at_init": False, "final": True, "analysis": False}
+COMMON_RANGES = {"every": ranges_lib.COUNT}  # 0: not during training
 
 
 @dataclasses.dataclass
@@ -62,6 +65,9 @@ class Evaluator(abc.ABC):
   type: ClassVar[str]
   # Its own keys with their defaults: a key not listed here is refused (a typo never passes).
   defaults: ClassVar[dict[str, Any]] = {}
+  # The range of each of its numeric keys that has one (laplax.train.ranges' values), checked
+  # with the section before `check`; cross-key and task-dependent rules stay in `check`.
+  ranges: ClassVar[dict[str, ranges_lib.Range]] = {}
 
   def __init__(self, name: str, config: ml_collections.ConfigDict, ctx: Context):
     """Loads what the evaluator needs (missing data stops a run before its first step)."""
@@ -174,9 +180,9 @@ def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       raise ValueError(f"evals.{name} ({section.type}) has no key {unknown[0]!r}; its keys: "
                        f"{sorted(known)}")
     full = ml_collections.ConfigDict({**known, **section.to_dict()})
-    if not isinstance(full.every, int) or full.every < 0:
-      raise ValueError(f"evals.{name}.every={full.every} must be an integer >= 0 (0: not "
-                       "during training)")
+    for key, rng in {**COMMON_RANGES, **cls.ranges}.items():
+      if full[key] is not None and not rng.holds(full[key]):
+        raise ValueError(f"evals.{name}.{key}={full[key]!r} must be {rng.describe()}")
     if name in RESERVED:
       raise ValueError(f"evals.{name}: {name!r} is a results.json key of its own; rename it")
     out[name] = full

@@ -1,7 +1,9 @@
 """The ranges of every numeric config field that has one, in one table, checked before anything
 is written (Task.validate; laplax.train.optim.check for an optim section alone). The
 dataclasses built from config sections (laplax.data.multicrop.MultiCropConfig,
-laplax.data.mixup.MixupConfig) do not check these again.
+laplax.data.mixup.MixupConfig) do not check these again. An evaluator's keys, whose sections
+are named by the user, have their ranges next to their defaults (`Evaluator.ranges`, of these
+Range values; checked by laplax.train.evaluator.sections).
 
 A key absent from a config is not checked (its code's default applies); None means "off"
 where the field allows it; a tuple field (`each=True`) has every element checked. Cross-field
