@@ -301,28 +301,19 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
 
 def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "glorot"
         ) -> ml_collections.ConfigDict:
-  """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults.
-  init: 'glorot' (the CPU configs, so earlier CPU numbers stay comparable) or 'nanochat'
-  (nanochat's MLP init at ae0bf52; configs/pod/gpt_d20.py)."""
-  m = ml_collections.ConfigDict()
-  m.name = "gpt"
-  m.depth = depth
-  m.width = width  # 0 = 64 * depth
-  m.head_dim = head_dim  # width / head_dim heads
-  m.num_kv_heads = 0  # 0 = no GQA
-  m.mlp_ratio = 4
+  """A nanochat-style GPT (laplax.models.gpt): every field of its GPTConfig at the dataclass's
+  defaults (the switches are documented there: num_kv_heads, mlp_ratio, rope_theta,
+  logit_softcap, attention_impl, remat_policy, scan_layers, dtype, param_dtype) but vocab_size
+  (the tokenizer's, padded to a multiple of vocab_multiple), with this shape (width 0 = 64 x
+  depth; width / head_dim heads) and init: 'glorot' (the CPU configs, so earlier CPU numbers
+  stay comparable) or 'nanochat' (nanochat's MLP init at ae0bf52; configs/pod/gpt_d20.py)."""
+  from laplax.models import gpt as gpt_lib  # here: `import configs.common` stays light
+  fields = dataclasses.asdict(gpt_lib.GPTConfig(depth=depth, width=width, head_dim=head_dim,
+                                                init=init))
+  del fields["vocab_size"]
+  m = ml_collections.ConfigDict({"name": "gpt", **fields, "vocab_multiple": 64})
   m.laplacian_heads = laplacian_heads(0)  # k or a per-layer list
-  m.rope_theta = 10000.0
-  m.logit_softcap = 15.0
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  m.dtype = "float32"
-  m.param_dtype = "float32"
-  m.init = init  # fc1's initialiser: glorot | nanochat (laplax.models.gpt.INITS)
-  m.vocab_multiple = 64
-  m.scan_layers = False  # nn.scan over blocks (faster compiles; the pod configs' choice)
-  # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |
-  # save_qkv_attention_out (laplax.models.remat)
-  m.remat_policy = "none"
   return m
 
 
