@@ -113,7 +113,7 @@ class ChatTask(LanguageModelTask):
     train_spec, val_spec = d.train.to_dict(), d.val.to_dict()
     by_split = {split: conv_lib.source_conversations(spec, words=self.words)
                 for split, spec in (("train", train_spec), ("val", val_spec))}
-    seed = int(d.get("mixture_seed", 42))
+    seed = int(d.mixture_seed)
     splits = {"train": conv_lib.mixture(by_split["train"], train_spec, seed),
               "val": conv_lib.mixture(by_split["val"], val_spec, seed)}
     splits["train"] = self._check_no_test_items(splits["train"], log)
@@ -199,7 +199,7 @@ class ChatTask(LanguageModelTask):
       return c.total_steps
     n = (self.train_shards.num_windows if c.data.rows == "packed"
          else self.train_rows.num_rows)
-    return max(int(c.data.get("epochs", 1) * n) // c.data.batch_size, 1)
+    return max(int(c.data.epochs * n) // c.data.batch_size, 1)
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     """{'tokens': int32 (B, seq_len + 1)} (+ 'mask': int32 (B, seq_len), padded rows)."""
@@ -246,7 +246,7 @@ class ChatTask(LanguageModelTask):
     hosts = jax.process_count()
     return conv_lib.padded_eval_batches(
         self.val_rows, batch_size=d.eval_batch_size // hosts,
-        max_rows=int(d.get("eval_windows", 0)), process_index=jax.process_index(),
+        max_rows=int(d.eval_windows), process_index=jax.process_index(),
         process_count=hosts)
 
   def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:
