@@ -93,11 +93,13 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
   out = job.output()
   assert "Traceback" not in out and "[Gloo]" not in out and "peer ranks" not in out, out
   # A rerun of the finished run does nothing and says so in one line; no second final row.
-  before = (two / "metrics.jsonl").read_text()
-  again = _job(args(two, cold), tmp_path, tag="again")
-  for i in range(2):
-    assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
-  assert (two / "metrics.jsonl").read_text() == before
+  # (The trainer's check, the same for every task: once, on the ViT, two processes fewer each.)
+  if kind == "vit":
+    before = (two / "metrics.jsonl").read_text()
+    again = _job(args(two, cold), tmp_path, tag="again")
+    for i in range(2):
+      assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
+    assert (two / "metrics.jsonl").read_text() == before
   # Four hosts x 2 devices: the same losses again.
   four = tmp_path / "four"
   _job(args(four, cold), tmp_path, n=4, tag="four")
