@@ -65,7 +65,7 @@ POSITIVES = Range(0, low_open=True, each=True)
 RANGES: dict[str, Range] = {
     # The run
     "seed": COUNT, "total_steps": COUNT, "init_from_step": COUNT, "num_epochs": POSITIVE,
-    "log_every": AT_LEAST_ONE,
+    "log_every": AT_LEAST_ONE, "lock_lease_s": POSITIVE,
     "checkpoint.every_steps": AT_LEAST_ONE, "checkpoint.keep": AT_LEAST_ONE,
     # Data
     "data.batch_size": AT_LEAST_ONE, "data.eval_batch_size": AT_LEAST_ONE,
@@ -74,7 +74,7 @@ RANGES: dict[str, Range] = {
     "data.seq_len": Range(2, integer=True), "data.eval_windows": COUNT,
     "data.max_tokens": Range(2, integer=True), "data.epochs": POSITIVE, "data.mixture_seed": COUNT,
     "data.val_fraction": Range(0, 0.5, low_open=True, high_open=True),
-    "data.wait_timeout_s": POSITIVE,
+    "data.wait_timeout_s": POSITIVE, "data.tokenize_group_mb": POSITIVE,
     "data.vocab_size": AT_LEAST_ONE, "data.tokenizer_train_chars": AT_LEAST_ONE,
     "data.eval_crop": COUNT, "data.eval_resize": COUNT,
     "data.eval_crop_pct": Range(0, 1, low_open=True),  # crop / resize (0.875: 224 of 256)
@@ -87,6 +87,7 @@ RANGES: dict[str, Range] = {
     "model.num_kv_heads": COUNT, "model.drop_path_rate": BETA,
     "model.layerscale_init": POSITIVE,
     "model.vocab_multiple": AT_LEAST_ONE, "model.rope_theta": POSITIVE,
+    "model.qk_scale": POSITIVE,
     # Optimiser
     "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,
