@@ -75,13 +75,22 @@ class Benchmarks(Evaluator):
 
 
 class LmGeometry(Evaluator):
-  """Linguistic collapse (CDNV over next-token classes) and per-layer spectral decay of the
-  first `examples` validation windows (laplax.geometry.lm); writes analysis/geometry.json and
+  """Linguistic collapse (CDNV over next-token classes) and per-layer spectral decay, pooled
+  and per sequence of `window` positions (0: the whole window, data.seq_len), of the first
+  `examples` validation windows (laplax.geometry.lm); writes analysis/geometry.json and
   analysis/spectrum.png -> the geometry dict."""
 
   type = "lm_geometry"
-  defaults = {"examples": 256, "batch_size": 8}
-  ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE}
+  defaults = {"examples": 256, "batch_size": 8, "window": 0}
+  ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "window": ranges_lib.COUNT}
+
+  @classmethod
+  def check(cls, config, task) -> None:
+    seq_len = task.config.data.seq_len
+    if config.window and not 2 <= config.window <= seq_len:  # an integer >= 0: the ranges
+      raise ValueError(f"window={config.window!r} must be 0 (the whole window) or lie in "
+                       f"[2, data.seq_len={seq_len}]")
 
   def run(self, weights, step) -> dict[str, Any]:
     batches = text_pipeline.eval_batches(self.ctx.task.val_shards,
@@ -89,7 +98,7 @@ class LmGeometry(Evaluator):
                                          max_windows=self.config.examples)
     windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
     geo = lm_geometry.analyze_lm(self.ctx.model, {"params": weights.params}, windows,
-                                 batch_size=self.config.batch_size)
+                                 batch_size=self.config.batch_size, window=self.config.window)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
