@@ -48,6 +48,7 @@ import numpy as np
 from laplax import heads as heads_lib
 from laplax.train import export as export_lib
 from laplax.train import identity as identity_lib
+from laplax.train.state import abstract_state
 from laplax.train import workdir as workdir_lib
 
 CHOICE_FILE = "auto_heads.json"  # in the run's checkpoints directory
@@ -194,7 +195,6 @@ class Freezer:
 
   def __init__(self, plan_: Plan, task, configured: heads_lib.Table, tx, mesh, rules,
                total_steps: int, checkpoints, lead: bool):
-    from laplax.train.state import abstract_state  # the trainer's state helpers
     self.plan, self.task, self.configured = plan_, task, configured
     self.config, self.total_steps, self.checkpoints, self.lead = (
         task.config, total_steps, checkpoints, lead)

@@ -30,7 +30,6 @@ from laplax import sharding
 from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
-from laplax.train import gcs
 from laplax.train import identity as identity_lib
 from laplax.train import loop
 from laplax.train import restore
@@ -160,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   # One run per workdir, on all its hosts (a gs:// lock has a lease: laplax.train.gcs).
-  lease_s = config.get("lock_lease_s", gcs.LEASE_S)
+  lease_s = config.lock_lease_s  # in (0, inf): laplax.train.ranges
   with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
     return _train(task, config, workdir, mesh, rules, log, allow_change)
 
