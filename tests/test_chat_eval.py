@@ -190,6 +190,7 @@ def test_generative_answers_and_humaneval_program():
   assert chat_eval.extract_program("  def g(): pass \n") == "def g(): pass"
 
 
+@pytest.mark.integration
 def test_humaneval_canonical_solution_passes_in_the_sandbox(shared_data):
   (item,) = chat_eval.load_items("humaneval", shared_data, limit=1)
   reply = item["messages"][1]["content"]  # prompt + canonical solution

@@ -4,6 +4,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import cli
 from laplax.train import workdir as workdir_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -205,14 +207,22 @@ def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path
   assert out.stderr == "error: stderr is untouched\n"
 
 
+@pytest.mark.parametrize("values, message", [
+    (dict(num_processes=2), "go together"),
+    (dict(coordinator_address="127.0.0.1:1", num_processes=2, process_id=2),
+     "must be in [0, --num_processes=2)"),
+    (dict(coordinator_address="nowhere", num_processes=1, process_id=0), "use host:port"),
+])
+def test_bad_cluster_values_are_refused_before_jax_starts_a_cluster(values, message):
+  """--multihost's values, checked in this process (they are refused before
+  jax.distributed.initialize); train.py turns the ValueError into its one error line."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    cli.initialize_distributed(**values)
+
+
 @pytest.mark.parametrize("flags, message", [
-    (["--num_processes=2"], "need --multihost"),
-    (["--multihost", "--num_processes=2"], "go together"),
-    (["--multihost", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
-      "--process_id=2"], "must be in [0, --num_processes=2)"),
-    (["--multihost", "--coordinator_address=nowhere", "--num_processes=1", "--process_id=0"],
-     "use host:port"),
-    (["--multihost"], "--multihost:"),  # no cluster to detect on this machine
+    (["--num_processes=2"], "need --multihost"),  # train.py's own check
+    (["--multihost"], "--multihost:"),  # no cluster to detect on this machine: JAX's error
 ])
 @pytest.mark.integration
 def test_bad_cluster_flags_are_one_error_line(tmp_path, flags, message):
@@ -326,6 +336,7 @@ def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, **kwargs):
       describe=lambda s: "", **kwargs)
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path):
   state, step_fn = _linear_setup()
   with pytest.raises(loop.NonFiniteError) as e:
@@ -343,6 +354,7 @@ def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path
   assert [r["step"] for r in rows] == [4]  # the interval holding step 7 is not written
 
 
+@pytest.mark.integration
 def test_a_stop_off_the_logging_grid_logs_its_rows_with_their_step_counts(tmp_path):
   """Preempted at step 7 (log_every 4, saves every 2): the row at 7 averages its 3 steps, the
   first row after resuming there 1; each says so in 'steps', full rows do not."""
@@ -367,6 +379,7 @@ def test_a_stop_off_the_logging_grid_logs_its_rows_with_their_step_counts(tmp_pa
                              straight[8]["loss"], rtol=1e-6)
 
 
+@pytest.mark.integration
 def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
   state, step_fn = _linear_setup(skip=True)
   batches = _Batches(bad={3})
@@ -389,6 +402,7 @@ def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
   assert all(np.isfinite(rows[s]["loss"]) for s in (4, 8, 12))
 
 
+@pytest.mark.integration
 def test_skip_mode_raises_after_too_many_consecutive_skips(tmp_path):
   state, step_fn = _linear_setup(skip=True)
   with pytest.raises(loop.NonFiniteError, match=(
@@ -583,12 +597,34 @@ def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
       "warning: background thread prefetch failed: ZeroDivisionError: division by zero"], err
 
 
-@pytest.mark.parametrize("source,message", [
+BROKEN_CONFIGS = [
     ("def get_config(:\n  pass\n", ":1: SyntaxError: invalid syntax"),
     ("def get_config():\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
-])
+]
+
+
+@pytest.mark.parametrize("source,message", BROKEN_CONFIGS)
+def test_broken_config_file_is_one_error_line(tmp_path, source, message, monkeypatch, capsys):
+  """train.py's flag parsing (laplax.cli.parse_flags) on its --config flag, in this process."""
+  from absl import flags
+  from ml_collections import config_flags
+  config = tmp_path / "bad_config.py"
+  config.write_text(source)
+  argv = ["train.py", f"--config={config}", f"--workdir={tmp_path / 'w'}"]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=values)
+  monkeypatch.setattr(flags, "FLAGS", values)
+  with pytest.raises(SystemExit) as exit_:
+    cli.parse_flags(argv)
+  assert exit_.value.code == 2
+  assert capsys.readouterr().err.splitlines() == [f"error: config file failed: {config}{message}"]
+
+
 @pytest.mark.integration
-def test_broken_config_file_is_one_error_line(tmp_path, source, message):
+def test_broken_config_file_from_the_train_py_process_is_one_error_line(tmp_path):
+  source, message = BROKEN_CONFIGS[1]
   config = tmp_path / "bad_config.py"
   config.write_text(source)
   proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={config}",
