@@ -7,15 +7,17 @@
                                   record (ImageNet)
   vit(preset)            a DeiT-III-style ViT
   adamw(lr)              optim.name 'adamw' on the 'cosine' schedule (warm-up, cosine), clipping
-  classification_loss()  loss, mixup / cutmix (off by default) for the classification task
+  classification_loss()  the loss section: loss, label smoothing, mixup / cutmix (off)
+  lm_loss()              the lm / chat loss section (chunked cross-entropy)
   evaluator(type)        one config.evals section (laplax.train.evaluator); *_evals(): a task's
   deit3(c)               DeiT-III's training recipe applied to a classification config
   text_data(), gpt(), lm_optim(), muon()   the lm task's data, model and optimiser sections
-  dino_sections(c)       DINO's head, multicrop and dino sections
+  dino_sections(c, ...)  DINO's head, multicrop (every MultiCropConfig field) and dino sections
   study(base, specs)     a baseline-vs-Laplacian grid of `base` runs
 """
 
 import copy
+import dataclasses
 
 import ml_collections
 
@@ -63,9 +65,13 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
 
 
 def evaluator(type_: str, **keys) -> ml_collections.ConfigDict:
-  """A config.evals section: its `type`, and what differs from the evaluator's defaults
-  (`every`, `at_init`, `final`, `analysis` and its own keys; laplax.train.evaluator)."""
-  return ml_collections.ConfigDict({"type": type_, **keys})
+  """A config.evals section with every key of the evaluator as a field, at its default
+  (`every`, `at_init`, `final`, `analysis` and the class's own; laplax.train.evaluator), except
+  `keys`: so --config.evals.NAME.KEY=V sets any of them from the command line."""
+  # Imported here, not at the top: `import configs.common` stays light (ml_collections only);
+  # building a section imports the evaluator's module to read its defaults.
+  from laplax.train import evaluator as evaluator_lib
+  return evaluator_lib.section(type_, **keys)
 
 
 def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections.ConfigDict:
@@ -197,6 +203,11 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.clip_mode = "global"  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
   o.grad_accum_steps = 1
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
+  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
+  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
+  # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
+  # update in fewer ops on the CPU; global clipping and constant weight decay only.
+  o.flatten = False
   return o
 
 
@@ -258,6 +269,7 @@ def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size
   d.batch_size = batch_size  # global, in windows of seq_len + 1 tokens
   d.eval_batch_size = eval_batch_size
   d.eval_windows = 0  # first N validation windows (0 = all)
+  d.wait_timeout_s = 4 * 3600.0  # how long hosts > 0 wait for process 0's tokenizer and shards
   return d
 
 
@@ -298,6 +310,7 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
   c.mesh = ml_collections.ConfigDict(base.mesh.to_dict())
   c.axis_rules = base.axis_rules
   c.model = copy.deepcopy(base.model)  # keeps laplacian_heads' object-typed field
+  c.loss = copy.deepcopy(base.loss)
   c.data = data
   c.optim = copy.deepcopy(base.optim)
   c.optim.schedule = "warmdown"
@@ -311,38 +324,26 @@ def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collectio
 
 def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "glorot"
         ) -> ml_collections.ConfigDict:
-  """A nanochat-style GPT (laplax.models.gpt): its shape and every switch, at their defaults.
-  init: 'glorot' (the CPU configs, so earlier CPU numbers stay comparable) or 'nanochat'
-  (nanochat's MLP init at ae0bf52; configs/pod/gpt_d20.py)."""
-  m = ml_collections.ConfigDict()
-  m.name = "gpt"
-  m.depth = depth
-  m.width = width  # 0 = 64 * depth
-  m.head_dim = head_dim  # width / head_dim heads
-  m.num_kv_heads = 0  # 0 = no GQA
-  m.mlp_ratio = 4
+  """A nanochat-style GPT (laplax.models.gpt): every field of its GPTConfig at the dataclass's
+  defaults (the switches are documented there: num_kv_heads, mlp_ratio, rope_theta,
+  logit_softcap, attention_impl, remat_policy, scan_layers, dtype, param_dtype) but vocab_size
+  (the tokenizer's, padded to a multiple of vocab_multiple), with this shape (width 0 = 64 x
+  depth; width / head_dim heads) and init: 'glorot' (the CPU configs, so earlier CPU numbers
+  stay comparable) or 'nanochat' (nanochat's MLP init at ae0bf52; configs/pod/gpt_d20.py)."""
+  from laplax.models import gpt as gpt_lib  # here: `import configs.common` stays light
+  fields = dataclasses.asdict(gpt_lib.GPTConfig(depth=depth, width=width, head_dim=head_dim,
+                                                init=init))
+  del fields["vocab_size"]
+  m = ml_collections.ConfigDict({"name": "gpt", **fields, "vocab_multiple": 64})
   m.laplacian_heads = laplacian_heads(0)  # k or a per-layer list
-  m.rope_theta = 10000.0  # nanochat's Laplacian fork: 100000
-  m.rope_table_dtype = "float32"  # 'bfloat16': cos / sin rounded as nanochat keeps them
-  m.qk_scale = 1.0  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
-  m.logit_softcap = 15.0
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  m.dtype = "float32"
-  m.param_dtype = "float32"
-  m.init = init  # fc1's initialiser: glorot | nanochat (laplax.models.gpt.INITS)
-  m.vocab_multiple = 64
-  m.scan_layers = False  # nn.scan over blocks (faster compiles; the pod configs' choice)
-  # none | full | dots_saveable | dots_no_batch_saveable | save_attention_out |
-  # save_qkv_attention_out (laplax.models.remat)
-  m.remat_policy = "none"
-  m.loss_chunk = 0  # > 0: chunked cross-entropy, never the float32 (B, T, V) logits
   return m
 
 
 def gpt_d20_model() -> ml_collections.ConfigDict:
   """nanochat's depth-20 GPT on a pod (configs/pod/gpt_d20.py and its chat stages): 10 heads of
   128, k = 5, nanochat's init (nanochat/gpt.py at ae0bf52: MLP c_fc uniform +-sqrt(3 / 1280)),
-  bf16 compute, splash attention, scanned blocks with full remat, chunked cross-entropy."""
+  bf16 compute, splash attention, scanned blocks with full remat (its loss: lm_loss(chunk=256))."""
   m = gpt(depth=20, width=1280, head_dim=128, init="nanochat")
   m.laplacian_heads = laplacian_heads(5)
   m.attention_impl = "splash"
@@ -350,7 +351,6 @@ def gpt_d20_model() -> ml_collections.ConfigDict:
   m.param_dtype = "float32"
   m.scan_layers = True
   m.remat_policy = "full"
-  m.loss_chunk = 256
   return m
 
 
@@ -376,6 +376,7 @@ def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.Co
   base = run("gpt_d20", "lm", log_every=log_every, every_steps=every_steps)
   base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
   base.model = gpt_d20_model()
+  base.loss = lm_loss(chunk=256)
   base.optim = gpt_d20_optim(warmdown_fraction=0.0)  # each stage sets its own schedule
   base.optim.muon.embedding_lr = 0.2
   return base
@@ -401,26 +402,26 @@ def lm_optim() -> ml_collections.ConfigDict:
   o.grad_accum_steps = 1
   o.muon = muon()
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
+  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
+  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
   return o
 
 
 def dino_sections(c: ml_collections.ConfigDict, *, out_dim: int = 1024, hidden_dim: int = 256,
-                  bottleneck_dim: int = 64, global_size: int = 32, local_size: int = 16,
-                  num_local: int = 4, blur_sigma=(0.1, 1.0), warmup_teacher_temp_epochs=0.3,
-                  freeze_last_layer_epochs=0.1) -> ml_collections.ConfigDict:
+                  bottleneck_dim: int = 64, warmup_teacher_temp_epochs=0.3,
+                  freeze_last_layer_epochs=0.1, **multicrop) -> ml_collections.ConfigDict:
   """DINO's head, multicrop and dino sections on c (the dino task; laplax.tasks.dino), with
   DINO's optimiser: AdamW at `c.optim`'s lr with weight decay on a cosine 0.04 -> 0.4 and each
-  parameter's gradient clipped to norm 3.0. The defaults are CPU-sized (blur sigma (0.1, 2.0)
-  px is DINO's for 224 px crops); the temperatures and momenta are DINO's."""
+  parameter's gradient clipped to norm 3.0. The head defaults are CPU-sized; the temperatures
+  and momenta are DINO's. The multicrop section holds every field of
+  laplax.data.multicrop.MultiCropConfig (whose defaults are DINO's 224 px recipe: 6 local crops,
+  blur sigma (0.1, 2.0) px), set by `multicrop` (global_size and local_size at least)."""
+  # Imported here: `import configs.common` stays light; the dataclass holds the defaults.
+  from laplax.data import multicrop as multicrop_lib
   c.head = ml_collections.ConfigDict({"out_dim": out_dim, "hidden_dim": hidden_dim,
                                       "bottleneck_dim": bottleneck_dim, "num_layers": 3})
-  c.multicrop = ml_collections.ConfigDict()
-  c.multicrop.global_size = global_size
-  c.multicrop.local_size = local_size
-  c.multicrop.num_local = num_local
-  c.multicrop.global_scale = (0.4, 1.0)
-  c.multicrop.local_scale = (0.05, 0.4)
-  c.multicrop.blur_sigma = tuple(blur_sigma)
+  c.multicrop = ml_collections.ConfigDict(dataclasses.asdict(
+      multicrop_lib.MultiCropConfig(**multicrop)))
   c.dino = ml_collections.ConfigDict()
   c.dino.student_temp = 0.1
   c.dino.teacher_temp = 0.07
@@ -441,16 +442,25 @@ def dino_optim(lr: float, *, warmup_steps: int) -> ml_collections.ConfigDict:
   return o
 
 
-def classification_loss(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the classification task's loss keys to `c`: softmax cross-entropy, no mixing."""
-  c.loss = "softmax_xent"  # 'softmax_xent' | 'sigmoid_xent' (DeiT-III's BCE, mean over B x K)
-  c.bce_binary_targets = False  # sigmoid_xent: targets > 0 -> 1 (DeiT-III), needs smoothing 0
-  c.mixup = ml_collections.ConfigDict()  # laplax.data.mixup, on the device in the step
-  c.mixup.mixup_alpha = 0.0  # Beta(a, a) blend of each image with the reversed batch; 0: off
-  c.mixup.cutmix_alpha = 0.0  # Beta(a, a) box pasted from the reversed batch; 0: off
-  c.mixup.switch_prob = 0.5  # both on: CutMix with this probability, else Mixup
-  c.mixup.prob = 1.0  # chance that a batch is mixed at all
-  return c
+def classification_loss(*, label_smoothing: float = 0.0) -> ml_collections.ConfigDict:
+  """The classification task's loss section: softmax cross-entropy, no mixing. Its targets
+  (label smoothing, Mixup / CutMix: every field of laplax.data.mixup.MixupConfig, whose defaults
+  are off) are part of it."""
+  from laplax.data import mixup as mixup_lib  # here: `import configs.common` stays light
+  l = ml_collections.ConfigDict()
+  l.name = "softmax_xent"  # 'softmax_xent' | 'sigmoid_xent' (DeiT-III's BCE, mean over B x K)
+  l.label_smoothing = label_smoothing  # of the one-hot targets, before mixing
+  l.bce_binary_targets = False  # sigmoid_xent: targets > 0 -> 1 (DeiT-III), needs smoothing 0
+  # laplax.data.mixup, on the device in the step: mixup_alpha, cutmix_alpha (Beta(a, a); 0: off),
+  # switch_prob (both on: CutMix with this probability), prob (that a batch is mixed at all)
+  l.mixup = ml_collections.ConfigDict(dataclasses.asdict(mixup_lib.MixupConfig()))
+  return l
+
+
+def lm_loss(*, chunk: int = 0) -> ml_collections.ConfigDict:
+  """The lm and chat tasks' loss section: next-token cross-entropy, in sequence chunks of
+  `chunk` tokens when > 0 (the float32 (B, T, V) logits never exist; gpt.chunked_cross_entropy)."""
+  return ml_collections.ConfigDict({"chunk": chunk})
 
 
 def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.ConfigDict:
@@ -465,12 +475,11 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   # The same ops in memory and streamed (laplax.data.ops).
   c.data.augment = ("rrc(0.08,1)" if crop == "rrc" else "pad_crop(4,reflect)", "flip",
                     "three_augment", "color_jitter(0.3)")
-  classification_loss(c)
-  c.loss = "sigmoid_xent"
-  c.bce_binary_targets = True
-  c.mixup.mixup_alpha = 0.8
-  c.mixup.cutmix_alpha = 1.0
-  c.optim.label_smoothing = 0.0
+  c.loss = classification_loss(label_smoothing=0.0)
+  c.loss.name = "sigmoid_xent"
+  c.loss.bce_binary_targets = True
+  c.loss.mixup.mixup_alpha = 0.8
+  c.loss.mixup.cutmix_alpha = 1.0
   c.model.weight_init = "trunc_normal"
   return c
 

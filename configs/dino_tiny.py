@@ -39,7 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
                              augment=())  # DINO's multi-crop runs in the step
   c.model = common.vit("tiny", patch_size=4, drop_path_rate=0.1)  # student only
 
-  common.dino_sections(c)  # head out_dim 1024; 2 x 32 px + 4 x 16 px crops
+  # head out_dim 1024; 2 x 32 px + 4 x 16 px crops, blur sigma (0.1, 1.0) px (DINO's (0.1, 2.0)
+  # is for 224 px crops)
+  common.dino_sections(c, global_size=32, local_size=16, num_local=4, blur_sigma=(0.1, 1.0))
   # DINO: lr 5e-4 * batch / 256, scaled up for the short run
   c.optim = common.dino_optim(1e-3, warmup_steps=30)
 

@@ -15,8 +15,8 @@ def get_config():
   # source_dir '' = /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)
   c.model = common.vit("tiny", patch_size=4)  # width 64, depth 4, 4 heads, MLP 128
   c.optim = common.adamw(2e-3, warmup_steps=200)
-  c.optim.label_smoothing = 0.1
-  common.classification_loss(c)  # softmax cross-entropy, no mixup (common.deit3: DeiT-III's)
+  # softmax cross-entropy, no mixup (common.deit3: DeiT-III's)
+  c.loss = common.classification_loss(label_smoothing=0.1)
   # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
   # update in fewer ops on the CPU; its moments are replicated on a sharded mesh.
   c.optim.flatten = True

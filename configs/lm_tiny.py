@@ -35,5 +35,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.evals = common.lm_evals(every=100)
   c.data = common.text_data(sources=(str(common.SHARED / "text"),))
   c.model = common.gpt(depth=4, width=128, head_dim=32)  # 4 heads
+  c.loss = common.lm_loss()
   c.optim = common.lm_optim()
   return c

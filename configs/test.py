@@ -180,6 +180,7 @@ def _chat_stage(module) -> ml_collections.ConfigDict:
   c = module.get_config()
   c.name = f"test_{c.name}"
   c.model = b.model
+  c.loss = b.loss
   c.data.seq_len, c.data.vocab_size = 32, b.data.vocab_size
   c.data.batch_size = c.data.eval_batch_size = 8
   c.optim = b.optim

@@ -24,6 +24,7 @@ import jax
 
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
+from laplax.train import task as task_lib
 from laplax.train.loop import Preempted
 
 USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
@@ -179,14 +180,35 @@ def _missing_field(e: BaseException, argv: list[str]) -> str | None:
   return f"{named[0]}: the config has no field {key!r}" if named else None
 
 
+def _moved_flag(argv: list[str]) -> str | None:
+  """'--config.mixup.prob: config.mixup is gone: write --config.loss.mixup.prob' for an override
+  of a key that has moved (laplax.train.task.MOVED)."""
+  for arg in argv[1:]:
+    path = arg.split("=")[0][len("--config."):] if arg.startswith("--config.") else None
+    for old, new in (task_lib.MOVED.items() if path else ()):
+      if path == old or (path.startswith(old + ".") and old != "loss"):
+        return (f"--config.{path}: config.{old} is gone: write --config.{new}"
+                f"{path[len(old):]}")
+  return None
+
+
+def flag_error(e: BaseException, argv: list[str]) -> str:
+  """The one line for a failed parse of `argv` (a moved key, a missing field, a bad value)."""
+  return _moved_flag(argv) or _missing_field(e, argv) or one_line(e)
+
+
+# What absl flag parsing raises for a bad command line (config_flags' overrides included).
+FLAG_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
   file) and exit 2."""
   from absl import flags
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    print(f"error: {_missing_field(e, argv) or one_line(e)}", file=sys.stderr)
+  except (flags.Error, *FLAG_ERRORS) as e:
+    print(f"error: {flag_error(e, argv)}", file=sys.stderr)
     sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except  # raised by executing a config file
     if _debug():

@@ -2,9 +2,13 @@
 
 `pytest -m "not slow"` is the fast suite; the end-to-end runs are marked slow (pytest.ini).
 """
+import contextlib
 import os
 import re
 import pathlib
+import subprocess
+import sys
+import types
 
 # Must be set before JAX initialises its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -60,6 +64,19 @@ def data_cache() -> pathlib.Path:
   return TEST_CACHE
 
 
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory, data_cache):
+  """configs/test.py:lm trained once per test run (40 steps on tinyshakespeare, validation at
+  steps 20 and 40; the suite's data cache), for the tests that read a trained LM run:
+  .workdir, .results, .config() (a fresh copy of the config it was trained with). A test that
+  changes the run (a resume) copies it first (shutil.copytree)."""
+  from laplax.train import trainer
+  workdir = tmp_path_factory.mktemp("lm_run") / "run"
+  config = lambda: make_config("lm", data_cache)
+  results = trainer.train_and_evaluate(config(), workdir, log=lambda m: None)
+  return types.SimpleNamespace(workdir=workdir, results=results, config=config)
+
+
 def make_config(kind: str, cache=None, **overrides):
   """configs/test.py's `kind` with data.cache_dir = cache and dotted overrides
   (`**{"optim.lr": 1e-3}`)."""
@@ -112,7 +129,10 @@ def missing_data(message: str) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
   try:
-    return (yield)
+    if item.get_closest_marker("unit") is None:
+      return (yield)
+    with _integration_guard(item):
+      return (yield)
   except Exception as e:
     chain, reason = e, None
     while chain is not None and reason is None:
@@ -121,3 +141,60 @@ def pytest_runtest_call(item):
     if reason is None or os.environ.get("LAPLAX_REQUIRE_DATA") == "1":
       raise
     pytest.skip(reason)
+
+
+# --- The suite's two kinds -----------------------------------------------------------------
+# The rule, for every test (new ones included):
+# - `@pytest.mark.integration` (or a module's `pytestmark`) where the test's body runs the
+#   training loop (a run, a study, a resume: laplax.train.loop.run_steps) or starts a Python
+#   process (train.py, eval.py, hosts, `python -c`). Reading a run a fixture trained
+#   (`lm_run`) or a config's validation stays a unit test.
+# - every other test is `unit`: given here at collection, so -m unit and -m integration split
+#   the suite (pytest.ini registers both, --strict-markers).
+# - `@pytest.mark.slow` on top where a test costs more than the fast suite can hold (about
+#   30 s and up here: long runs, studies, CLI and multi-process runs, big compiles).
+# A unit test that trains or starts a Python process fails, naming the mark it needs, so an
+# unmarked new test cannot land in the wrong kind unnoticed.
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.get_closest_marker("integration") is None:
+      item.add_marker(pytest.mark.unit)
+
+
+@contextlib.contextmanager
+def _integration_guard(item):
+  """Runs a unit test's body with run_steps and Python subprocesses refused (see the rule)."""
+  from laplax.train import loop
+  run_steps, popen_init = loop.run_steps, subprocess.Popen.__init__
+  what = []
+
+  def refuse(thing):
+    what.append(f"{item.nodeid} {thing}: mark it @pytest.mark.integration (the rule in "
+                "tests/conftest.py)")
+    raise UnitTestDoesIntegration(what[-1])
+
+  def guarded_popen(self, args, *a, **kw):
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = os.path.basename(str(argv[0]).split()[0]) if argv else ""
+    if argv and (str(argv[0]) == sys.executable or program.startswith("python")):
+      refuse(f"starts a Python process ({' '.join(map(str, argv))[:80]})")
+    popen_init(self, args, *a, **kw)
+
+  loop.run_steps = lambda *a, **kw: refuse("runs the training loop")
+  subprocess.Popen.__init__ = guarded_popen
+  try:
+    yield
+  except Exception:
+    if what:  # the test's own pytest.raises / except may have caught the refusal
+      raise UnitTestDoesIntegration(what[0]) from None
+    raise
+  finally:
+    loop.run_steps, subprocess.Popen.__init__ = run_steps, popen_init
+  if what:
+    raise UnitTestDoesIntegration(what[0])
+
+
+class UnitTestDoesIntegration(Exception):
+  """A test of kind `unit` ran the training loop or a Python process."""

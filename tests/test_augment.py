@@ -159,6 +159,7 @@ def _stream(images, labels, **kw):
                                 **NORM, **kw)
 
 
+@pytest.mark.integration
 def test_pipeline_three_augment_and_jitter_are_seeded_and_host_independent():
   images = np.random.default_rng(0).integers(0, 256, (24, 12, 12, 3), dtype=np.uint8)
   labels = np.arange(24, dtype=np.int32)
@@ -306,6 +307,7 @@ def test_removed_keys_name_the_spec_that_replaces_them(old, new):
     assert repr(new) in str(e.value) and '\n' not in str(e.value)
 
 
+@pytest.mark.integration
 def test_a_removed_key_fails_validation_before_anything_is_written(tmp_path, data_cache):
   config = make_config('vit', data_cache)
   config.data.crop_scale = (0.2, 1.0)  # an old config's key, next to a new-style data.augment
@@ -350,6 +352,7 @@ def _train_losses(workdir, data_cache, augment):
   return [r['loss'] for r in rows if r['split'] == 'train']
 
 
+@pytest.mark.integration
 def test_a_registered_op_trains_through_the_trainer(tmp_path, data_cache, blank_op):
   blank = _train_losses(tmp_path / 'blank', data_cache, ('pad_crop(4)', 'blank(7)'))
   plain = _train_losses(tmp_path / 'plain', data_cache, ('pad_crop(4)',))

@@ -199,6 +199,7 @@ def test_transplant_keeps_every_moment_but_the_gates(flatten):
 
 
 @pytest.mark.slow  # three short runs of the tiny ViT
+@pytest.mark.integration
 def test_auto_run_freezes_resumes_and_reads_back(tmp_path, data_cache):
   """auto(steps=3) over 6 steps: checkpoints before the freeze are gated, the one at the freeze
   and after it frozen (the baseline's tree); the choice is in auto_heads.json, the identity and

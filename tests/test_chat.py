@@ -166,36 +166,33 @@ def _stage(kind, tmp_path, init_from, train, val, **overrides):
 
 
 @pytest.mark.slow
-def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_path):
+@pytest.mark.integration
+def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_path, lm_run):
   import jax
   import jax.numpy as jnp
   import optax
-  from conftest import make_config
   from laplax import sharding
   from laplax.evals import bpb as bpb_lib
   from laplax.train import restore, trainer
 
-  pre = make_config("lm", tmp_path / "cache", total_steps=20)
-  pre.evals.val.every = 0
-  trainer.train_and_evaluate(pre, tmp_path / "pre", log=lambda *_: None)
+  pre = lm_run.workdir  # the session's pretraining run (conftest), read only
   (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(120)))
   (tmp_path / "val.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(16, 500)))
   lines = []
-  mid = _stage("chat_mid", tmp_path, tmp_path / "pre", tmp_path / "train.jsonl",
+  mid = _stage("chat_mid", tmp_path, pre, tmp_path / "train.jsonl",
                tmp_path / "val.jsonl")
   mid.evals.val.at_init = True
   out = trainer.train_and_evaluate(mid, tmp_path / "mid", log=lines.append)
   # The tokenizer and the parameters come from the source; total_steps 0 is one epoch.
-  assert (tmp_path / "mid" / "tokenizer.json").read_bytes() == \
-      (tmp_path / "pre" / "tokenizer.json").read_bytes()
-  assert any("starting from" in l and "pre" in l for l in lines)
+  assert (tmp_path / "mid" / "tokenizer.json").read_bytes() == (pre / "tokenizer.json").read_bytes()
+  assert any("starting from" in l and str(pre) in l for l in lines)
   windows = out["corpus"]["tokens"]["train"] // 32  # windows of 33 tokens overlap by one
   assert out["step"] == (windows - (out["corpus"]["tokens"]["train"] % 32 == 0)) // 8 \
       or out["step"] == windows // 8
   # At step 0 the model is exactly the source's: its validation loss there equals the
   # pretrained parameters' on the same batches.
   init = json.loads((tmp_path / "mid" / "init_eval.json").read_text())["val"]["loss"]
-  source = restore.load_run(tmp_path / "pre", log=lambda *_: None)
+  source = restore.load_run(pre, log=lambda *_: None)
   mid_task = restore.load_run(tmp_path / "mid", log=lambda *_: None).task
   mid_task.load_data(tmp_path / "mid", log=lambda *_: None)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
@@ -241,6 +238,7 @@ def test_rows_count_the_supervised_targets_inside_the_cut(tmp_path, tok):
     assert rows.supervised() == int(rows.rows(np.arange(4))["mask"].sum())
 
 
+@pytest.mark.integration
 def test_a_benchmark_test_item_in_the_training_mixture_stops_the_run(tmp_path, tok, shared_data):
   from conftest import make_config
   from laplax.train import trainer

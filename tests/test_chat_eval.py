@@ -105,18 +105,29 @@ def test_engine_equals_full_recomputation_with_forced_tool_tokens(tok):
   got = chat_engine.tool_loop(*planted(first, step_fn), tok, max_new_tokens=14,
                               live=[1, 1, 1, 0])
 
-  def argmax(seq):
-    logits = np.asarray(model.apply({"params": params}, np.array([seq], np.int32)))[0, -1]
-    return int(np.argmax(logits[:tok.vocab_size]))
+  # The reference recomputes the whole sequence every step, without a cache: one jitted
+  # forward of the rows padded to a fixed length (causal: the padding after a row's last token
+  # does not change its logits there), so one compile instead of one per length.
+  forward = jax.jit(lambda tokens: model.apply({"params": params}, tokens))
+  width = 32  # > the longest row: 8 prompt tokens + 14 new
+
+  def argmax_rows(rows):
+    padded = np.zeros((len(rows), width), np.int32)
+    for i, q in enumerate(rows):
+      assert len(q) < width
+      padded[i, :len(q)] = q
+    logits = np.asarray(forward(padded))
+    return np.array([int(np.argmax(logits[i, len(q) - 1, :tok.vocab_size]))
+                     for i, q in enumerate(rows)])
 
   seqs = [list(p) for p in prompts] + [[tok.bos_id]]
 
   def ref_step(tokens, s):
     for i, t in enumerate(tokens):
       seqs[i].append(int(t))
-    return np.array([argmax(q) for q in seqs])
+    return argmax_rows(seqs)
 
-  ref = chat_engine.tool_loop(*planted(np.array([argmax(q) for q in seqs]), ref_step), tok,
+  ref = chat_engine.tool_loop(*planted(argmax_rows(seqs), ref_step), tok,
                               max_new_tokens=14, live=[1, 1, 1, 0])
   assert got == ref
   forced = [sp["output_start"], *map(int, tok.encode("10.0")), sp["output_end"]]
@@ -179,6 +190,7 @@ def test_generative_answers_and_humaneval_program():
   assert chat_eval.extract_program("  def g(): pass \n") == "def g(): pass"
 
 
+@pytest.mark.integration
 def test_humaneval_canonical_solution_passes_in_the_sandbox(shared_data):
   (item,) = chat_eval.load_items("humaneval", shared_data, limit=1)
   reply = item["messages"][1]["content"]  # prompt + canonical solution

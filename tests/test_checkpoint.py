@@ -156,6 +156,7 @@ def test_truncated_file_falls_back(tmp_path):
 # When one array read fails, orbax abandons the other read coroutines, which
 # Python reports as "exception ignored"; the failure itself is handled.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.integration
 def test_step_without_manifest_is_restored_unverified_or_falls_back_if_unreadable(tmp_path):
   # A child saves step 1, then dies after orbax finalised step 2 but before its manifests.
   script = textwrap.dedent("""
@@ -270,6 +271,7 @@ def test_restore_unsharded_save_onto_4x2_mesh(tmp_path):
   _assert_bit_exact(restored, state)
 
 
+@pytest.mark.integration
 def test_interrupted_save_leaves_tmp_dir_and_previous_step_restores(tmp_path):
   # A child process saves step 1, then dies (os._exit) just before orbax's
   # atomic rename commits step 2: the state of a kill mid-save.

@@ -18,7 +18,8 @@ from laplax.data.images import load_image_data
 from laplax.train import restore
 from laplax.train.metrics import read_metrics
 
-pytestmark = pytest.mark.slow  # several short training runs as subprocesses
+# several short training runs as subprocesses
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _args(workdir, cache, *extra):

@@ -317,6 +317,7 @@ def test_nanochat_checkpoint_to_export_and_back(nanochat_files, tmp_path):
 
 
 @pytest.mark.slow  # a CLI process
+@pytest.mark.integration
 def test_convert_command_refuses_in_one_line(tmp_path):
   tm = timm_vit(0, reg_tokens=1, no_embed_class=True)
   checkpoints.write_safetensors(tmp_path / "vit.safetensors", numpy_state(tm))

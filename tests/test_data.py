@@ -325,6 +325,7 @@ def test_train_epochs_are_fresh_permutations_and_end():
 
 
 @pytest.mark.parametrize('augment', [('pad_crop(2)', 'flip'), ('rrc', 'flip')])
+@pytest.mark.integration
 def test_hosts_get_their_block_of_each_global_batch(augment):
   images, labels = _planted(n=48)
   kw = dict(seed=5, augment=augment, num_epochs=1, **NORM)

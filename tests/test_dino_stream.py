@@ -283,6 +283,7 @@ def _losses(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_streamed_dino_run_resumes_exactly(tmp_path, data_dir):
   straight = tmp_path / "straight"
   trainer.train_and_evaluate(_streamed_config(data_dir), straight, log=lambda m: None)

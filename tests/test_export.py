@@ -54,6 +54,7 @@ def test_an_export_loads_back(exported):
     (lambda b: b[:len(b) // 2], True),  # truncated; the process-level check once is enough
     (lambda b: b[:-1] + bytes([b[-1] ^ 1]), False),  # one bit flipped
 ])
+@pytest.mark.integration
 def test_a_damaged_export_is_refused_in_one_line(exported, damage, through_eval_py):
   path = exported / "params.safetensors"
   message = "is damaged or truncated: its sha256"
@@ -138,6 +139,7 @@ def test_heads_switch_evaluates_the_same_weights_with_another_spec(exported, tmp
     offline.switch_heads(run, 3)
 
 
+@pytest.mark.integration
 def test_init_from_an_export_with_another_head_spec(exported, tmp_path, data_cache):
   """Retrofitting: a k = 2 export fine-tuned with k = 0 heads (the parameter trees are the
   same); its first step starts from the export's weights."""

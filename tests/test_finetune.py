@@ -43,8 +43,7 @@ def _config(data_dir, image_size, steps, **model):
   c.data.num_classes = K  # a run read back (init_from) builds its model before any data
   c.model = common.vit("mu", patch_size=8, **model)
   c.optim = common.adamw(1e-3, warmup_steps=0)
-  c.optim.label_smoothing = 0.0
-  common.classification_loss(c)
+  c.loss = common.classification_loss()
   c.evals = common.classification_evals(test=False)
   del c.evals.geometry
   return c
@@ -55,6 +54,7 @@ def _flat(params):
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
+@pytest.mark.integration
 def test_init_from_another_resolution_resizes_only_the_position_table(tmp_path, data_dir):
   quiet = lambda m: None
   trainer.train_and_evaluate(_config(data_dir, 16, 2), tmp_path / "a", log=quiet)  # 2 x 2 grid
@@ -116,7 +116,8 @@ def test_bce_with_label_smoothing_on_mixed_targets_is_timms():
   np.testing.assert_allclose(float(got), _timm_mixup_bce(logits, labels, lam, 0.1), rtol=1e-5)
   # The paper recipe is that loss: sigmoid_xent, soft targets, smoothing 0.1 before mixing.
   c = vit_b16_imagenet.get_config()
-  assert (c.loss, c.bce_binary_targets, c.optim.label_smoothing) == ("sigmoid_xent", False, 0.1)
+  assert (c.loss.name, c.loss.bce_binary_targets, c.loss.label_smoothing) == (
+      "sigmoid_xent", False, 0.1)
   classification.ClassificationTask(c).validate(dp=1, hosts=1)
 
 
@@ -154,13 +155,13 @@ def test_the_two_recipes_differ_in_the_documented_keys():
   a, b = _leaves(paper), _leaves(deit3)
   assert set(a) == set(b)
   assert {k for k in a if a[k] != b[k]} == {
-      "recipe", "num_epochs", "optim.final_lr_fraction", "bce_binary_targets",
-      "optim.label_smoothing", "model.qk_norm", "model.layerscale_init", "model.weight_init"}
+      "recipe", "num_epochs", "optim.final_lr_fraction", "loss.bce_binary_targets",
+      "loss.label_smoothing", "model.qk_norm", "model.layerscale_init", "model.weight_init"}
   assert (paper.model.weight_init, deit3.model.weight_init) == ("timm", "trunc_normal")
   assert paper.recipe == "paper" and paper.num_epochs == 400
   assert paper.optim.lr * paper.optim.final_lr_fraction == pytest.approx(1e-6)
   assert deit3.optim.lr * deit3.optim.final_lr_fraction == pytest.approx(1e-5)
-  assert deit3.bce_binary_targets and deit3.optim.label_smoothing == 0
+  assert deit3.loss.bce_binary_targets and deit3.loss.label_smoothing == 0
   for c in (paper, deit3):  # trained and evaluated at 192 px
     assert c.data.image_size == 192 and classification.eval_geometry(c.data) == (219, 192)
   with pytest.raises(ValueError, match="use one of"):
@@ -173,8 +174,8 @@ def test_the_224px_fine_tune_config():
   assert (c.num_epochs, c.optim.lr, c.optim.weight_decay, c.data.batch_size) == (
       20, 1e-5, 0.1, 512)
   assert c.optim.final_lr_fraction == 1.0 and c.optim.clip_norm == 0.0
-  assert (c.loss, c.optim.label_smoothing, c.mixup.mixup_alpha, c.mixup.cutmix_alpha) == (
-      "softmax_xent", 0.1, 0.8, 1.0)
+  assert (c.loss.name, c.loss.label_smoothing, c.loss.mixup.mixup_alpha,
+          c.loss.mixup.cutmix_alpha) == ("softmax_xent", 0.1, 0.8, 1.0)
   assert classification.eval_geometry(c.data) == (256, 224)
   # The source's model, but for the resolution: the same parameter tree, a 14 x 14 table.
   for recipe in ("paper", "deit3"):

@@ -41,6 +41,8 @@ from laplax.train import gcs, manifest, metrics, workdir
 from laplax.train.metrics import read_metrics
 from test_paths import tensorboard_scalars
 
+pytestmark = pytest.mark.integration  # a GCS server process; train.py / eval.py processes
+
 STEPS = 10
 RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=5",
        f"--config.total_steps={STEPS}")

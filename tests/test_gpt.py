@@ -335,7 +335,7 @@ def test_splash_gpt_under_mesh_equals_xla_one_device():
 def test_lm_task_chunked_loss_equals_the_plain_loss():
   plain = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
   chunked = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16,
-                                                      "model.loss_chunk": 6}))
+                                                      "loss.chunk": 6}))
   model = plain.build_model()
   params = _random_params(model)
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (3, 17), 0, 300), np.int32)

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import jax
 import ml_collections
@@ -135,6 +136,7 @@ def test_token_shards_are_cached_and_windows_pack_documents(tmp_path):
       text_corpus.split_text(p.read_text(), 0.1)[0] for p in paths)
 
 
+@pytest.mark.integration
 def test_train_stream_resumes_exactly_and_hosts_are_disjoint(tmp_path):
   src = _corpus(tmp_path)
   paths = text_corpus.list_documents([str(src)])
@@ -217,12 +219,10 @@ def test_bits_per_byte_on_a_known_distribution():
 
 
 @pytest.mark.slow
-def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
-  config = make_config("lm")
-  config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
-  config.data.cache_dir = str(tmp_path / "cache")
-  lines = []
-  results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+@pytest.mark.integration
+def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, lm_run):
+  shutil.copytree(lm_run.workdir, tmp_path / "run")  # the session's run (conftest), resumed here
+  config, results, lines = lm_run.config(), lm_run.results, []
   vocab = -(-config.data.vocab_size // 64) * 64
   records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   val = [r for r in records if r["split"] == "val"]
@@ -251,6 +251,7 @@ def test_short_training_run_lowers_val_loss_and_resumes(tmp_path, shared_data):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_resume_over_another_corpus_or_window_length_is_refused(tmp_path, shared_data):
   """The checkpoints' identity holds the tokenizer's and the token shards' fingerprints: a
   changed corpus (re-tokenised under the same tokenizer) or seq_len stops the resume in one
@@ -433,6 +434,7 @@ def test_seek_reader_matches_the_memory_map(tmp_path):
     np.testing.assert_array_equal(reader[a:b], data[a:b])
 
 
+@pytest.mark.integration
 def test_a_corpus_too_small_for_a_batch_fails_before_config_json(tmp_path):
   (tmp_path / "text").mkdir()
   (tmp_path / "text" / "a.txt").write_text("a few words only\n" * 3)

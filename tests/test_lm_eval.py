@@ -1,35 +1,24 @@
-"""eval.py's LM mode end to end: a few-step GPT run, every task on two items, the geometry."""
+"""eval.py's LM mode end to end: the session's GPT run, every task on two items, the geometry."""
 
 import json
 
 import numpy as np
 import pytest
 
-from conftest import make_config
 from laplax.evals import offline
-from laplax.train import trainer
 from laplax.evals.offline import EvalOptions
 
-pytestmark = pytest.mark.slow  # a training run and every LM task
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a training run and every LM task
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory, shared_data):
-  config = make_config("lm")
-  tmp = tmp_path_factory.mktemp("lm_eval")
-  config.data.sources = (str(shared_data / "text" / "tinyshakespeare" / "input.txt"),)
-  config.data.cache_dir = str(tmp / "cache")
-  config.data.tokenizer_train_chars = 20_000
-  config.total_steps = 4
-  config.evals.val.every = 0
-  config.checkpoint.every_steps = 4
-  trainer.train_and_evaluate(config, tmp / "run", log=lambda m: None)
-  return tmp / "run"
+def lm_workdir(lm_run):
+  return lm_run.workdir  # the session's trained LM run (conftest); eval.py only reads it
 
 
-def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
+def test_eval_lm_tasks_and_geometry(lm_workdir, shared_data, tmp_path):
   tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
-  res = offline.evaluate_workdir(lm_run, tmp_path / "out", EvalOptions(
+  res = offline.evaluate_workdir(lm_workdir, tmp_path / "out", EvalOptions(
       tasks=tasks, limit=2, data_dir=str(shared_data), analyze=True, analysis_examples=16),
                      log=lambda m: None)
   saved = json.loads((tmp_path / "out" / "eval.json").read_text())
@@ -60,34 +49,34 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   assert all(0 < row["attention_entropy"] < np.log(32) for row in mech["layers"])
 
 
-def test_eval_lm_errors(lm_run, tmp_path):
+def test_eval_lm_errors(lm_workdir, tmp_path):
   with pytest.raises(ValueError, match="unknown task 'nope'"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
   with pytest.raises(ValueError, match="gsm8k"):  # no task data there
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(tasks=["gsm8k"],
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["gsm8k"],
                                                            data_dir=str(tmp_path / "none")))
   with pytest.raises(ValueError, match="--photos is for photo_pca evaluators, but this run's"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(photos="builtin"))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("nope",)))
   # An evaluator type the run's config lacks runs with its defaults, if it fits the task.
   with pytest.raises(ValueError, match="attention_maps measures classification, dino runs; "
                                        "this is a 'lm' run"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("attention_maps",)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("attention_maps",)))
   with pytest.raises(ValueError, match="--compare is for attention_maps evaluators"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(compare=str(lm_run)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(compare=str(lm_workdir)))
 
 
-def test_an_lm_export_evaluates_as_its_workdir(lm_run, tmp_path):
+def test_an_lm_export_evaluates_as_its_workdir(lm_workdir, tmp_path):
   """A GPT's export carries its tokenizer; eval.py gives the same numbers on it; --heads
   evaluates the same weights with another head spec."""
   quiet = lambda m: None
-  res = offline.evaluate_workdir(lm_run, tmp_path / "export", EvalOptions(evals=("val",),
+  res = offline.evaluate_workdir(lm_workdir, tmp_path / "export", EvalOptions(evals=("val",),
                                                                           export=True), log=quiet)
   manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
-  assert manifest["tokenizer"] == "tokenizer.json" and manifest["step"] == res["step"] == 4
+  assert manifest["tokenizer"] == "tokenizer.json" and manifest["step"] == res["step"] == 40
   assert (tmp_path / "export" / "tokenizer.json").read_bytes() == \
-      (lm_run / "tokenizer.json").read_bytes()
+      (lm_workdir / "tokenizer.json").read_bytes()
   again = offline.evaluate_workdir(tmp_path / "export", tmp_path / "again",
                                    EvalOptions(evals=("val",)), log=quiet)
   assert again["val"] == res["val"]

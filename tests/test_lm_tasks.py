@@ -81,6 +81,7 @@ def test_gsm8k_scoring_with_a_fake_generator():
   assert r["accuracy"] == pytest.approx(2 / 3) and r["chance"] == 0.0
 
 
+@pytest.mark.integration
 def test_humaneval_canonical_passes_and_wrong_fails_in_the_sandbox(shared_data):
   task = lm_tasks.HumanEval(timeout_s=20)
   items = task.load(shared_data, limit=2)

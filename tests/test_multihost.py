@@ -19,12 +19,12 @@ from conftest import REPO, SHARED_DATA
 import hosts
 from laplax.train.metrics import read_metrics
 
-pytestmark = pytest.mark.slow  # each case is several train.py processes
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each case is several train.py processes
 
 TOL = 1e-5
 # A ViT whose step draws per-row randomness on the device (Mixup / CutMix partners and boxes)
 # and per-image crops on the host.
-VIT = ("--config.mixup.mixup_alpha=0.8", "--config.mixup.cutmix_alpha=1.0",
+VIT = ("--config.loss.mixup.mixup_alpha=0.8", "--config.loss.mixup.cutmix_alpha=1.0",
        "--config.data.augment=('rrc','flip')", "--config.log_every=1")
 # An LM corpus of several groups of files (laplax.data.text.shards.plan_groups), so that every
 # host of two or four tokenises a share of it.
@@ -109,11 +109,13 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
       assert all((copy / p.name).read_bytes() == p.read_bytes() for p in reference.iterdir())
     assert not (two / "exchange").exists()
   # A rerun of the finished run does nothing and says so in one line; no second final row.
-  before = (two / "metrics.jsonl").read_text()
-  again = _job(args(two, ""), tmp_path, tag="again", envs=hosts.own_disks(homes, 2))
-  for i in range(2):
-    assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
-  assert (two / "metrics.jsonl").read_text() == before
+  # (The trainer's check, the same for every task: once, on the ViT, two processes fewer each.)
+  if kind == "vit":
+    before = (two / "metrics.jsonl").read_text()
+    again = _job(args(two, ""), tmp_path, tag="again", envs=hosts.own_disks(homes, 2))
+    for i in range(2):
+      assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
+    assert (two / "metrics.jsonl").read_text() == before
   # Four hosts x 2 devices on one cold shared cache (one prepares an image set while the others
   # wait; the LM's hosts tokenise their shares into it): the same losses again.
   four = tmp_path / "four"

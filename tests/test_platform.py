@@ -51,6 +51,7 @@ def test_splash_off_tpu_needs_the_override_and_auto_never_picks_it():
   assert attention.resolve_implementation("auto") == "xla"  # on CPU
 
 
+@pytest.mark.integration
 def test_train_py_logs_the_backend_and_refuses_a_pod_config_in_one_line(tmp_path):
   out = hosts.run_single([sys.executable, str(REPO / "train.py"),
                           f"--config={REPO / 'configs/pod/vit_b_cifar100.py'}",
@@ -63,6 +64,7 @@ def test_train_py_logs_the_backend_and_refuses_a_pod_config_in_one_line(tmp_path
   assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.integration
 def test_aot_compiles_pod_configs_on_this_host_unchecked(tmp_path):
   # --aot compiles for TPUs from a CPU host by design: the guard lets it through to the fit
   # check (here refused at once for its unknown topology, without a compile).

@@ -128,6 +128,7 @@ def _cli(*args):
   return [sys.executable, "-m", "laplax.data.prepare", "imagenet", *map(str, args)]
 
 
+@pytest.mark.integration
 def test_a_killed_preparation_is_not_prepared_and_the_rerun_finishes_it(tmp_path):
   """kill -9 in the middle of a shard (its input is a FIFO nobody writes yet): what was
   written stays, the data set is not readable and says so; the rerun writes the rest."""
@@ -164,6 +165,7 @@ def test_a_killed_preparation_is_not_prepared_and_the_rerun_finishes_it(tmp_path
   assert [n for n, _, _ in train] == [n for n, _, _ in planted["train"]]
 
 
+@pytest.mark.integration
 def test_bad_inputs_are_one_line_errors_before_anything_is_written(tmp_path):
   planted = _planted()
   wrong = tmp_path / "wrong"

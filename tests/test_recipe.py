@@ -1,5 +1,7 @@
 """The DeiT-III training recipe: Mixup / CutMix on the device, BCE on the mixed targets,
 trunc_normal initialisation, LayerScale presets, and a CPU smoke run of the whole recipe."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,9 +23,14 @@ def _batch(b=8, h=8, w=8, c=3, seed=0):
   return images, labels
 
 
+@functools.cache
+def _mixer(smoothing, config):
+  """One jitted mix_batch per (smoothing, MixupConfig): the seeds of a test reuse its compile."""
+  return jax.jit(lambda k, x, y: mixup.mix_batch(k, x, y, K, config, label_smoothing=smoothing))
+
+
 def _mix(key, images, labels, smoothing=0.0, **cfg):
-  return jax.jit(lambda k, x, y: mixup.mix_batch(
-      k, x, y, K, mixup.MixupConfig(**cfg), label_smoothing=smoothing))(key, images, labels)
+  return _mixer(smoothing, mixup.MixupConfig(**cfg))(key, images, labels)
 
 
 def test_inactive_mixing_is_the_identity():
@@ -166,7 +173,7 @@ def test_layerscale_presets():
   for c, init in ((vit_b16_imagenet.get_config(), 'timm'),
                   (vit_b_cifar100.get_config(), 'trunc_normal')):
     assert c.model.layerscale_init == 1e-6 and c.model.weight_init == init
-    assert c.loss == 'sigmoid_xent' and c.mixup.mixup_alpha == 0.8
+    assert c.loss.name == 'sigmoid_xent' and c.loss.mixup.mixup_alpha == 0.8
   # The same ops in memory (CIFAR-100, DeiT-III's simple crop) and streamed (ImageNet).
   assert vit_b_cifar100.get_config().data.augment == (
       'pad_crop(4,reflect)', 'flip', 'three_augment', 'color_jitter(0.3)')
@@ -175,6 +182,7 @@ def test_layerscale_presets():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_deit3_recipe_trains_at_mu_size_on_cifar10(tmp_path, data_cache):
   """The whole recipe (configs/test.py:vit_deit3) through the trainer on 8 fake devices."""
   from conftest import make_config

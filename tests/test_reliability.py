@@ -4,6 +4,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import cli
 from laplax.train import workdir as workdir_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -83,6 +85,7 @@ def _race(directory, read_only: bool, steps: int = 15):
   return trainer.returncode, t_err, reader.returncode, r_out + r_err
 
 
+@pytest.mark.integration
 def test_read_only_reader_does_not_kill_a_saving_trainer(tmp_path):
   rc, err, reader_rc, reader_out = _race(tmp_path / "ckpt", read_only=True)
   assert rc == 0, err[-3000:]
@@ -118,6 +121,7 @@ def _try_lock(workdir) -> subprocess.CompletedProcess:
                         env=ENV, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_second_process_refuses_a_locked_workdir_until_the_holder_is_killed(tmp_path):
   holder = _spawn(_HOLDER, tmp_path / "w")
   try:
@@ -160,6 +164,7 @@ _CACHE_HOLDER = """
 """
 
 
+@pytest.mark.integration
 def test_a_cache_entry_has_one_preparer_and_a_killed_one_frees_it(tmp_path):
   first = _spawn(_CACHE_HOLDER, tmp_path, 1.5)
   assert first.stdout.readline().startswith("holding"), first.stderr.read()
@@ -180,6 +185,7 @@ def test_a_cache_entry_has_one_preparer_and_a_killed_one_frees_it(tmp_path):
   assert out.startswith("holding"), (out, err)
 
 
+@pytest.mark.integration
 def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path):
   script = """
       import os, sys
@@ -201,15 +207,24 @@ def test_gloo_chatter_is_dropped_from_stdout_and_the_rest_kept_in_order(tmp_path
   assert out.stderr == "error: stderr is untouched\n"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--num_processes=2"], "need --multihost"),
-    (["--multihost", "--num_processes=2"], "go together"),
-    (["--multihost", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
-      "--process_id=2"], "must be in [0, --num_processes=2)"),
-    (["--multihost", "--coordinator_address=nowhere", "--num_processes=1", "--process_id=0"],
-     "use host:port"),
-    (["--multihost"], "--multihost:"),  # no cluster to detect on this machine
+@pytest.mark.parametrize("values, message", [
+    (dict(num_processes=2), "go together"),
+    (dict(coordinator_address="127.0.0.1:1", num_processes=2, process_id=2),
+     "must be in [0, --num_processes=2)"),
+    (dict(coordinator_address="nowhere", num_processes=1, process_id=0), "use host:port"),
 ])
+def test_bad_cluster_values_are_refused_before_jax_starts_a_cluster(values, message):
+  """--multihost's values, checked in this process (they are refused before
+  jax.distributed.initialize); train.py turns the ValueError into its one error line."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    cli.initialize_distributed(**values)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_processes=2"], "need --multihost"),  # train.py's own check
+    (["--multihost"], "--multihost:"),  # no cluster to detect on this machine: JAX's error
+])
+@pytest.mark.integration
 def test_bad_cluster_flags_are_one_error_line(tmp_path, flags, message):
   env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORD"))}
   out = subprocess.run([sys.executable, str(REPO / "train.py"),
@@ -233,6 +248,7 @@ def test_write_json_atomic_failure_keeps_the_old_file(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp file left
 
 
+@pytest.mark.integration
 def test_write_json_atomic_killed_mid_write_leaves_old_or_new(tmp_path):
   """SIGKILL while a child rewrites a big file in a loop: the file always parses."""
   path = tmp_path / "state.json"
@@ -320,6 +336,7 @@ def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, **kwargs):
       describe=lambda s: "", **kwargs)
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path):
   state, step_fn = _linear_setup()
   with pytest.raises(loop.NonFiniteError) as e:
@@ -337,6 +354,7 @@ def test_nan_loss_stops_before_saving_and_keeps_only_finite_checkpoints(tmp_path
   assert [r["step"] for r in rows] == [4]  # the interval holding step 7 is not written
 
 
+@pytest.mark.integration
 def test_a_stop_off_the_logging_grid_logs_its_rows_with_their_step_counts(tmp_path):
   """Preempted at step 7 (log_every 4, saves every 2): the row at 7 averages its 3 steps, the
   first row after resuming there 1; each says so in 'steps', full rows do not."""
@@ -361,6 +379,7 @@ def test_a_stop_off_the_logging_grid_logs_its_rows_with_their_step_counts(tmp_pa
                              straight[8]["loss"], rtol=1e-6)
 
 
+@pytest.mark.integration
 def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
   state, step_fn = _linear_setup(skip=True)
   batches = _Batches(bad={3})
@@ -383,6 +402,7 @@ def test_skip_mode_keeps_params_bitwise_and_continues(tmp_path):
   assert all(np.isfinite(rows[s]["loss"]) for s in (4, 8, 12))
 
 
+@pytest.mark.integration
 def test_skip_mode_raises_after_too_many_consecutive_skips(tmp_path):
   state, step_fn = _linear_setup(skip=True)
   with pytest.raises(loop.NonFiniteError, match=(
@@ -512,6 +532,7 @@ _ASYNC_SAVE_FAILS = """
 """
 
 
+@pytest.mark.integration
 def test_failed_async_save_is_one_error_line(tmp_path):
   proc = _spawn(_ASYNC_SAVE_FAILS, tmp_path / "ckpt")
   # Control, at the same time: with LAPLAX_DEBUG=1 orbax's thread tracebacks are printed.
@@ -544,6 +565,7 @@ _CLOSED_LOOP_NOISE = """
 """
 
 
+@pytest.mark.integration
 def test_closed_event_loop_noise_of_a_full_disk_is_dropped(tmp_path):
   proc = _spawn(_CLOSED_LOOP_NOISE, tmp_path)
   out, err = proc.communicate(timeout=120)
@@ -555,6 +577,7 @@ def test_closed_event_loop_noise_of_a_full_disk_is_dropped(tmp_path):
   assert debug.stderr.count("RuntimeError: Event loop is closed") == 5  # the control
 
 
+@pytest.mark.integration
 def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
   script = """
       import logging, threading
@@ -574,11 +597,34 @@ def test_background_thread_error_then_success_prints_one_warning_line(tmp_path):
       "warning: background thread prefetch failed: ZeroDivisionError: division by zero"], err
 
 
-@pytest.mark.parametrize("source,message", [
+BROKEN_CONFIGS = [
     ("def get_config(:\n  pass\n", ":1: SyntaxError: invalid syntax"),
     ("def get_config():\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
-])
-def test_broken_config_file_is_one_error_line(tmp_path, source, message):
+]
+
+
+@pytest.mark.parametrize("source,message", BROKEN_CONFIGS)
+def test_broken_config_file_is_one_error_line(tmp_path, source, message, monkeypatch, capsys):
+  """train.py's flag parsing (laplax.cli.parse_flags) on its --config flag, in this process."""
+  from absl import flags
+  from ml_collections import config_flags
+  config = tmp_path / "bad_config.py"
+  config.write_text(source)
+  argv = ["train.py", f"--config={config}", f"--workdir={tmp_path / 'w'}"]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=values)
+  monkeypatch.setattr(flags, "FLAGS", values)
+  with pytest.raises(SystemExit) as exit_:
+    cli.parse_flags(argv)
+  assert exit_.value.code == 2
+  assert capsys.readouterr().err.splitlines() == [f"error: config file failed: {config}{message}"]
+
+
+@pytest.mark.integration
+def test_broken_config_file_from_the_train_py_process_is_one_error_line(tmp_path):
+  source, message = BROKEN_CONFIGS[1]
   config = tmp_path / "bad_config.py"
   config.write_text(source)
   proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"--config={config}",

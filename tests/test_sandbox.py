@@ -15,6 +15,8 @@ import pytest
 
 from laplax.evals import sandbox
 
+pytestmark = pytest.mark.integration  # every case runs programs in a sandboxed process
+
 
 def _humaneval_program(shared_data: pathlib.Path, index: int, body: str | None = None) -> str:
   with gzip.open(shared_data / "humaneval" / "HumanEval.jsonl.gz", "rt") as f:

@@ -108,6 +108,7 @@ print(sum("dot_general" in l for l in ynn), sum("reduce" in l for l in ynn))
 
 
 @pytest.mark.parametrize("configure", [True, False])
+@pytest.mark.integration
 def test_configure_xla_keeps_matmuls_in_ynnpack_and_gives_reductions_to_xla(configure):
   """In a fresh process (XLA reads XLA_FLAGS once): with laplax's flags the matmul is a YNNPACK
   fusion and the reduction is XLA's own; jaxlib's default routes both through YNNPACK (the

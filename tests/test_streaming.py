@@ -72,6 +72,7 @@ def test_train_batches_are_uint8_crops(train_source):
     assert np.abs(batch["image"][..., 2].mean((1, 2)) - 5 * batch["label"]).max() < 3
 
 
+@pytest.mark.integration
 def test_hosts_read_disjoint_shards_that_cover_each_epoch(train_source):
   hosts, per_host = 3, 4
   epoch_batches = N_TRAIN // (hosts * per_host)
@@ -133,6 +134,7 @@ def test_worker_processes_give_the_same_stream_and_resume(train_source):
 
 
 @pytest.mark.parametrize("hosts, batch_size", [(1, 5), (3, 2), (2, 8)])
+@pytest.mark.integration
 def test_evaluation_sees_every_example_once(val_source, hosts, batch_size):
   per_host = []
   for p in range(hosts):
@@ -277,15 +279,23 @@ def _train_py(workdir, data_dir, *extra):
       cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def test_bad_tfds_name_from_train_py_is_one_line(tmp_path, data_dir):
-  out = _train_py(tmp_path / "run", data_dir, "--config.data.tfds_name=no_such_images")
-  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
-  assert out.returncode != 0 and len(errors) == 1, out.stderr
-  assert "no_such_images" in errors[0] and "Traceback" not in out.stderr
+def test_a_bad_tfds_name_is_a_user_error_before_anything_is_written(tmp_path, data_dir):
+  """What train.py prints as its one `error:` line (laplax.cli.run_main: a user error, no
+  traceback), in this process."""
+  from configs.pod import vit_b16_imagenet
+  from laplax import cli
+  from laplax.train import trainer
+  c = vit_b16_imagenet.get_config()
+  c.data.tfds_name, c.data.tfds_data_dir = "no_such_images", data_dir
+  c.model.preset, c.model.patch_size, c.data.batch_size, c.total_steps = "mu", 32, 16, 3
+  with pytest.raises(cli.USER_ERRORS) as error:
+    trainer.train_and_evaluate(c, tmp_path / "run", log=lambda m: None)
+  assert "no_such_images" in cli.one_line(error.value)
   assert not (tmp_path / "run" / "config.json").exists()
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_pod_config_trains_three_steps_on_cpu(tmp_path, data_dir):
   # DeiT-III's split resolution at patch 32: trained on 192 px crops (6 x 6 patches),
   # evaluated on 224 px centre crops (7 x 7: the position table resized).

@@ -28,6 +28,7 @@ def finished_study(tmp_path_factory, data_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_report_has_every_section_and_plot(finished_study):
   workdir, report, _ = finished_study
   text = report.read_text()
@@ -85,6 +86,7 @@ def test_report_has_every_section_and_plot(finished_study):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_rerun_skips_finished_cells(finished_study):
   workdir, _, _ = finished_study
   before = {p: p.stat().st_mtime_ns for p in workdir.glob("cells/*/metrics.jsonl")}
@@ -96,6 +98,7 @@ def test_rerun_skips_finished_cells(finished_study):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_unfinished_cell_resumes_from_its_checkpoint(finished_study, tmp_path, data_cache):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k0_s1"
@@ -115,6 +118,7 @@ def test_paired_difference_interval():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_eval_export_and_analysis(finished_study, tmp_path):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k1-0_s0"
@@ -149,6 +153,7 @@ def test_eval_export_and_analysis(finished_study, tmp_path):
   offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
 
 
+@pytest.mark.integration
 def test_eval_cli_reports_missing_run_plainly(tmp_path):
   out = subprocess.run([sys.executable, str(REPO / "eval.py"), f"--workdir={tmp_path}"],
                        cwd=REPO, capture_output=True, text=True)
@@ -165,6 +170,7 @@ def _study_py(workdir, cache, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_workers_stop_on_sigterm_then_finish_the_same_study(finished_study, tmp_path,
                                                            data_cache):
   import signal

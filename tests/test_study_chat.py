@@ -7,6 +7,8 @@ import pytest
 from conftest import make_config
 from laplax.study import grid
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow
 def test_each_cell_runs_the_pipeline_with_its_heads_and_the_report_reads_it(tmp_path):

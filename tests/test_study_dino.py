@@ -35,6 +35,7 @@ def finished_dino_study(tmp_path_factory, shared_data, fashion_mnist_dir, data_c
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_dino_study_report_and_rerun(finished_dino_study):
   config, workdir, report, _ = finished_dino_study
   text = report.read_text()
@@ -77,6 +78,7 @@ def test_dino_study_report_and_rerun(finished_dino_study):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_patch_spectra_match_numpy(finished_dino_study):
   config, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k1_s0"
@@ -110,6 +112,7 @@ def test_patch_spectra_match_numpy(finished_dino_study):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_eval_dino_mode(finished_dino_study, tmp_path):
   _, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k0_s0"

@@ -8,6 +8,8 @@ from conftest import make_config
 from laplax.study import grid
 from laplax.train.metrics import read_metrics
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow
 def test_lm_study_report(tmp_path, shared_data):

@@ -107,6 +107,7 @@ def registered():
   del task_lib.TASKS["first_token"], evaluator_lib.TYPES["first_token_accuracy"]
 
 
+@pytest.mark.integration
 def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   results = trainer.train_and_evaluate(toy_config(60), tmp_path, log=lambda m: None)
   assert results["task"] == "first_token" and results["step"] == 60
@@ -163,6 +164,7 @@ def test_register_refuses_what_is_not_a_task():
     ({"type": "first_token_accuracy", "m": 3}, "has no key 'm'; its keys:"),
     ({"type": "first_token_accuracy", "every": -1}, "every=-1 must be an integer >= 0"),
 ])
+@pytest.mark.integration
 def test_bad_evaluator_sections_fail_before_anything_is_written(tmp_path, registered, section,
                                                                  message):
   config = toy_config(8)
@@ -172,6 +174,7 @@ def test_bad_evaluator_sections_fail_before_anything_is_written(tmp_path, regist
   assert not (tmp_path / "config.json").exists()
 
 
+@pytest.mark.integration
 def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registered):
   config = toy_config(8)
   config.profile = (3, 2)
@@ -188,6 +191,7 @@ def test_profile_window_writes_a_trace_and_a_compilation_cache(tmp_path, registe
     trainer.train_and_evaluate(config, tmp_path / "run2", log=lambda m: None)
 
 
+@pytest.mark.integration
 def test_a_resume_is_the_run_its_checkpoints_were_trained_as(tmp_path, registered):
   """The identity in checkpoints/identity.json decides, also without config.json; a finished
   run rerun with another non-identity setting says so and changes nothing."""
@@ -238,6 +242,7 @@ def test_a_resume_is_the_run_its_checkpoints_were_trained_as(tmp_path, registere
   assert record["identity"]["model.laplacian_heads"] == [".L"]
 
 
+@pytest.mark.integration
 def test_a_run_starts_from_another_runs_parameters(tmp_path, registered):
   trainer.train_and_evaluate(toy_config(60), tmp_path / "a", log=lambda m: None)
   source = restore.load_run(tmp_path / "a", log=lambda m: None)

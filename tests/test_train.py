@@ -8,13 +8,16 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ml_collections import config_flags
 import pytest
 
 from conftest import REPO, make_config
+from laplax import cli
 from laplax import sharding
 from laplax.data.images import load_image_data
 from laplax.models.vit import ViT
@@ -36,6 +39,7 @@ def _losses(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
   config = tiny_config(data_cache, steps=60)
   config.optim.lr = 4e-3
@@ -52,13 +56,18 @@ def test_short_training_loss_falls_and_writes_workdir(tmp_path, data_cache):
   assert row["tflops_per_chip"] > 0 and "mfu" not in row
 
 
-def _run_train(workdir, cache, *extra, wait=True):
-  args = [sys.executable, str(REPO / "train.py"), "--config=" + str(REPO / "configs/fashion_mnist_vit.py"),
-          f"--workdir={workdir}", f"--config.data.cache_dir={cache}",
+def _run_train_flags(cache):
+  return [f"--config.data.cache_dir={cache}",
           "--config.data.train_subset=2048", "--config.data.eval_subset=256",
           "--config.data.batch_size=64", "--config.model.preset=mu", "--config.model.patch_size=7",
           "--config.model.laplacian_heads=1", "--config.total_steps=30", "--config.log_every=1",
-          "--config.optim.warmup_steps=5", "--config.checkpoint.every_steps=5", *extra]
+          "--config.optim.warmup_steps=5", "--config.checkpoint.every_steps=5"]
+
+
+def _run_train(workdir, cache, *extra, wait=True):
+  args = [sys.executable, str(REPO / "train.py"),
+          "--config=" + str(REPO / "configs/fashion_mnist_vit.py"), f"--workdir={workdir}",
+          *_run_train_flags(cache), *extra]
   proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, start_new_session=True)
   if wait:
@@ -68,6 +77,7 @@ def _run_train(workdir, cache, *extra, wait=True):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted."""
   load_image_data(tiny_config(data_cache).data)  # prepare data outside the timed run
@@ -138,7 +148,7 @@ def test_grad_accumulation_equals_one_big_batch():
   state, _ = state_lib.create_state(task, model, tx, mesh, rules, 0)
   batch = {"image": jax.random.normal(jax.random.key(1), (8, 28, 28, 1)),
            "label": jnp.arange(8) % 10}
-  config.optim.label_smoothing = 0.0
+  config.loss.label_smoothing = 0.0
   loss_fn = task.loss_fn(model)
   outs = [jax.jit(make_train_step(loss_fn, tx, seed=0, grad_accum_steps=a))(state, batch)
           for a in (1, 4)]
@@ -147,7 +157,7 @@ def test_grad_accumulation_equals_one_big_batch():
                outs[1][0].params)
 
 
-@pytest.mark.parametrize("flag,message", [
+BAD_INPUTS = [
     ("--config.model.laplacian_heads=7", "laplacian_heads=7 but the layer has 2 heads"),
     ("--config.data.batch_size=100", "data.batch_size=100 must be a positive multiple"),
     ("--config.data.augmnt=crop", "augmnt"),
@@ -164,13 +174,50 @@ def test_grad_accumulation_equals_one_big_batch():
     ("--config.data.train_subset=-1", "data.train_subset=-1"),
     ("--config.optim.lr=nan", "optim.lr=nan must be a finite positive number"),
     ("--config.optim.lr=inf", "optim.lr=inf must be a finite positive number"),
-])
+    ("--config.mixup.prob=0.5", "config.mixup is gone: write --config.loss.mixup.prob"),
+    ("--config.optim.name=sgd", "optim.name='sgd': use one of ('adamw', 'muon')"),
+]
+
+
+def _train_py_in_process(workdir, cache, flag) -> str | None:
+  """What train.py does with `flag` up to its error, in this process: the flags parsed as
+  train.py parses them (config locked), then train_and_evaluate -> the one line train.py's
+  laplax.cli prints (None if nothing failed). An error that is not a user error propagates:
+  train.py would print its traceback."""
+  argv = ["train.py", "--config=" + str(REPO / "configs/fashion_mnist_vit.py"),
+          *_run_train_flags(cache), flag]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  try:
+    values(argv)
+  except (flags.Error, *cli.FLAG_ERRORS) as e:
+    return cli.flag_error(e, argv)
+  try:
+    trainer.train_and_evaluate(values.config, workdir, log=lambda m: None)
+  except cli.USER_ERRORS as e:
+    return cli.one_line(e)
+  return None
+
+
+@pytest.mark.parametrize("flag,message", BAD_INPUTS)
 def test_bad_input_gives_one_line_error(tmp_path, data_cache, flag, message):
+  line = _train_py_in_process(tmp_path / "w", data_cache, flag)
+  assert line is not None and message in line, line
+  # Validation comes before anything is written: the corrected command can use the workdir.
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flag,message", [BAD_INPUTS[2], BAD_INPUTS[1]])
+def test_bad_input_from_the_train_py_process_is_one_error_line(tmp_path, data_cache, flag,
+                                                              message):
+  """The process itself for a flag error and a validation error (every input above takes one
+  of these two paths): exit != 0, exactly one `error:` line, no traceback, nothing written."""
   rc, out = _run_train(tmp_path / "w", data_cache, flag)
   assert rc != 0
   assert message in out, out
   assert "Traceback" not in out, out
   errors = [l for l in out.splitlines() if l.startswith("error:")]
   assert len(errors) == 1, out
-  # Validation comes before anything is written: the corrected command can use the workdir.
   assert not (tmp_path / "w" / "config.json").exists()

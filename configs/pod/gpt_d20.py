@@ -17,7 +17,7 @@ Memory path on by default: scanned blocks, full remat of every block, chunked cr
   --config.data.seq_len=8192 --config.data.batch_size=16     (v5e:4x4, one sequence per chip)
 
 also fits; turn it off with --config.model.remat_policy=none --config.model.scan_layers=False
---config.model.loss_chunk=0.
+--config.loss.chunk=0.
 
   JAX_PLATFORMS=cpu python train.py --config=configs/pod/gpt_d20.py --workdir=runs/aot_gpt \
       --aot=v5e:16x16
@@ -65,6 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.tokenizer_train_chars = 2_000_000_000
   c.data.eval_windows = 4096
   c.model = common.gpt_d20_model()
+  c.loss = common.lm_loss(chunk=256)  # 256-token chunks: no float32 (B, T, 65536) logits
   # nanochat's optimiser and schedule at ae0bf52 (configs/common.py muon; scripts/base_train.py:
   # warmdown_ratio 0.4, final_lr_frac 0, warmup_ratio 0, grad_clip 1, weight_decay 0): Muon lr
   # 0.02 on the hidden matrices; AdamW (0.8, 0.95) on the embedding, 0.3 x (1280 / 768) ** -0.5

@@ -39,7 +39,8 @@ linear), wd 0.05, 400 epochs, 5 warm-up epochs, cosine to min-lr 1e-6, clip 1.0;
 RandomResizedCrop (0.08, 1) + flip + timm's '3a' (3-Augment) + colour jitter 0.3 (timm keeps
 jitter on with '3a'), no random erasing; Mixup 0.8 / CutMix 1.0 (switch 0.5, timm's defaults);
 BCE (timm's BinaryCrossEntropy, no threshold) on the mixed label-smoothed targets, smoothing
-0.1 (loss 'sigmoid_xent', optim.label_smoothing 0.1, bce_binary_targets False); drop path 0.2;
+0.1 (loss.name 'sigmoid_xent', loss.label_smoothing 0.1, loss.bce_binary_targets False); drop
+path 0.2;
 no EMA (MODEL_EMA=false); trained and evaluated at 192 px, evaluation resize 219 then centre
 crop 192 (timm's default crop_pct 0.875: the sweep models have no pretrained config).
 
@@ -105,8 +106,8 @@ def get_config(recipe: str | None = None):
   if recipe == "paper":
     c.num_epochs = 400.0
     c.optim.final_lr_fraction = 1e-6 / lr  # min-lr 1e-6
-    c.bce_binary_targets = False  # timm's BinaryCrossEntropy on the soft targets
-    c.optim.label_smoothing = 0.1
+    c.loss.bce_binary_targets = False  # timm's BinaryCrossEntropy on the soft targets
+    c.loss.label_smoothing = 0.1
     c.model.qk_norm = True
     c.model.weight_init = "timm"  # timm's init_weights (class token normal(1e-6))
   else:

@@ -58,9 +58,9 @@ def get_config(source_recipe: str | None = None):
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(1e-5, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.1,
                          clip_norm=0.0, final_lr_fraction=1.0)  # min-lr 1e-5 = lr
-  c.optim.label_smoothing = 0.1
-  common.classification_loss(c)  # softmax cross-entropy on the mixed smoothed targets
-  c.mixup.mixup_alpha = 0.8
-  c.mixup.cutmix_alpha = 1.0
+  # softmax cross-entropy on the mixed smoothed targets
+  c.loss = common.classification_loss(label_smoothing=0.1)
+  c.loss.mixup.mixup_alpha = 0.8
+  c.loss.mixup.cutmix_alpha = 1.0
   c.evals = common.classification_evals(test=False)
   return c

@@ -39,7 +39,6 @@ def get_config():
                        scan_layers=True, remat_policy="full", attention_impl="splash")
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(1e-3, warmup_steps=2000, weight_decay=0.05)
-  c.optim.label_smoothing = 0.0
-  common.deit3(c, crop="src")
+  common.deit3(c, crop="src")  # no label smoothing
   c.evals = common.classification_evals()
   return c

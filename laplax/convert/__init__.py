@@ -68,7 +68,7 @@ def default_vit_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
   c.data.num_classes = max(fields["num_classes"], 1)
   c.model = common.vit("S", patch_size=fields["patch_size"])
   c.optim = common.adamw(1e-3, warmup_steps=0)
-  common.classification_loss(c)
+  c.loss = common.classification_loss()
   c.evals = common.classification_evals(test=False)
   return c
 
@@ -81,6 +81,7 @@ def default_gpt_config() -> ml_collections.ConfigDict:
   c.data = common.text_data(sources=(str(common.SHARED / "text"),))
   c.model = common.gpt()
   c.optim = common.lm_optim()
+  c.loss = common.lm_loss()
   return c
 
 

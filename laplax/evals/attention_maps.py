@@ -27,6 +27,7 @@ from laplax.data import pipeline
 from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
+from laplax.train import ranges as ranges_lib
 from laplax.train import restore
 from laplax.train.evaluator import Evaluator
 
@@ -89,15 +90,14 @@ class AttentionMaps(Evaluator):
   type = "attention_maps"
   defaults = {"split": "test", "images": 4, "photos": "", "size": 0, "compare": "",
               "batch_size": 8}
+  ranges = {"images": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "size": ranges_lib.COUNT}
 
   @classmethod
   def check(cls, config, task) -> None:
     inputs.check_task(cls.type, task, inputs.IMAGE_TASKS)
     if config.split not in ("val", "test"):
       raise ValueError(f"split={config.split!r}; use 'val' or 'test'")
-    for key in ("images", "batch_size"):
-      if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
-        raise ValueError(f"{key}={config[key]!r} must be a positive integer")
     if config.photos and task.info().image_shape[-1] != 3:
       raise ValueError(f"photos={config.photos!r} are RGB, but {task.config.data.name} is "
                        "grey: leave photos='' (the split's own images)")

@@ -42,6 +42,7 @@ from laplax.data.shared import shared_data_dir
 from laplax.data.tokenizer import Tokenizer
 from laplax.evals import lm_tasks
 from laplax.evals.chat_engine import ChatEngine
+from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 
 LogitsFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Sequence[np.ndarray]]
@@ -254,15 +255,13 @@ class ChatEval(Evaluator):
   type = "chat"
   defaults = {"tasks": (), "limit": 0, "data_dir": "", "batch_size": 8, "max_new_tokens": 512,
               "words": ""}
+  ranges = {"limit": ranges_lib.COUNT, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "max_new_tokens": ranges_lib.AT_LEAST_ONE}
 
   @classmethod
   def check(cls, config, task) -> None:
     for t in config.tasks:
       get_task(t)
-    for key in ("limit", "batch_size", "max_new_tokens"):
-      v, low = config[key], 0 if key == "limit" else 1
-      if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"{key}={v!r} must be an integer >= {low}")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)

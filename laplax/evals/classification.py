@@ -19,6 +19,7 @@ from laplax.data import pipeline
 from laplax.evals import accuracy
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
+from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 
 _SPLITS = ("train", "val", "test")
@@ -77,12 +78,11 @@ class VitGeometry(Evaluator):
 
   type = "vit_geometry"
   defaults = {"split": "test", "examples": 2000}
+  ranges = {"examples": ranges_lib.AT_LEAST_ONE}
 
   @classmethod
   def check(cls, config, task) -> None:
     _check_split(config, task)
-    if not isinstance(config.examples, int) or config.examples < 1:
-      raise ValueError(f"examples={config.examples} must be a positive integer")
 
   def run(self, weights, step) -> dict[str, Any]:
     task, n, split = self.ctx.task, self.config.examples, self.config.split

@@ -30,6 +30,7 @@ from laplax.evals import stream_features
 from laplax.evals import probes
 from laplax.geometry import dino as dino_geometry
 from laplax.models import dino as dino_lib
+from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 
 # The probe protocol (DINO's k-NN: 20-NN at temperature 0.07 and more k; AdamW probes on fixed
@@ -49,6 +50,13 @@ PROBE_PROTOCOL = {
     "dino_probe_epochs": 100,
     "dino_probe_batch_size": 256,
     "dino_probe_lr": 1e-3,
+}
+PROBE_RANGES = {
+    "probe_train_size": ranges_lib.COUNT, "knn_ks": ranges_lib.Range(1, integer=True, each=True),
+    "knn_temperature": ranges_lib.POSITIVE, "probe_epochs": ranges_lib.AT_LEAST_ONE,
+    "probe_lr": ranges_lib.POSITIVE, "probe_weight_decay": ranges_lib.NON_NEGATIVE,
+    "last_layers": ranges_lib.AT_LEAST_ONE, "dino_probe_epochs": ranges_lib.AT_LEAST_ONE,
+    "dino_probe_batch_size": ranges_lib.AT_LEAST_ONE, "dino_probe_lr": ranges_lib.POSITIVE,
 }
 
 
@@ -94,15 +102,13 @@ class _ProbeEvaluator(_TeacherEvaluator):
   """An evaluator that runs the probe protocol (PROBE_PROTOCOL's keys)."""
 
   last_layers_key = "last_layers"
+  ranges = PROBE_RANGES
 
   @classmethod
   def check(cls, config, task) -> None:
     super().check(config, task)
-    ks = tuple(config.knn_ks)
-    if not ks or min(ks) < 1:  # and <= the training split: Probes.__init__
-      raise ValueError(f"knn_ks={ks} must be >= 1")
-    if config.probe_train_size < 0:
-      raise ValueError(f"probe_train_size={config.probe_train_size} must be >= 0 (0: all)")
+    if not tuple(config.knn_ks):  # each k in [1, the training split]: Probes.__init__
+      raise ValueError("knn_ks=() needs at least one k")
     if config.linear_probe not in ("fast", "dino"):
       raise ValueError(f"linear_probe={config.linear_probe!r}: use 'fast' or 'dino'")
 
@@ -162,6 +168,12 @@ class StreamProbes(_TeacherEvaluator):
 
   type = "dino_stream_probes"
   defaults = dict(STREAM_PROTOCOL)
+  ranges = {"knn_ks": PROBE_RANGES["knn_ks"], "knn_temperature": ranges_lib.POSITIVE,
+            "batch_size": ranges_lib.AT_LEAST_ONE, "resize": ranges_lib.AT_LEAST_ONE,
+            "crop": ranges_lib.AT_LEAST_ONE, "linear_epochs": ranges_lib.AT_LEAST_ONE,
+            "linear_batch_size": ranges_lib.AT_LEAST_ONE, "linear_lr": ranges_lib.POSITIVE,
+            "last_layers": ranges_lib.AT_LEAST_ONE, "train_limit": ranges_lib.COUNT,
+            "eval_limit": ranges_lib.COUNT}
   last_layers_key = "last_layers"
 
   @classmethod
@@ -169,16 +181,12 @@ class StreamProbes(_TeacherEvaluator):
     if not getattr(task, "streaming", False):
       raise ValueError(f"{cls.type} streams data.tfds_name, which is unset: use dino_probes")
     super().check(config, task)
-    ks = tuple(config.knn_ks)
-    if not ks or min(ks) < 1:
-      raise ValueError(f"knn_ks={ks} must be >= 1")
+    if not tuple(config.knn_ks):
+      raise ValueError("knn_ks=() needs at least one k")
     p = task.build_model().backbone.patch_size
-    if config.crop % p or not 0 < config.crop <= config.resize:
+    if config.crop % p or config.crop > config.resize:
       raise ValueError(f"crop={config.crop} must divide by model.patch_size={p} and lie in "
                        f"[1, resize={config.resize}]")
-    for key in ("batch_size", "linear_epochs", "linear_batch_size"):
-      if config[key] < 1:
-        raise ValueError(f"{key}={config[key]} must be >= 1")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -250,6 +258,8 @@ class Horse(_TeacherEvaluator):
 
   type = "horse"
   defaults = {"dir": "", "size": 64, "seg_epochs": 20, "pca_images": 6}
+  ranges = {"size": ranges_lib.AT_LEAST_ONE, "seg_epochs": ranges_lib.AT_LEAST_ONE,
+            "pca_images": ranges_lib.COUNT}
   needs_rgb = True
 
   @classmethod
@@ -281,6 +291,13 @@ class Ade20k(_TeacherEvaluator):
               "train_limit": 0,  # > 0: the first n training images only
               "eval_limit": 0,  # > 0: the first n validation images only
               "num_workers": 0}  # grain worker processes (0: decode in this process)
+  ranges = {"crop": ranges_lib.AT_LEAST_ONE, "windows": ranges_lib.AT_LEAST_ONE,
+            "steps": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "lr": ranges_lib.POSITIVE, "weight_decay": ranges_lib.NON_NEGATIVE,
+            "warmup_steps": ranges_lib.COUNT, "warmup_ratio": ranges_lib.UNIT,
+            "ratio_range": ranges_lib.POSITIVES, "eval_batch_size": ranges_lib.AT_LEAST_ONE,
+            "train_limit": ranges_lib.COUNT, "eval_limit": ranges_lib.COUNT,
+            "num_workers": ranges_lib.Range(-1, integer=True)}
   needs_rgb = True
 
   @classmethod
@@ -291,12 +308,6 @@ class Ade20k(_TeacherEvaluator):
     p = task.build_model().backbone.patch_size
     if config.crop % p:
       raise ValueError(f"crop={config.crop} is not divisible by model.patch_size={p}")
-    for key in ("steps", "batch_size", "eval_batch_size", "windows"):
-      if config[key] < 1:
-        raise ValueError(f"{key}={config[key]} must be >= 1")
-    for key in ("train_limit", "eval_limit"):
-      if config[key] < 0:
-        raise ValueError(f"{key}={config[key]} must be >= 0 (0: all)")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -329,6 +340,8 @@ class Ade20kPatch(_TeacherEvaluator):
 
   type = "ade20k_patch"
   defaults = {"dir": "", "size": 64, "train_images": 0, "val_images": 0, "seg_epochs": 20}
+  ranges = {"size": ranges_lib.AT_LEAST_ONE, "train_images": ranges_lib.COUNT,
+            "val_images": ranges_lib.COUNT, "seg_epochs": ranges_lib.AT_LEAST_ONE}
   needs_rgb = True
 
   @classmethod
@@ -336,9 +349,6 @@ class Ade20kPatch(_TeacherEvaluator):
     super().check(config, task)
     if not config.dir:
       raise ValueError("dir='' : set it to the ADEChallengeData2016 folder")
-    for key in ("train_images", "val_images"):
-      if config[key] < 0:
-        raise ValueError(f"{key}={config[key]} must be >= 0 (0: all)")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -358,6 +368,7 @@ class PhotoPca(_TeacherEvaluator):
 
   type = "photo_pca"
   defaults = {"photos": "builtin", "size": 64}
+  ranges = {"size": ranges_lib.AT_LEAST_ONE}
   needs_rgb = True
 
   def __init__(self, name, config, ctx):
@@ -385,12 +396,11 @@ class Spectra(Evaluator):
 
   type = "dino_spectra"
   defaults = {"examples": 2000, "batch_size": 250, "resize": 0, "crop": 0}
+  ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "resize": ranges_lib.COUNT, "crop": ranges_lib.COUNT}
 
   @classmethod
   def check(cls, config, task) -> None:
-    for key in ("examples", "batch_size"):
-      if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
-        raise ValueError(f"{key}={config[key]!r} must be a positive integer")
     if getattr(task, "streaming", False):
       resize, crop = _stream_crop(config, task)
       p = task.build_model().backbone.patch_size

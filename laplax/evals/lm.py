@@ -21,6 +21,7 @@ from laplax.evals import bpb as bpb_lib
 from laplax.evals import lm_tasks
 from laplax.geometry import lm as lm_geometry
 from laplax.geometry import plots
+from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 
 
@@ -50,15 +51,12 @@ class Benchmarks(Evaluator):
 
   type = "lm_tasks"
   defaults = {"tasks": (), "limit": 0, "data_dir": "", "batch_size": 8}
+  ranges = {"limit": ranges_lib.COUNT, "batch_size": ranges_lib.AT_LEAST_ONE}  # limit 0: all
 
   @classmethod
   def check(cls, config, task) -> None:
     for t in config.tasks:
       lm_tasks.get_task(t)  # an unknown name fails before any work
-    if not isinstance(config.limit, int) or config.limit < 0:
-      raise ValueError(f"limit={config.limit!r} must be an integer >= 0 (0: all items)")
-    if config.batch_size < 1:
-      raise ValueError(f"batch_size={config.batch_size} must be >= 1")
 
   def run(self, weights, step) -> dict[str, Any]:
     if not self.config.tasks:
@@ -84,14 +82,13 @@ class LmGeometry(Evaluator):
 
   type = "lm_geometry"
   defaults = {"examples": 256, "batch_size": 8, "window": 0}
+  ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
+            "window": ranges_lib.COUNT}
 
   @classmethod
   def check(cls, config, task) -> None:
-    if not isinstance(config.examples, int) or config.examples < 1:
-      raise ValueError(f"examples={config.examples} must be a positive integer")
     seq_len = task.config.data.seq_len
-    if not isinstance(config.window, int) or not (config.window == 0
-                                                  or 2 <= config.window <= seq_len):
+    if config.window and not 2 <= config.window <= seq_len:  # an integer >= 0: the ranges
       raise ValueError(f"window={config.window!r} must be 0 (the whole window) or lie in "
                        f"[2, data.seq_len={seq_len}]")
 

@@ -21,6 +21,7 @@ from laplax.attention import ANALYSIS
 from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
+from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 
 _SPLITS = ("val", "test")
@@ -82,15 +83,13 @@ class Mechanism(Evaluator):
 
   type = "mechanism"
   defaults = {"split": "test", "examples": 500, "batch_size": 50}
+  ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE}
 
   @classmethod
   def check(cls, config, task) -> None:
     inputs.check_task(cls.type, task)
     if config.split not in _SPLITS:
       raise ValueError(f"split={config.split!r}; use one of {_SPLITS}")
-    for key in ("examples", "batch_size"):
-      if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
-        raise ValueError(f"{key}={config[key]!r} must be a positive integer")
 
   def run(self, weights, step) -> dict[str, Any]:
     task, c = self.ctx.task, self.config

@@ -52,7 +52,7 @@ def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collection
   probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
             for k in ("cls", "last")}
   dino = None
-  if e.get("linear_probe", "fast") == "dino":
+  if e.linear_probe == "dino":
     dino = dino_linear_probe(
         feature_fn, params, (train_x[:cap], train_y[:cap]),
         {split: data[split] for split in ("val", "test")}, num_classes=info.num_classes,

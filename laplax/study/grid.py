@@ -73,7 +73,7 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
                                   json.loads(config.to_json_best_effort()), indent=2)
     finished = lambda cell: cell_finished(workdir, section, cell)
     todo = [cell for cell in grid_cells(config) if not finished(cell)]
-    workers = workers_lib.worker_count(int(config.study.get("workers", 1)), len(todo),
+    workers = workers_lib.worker_count(int(config.study.workers), len(todo),
                                        jax.default_backend())
     if workers > 1:  # the cells train in parallel processes; the grid then reads them back
       workers_lib.run_cells(workdir, todo, workers, finished=finished, name=name, log=log)

@@ -38,6 +38,7 @@ from laplax.data.tokenizer import Tokenizer, as_path
 from laplax.evals import chat as chat_evals
 from laplax.models import gpt
 from laplax.tasks.lm import LanguageModelTask, text_cache_dir
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import identity as identity_lib
 
 
@@ -112,7 +113,7 @@ class ChatTask(LanguageModelTask):
     train_spec, val_spec = d.train.to_dict(), d.val.to_dict()
     by_split = {split: conv_lib.source_conversations(spec, words=self.words)
                 for split, spec in (("train", train_spec), ("val", val_spec))}
-    seed = int(d.get("mixture_seed", 42))
+    seed = int(d.mixture_seed)
     splits = {"train": conv_lib.mixture(by_split["train"], train_spec, seed),
               "val": conv_lib.mixture(by_split["val"], val_spec, seed)}
     splits["train"] = self._check_no_test_items(splits["train"], log)
@@ -175,12 +176,12 @@ class ChatTask(LanguageModelTask):
     draws words, letters and templates at random, so train and test rows can coincide) is
     dropped from training, and the count logged."""
     out = train
-    for name, section in self.config.get("evals", {}).items():
-      if section.get("type") != "chat" or not section.get("tasks"):
+    for name, section in evaluator_lib.sections(self.config).items():
+      if section.type != "chat" or not section.tasks:
         continue
       for benchmark in section.tasks:
-        keys = chat_evals.test_items_keys([benchmark], section.get("data_dir", ""),
-                                          int(section.get("limit", 0)), words=self.words)
+        keys = chat_evals.test_items_keys([benchmark], section.data_dir, int(section.limit),
+                                          words=self.words)
         hits = [c for c in out if chat_tasks.question_key(c) in keys]
         if not hits:
           continue
@@ -200,7 +201,7 @@ class ChatTask(LanguageModelTask):
       return c.total_steps
     n = (self.train_shards.num_windows if c.data.rows == "packed"
          else self.train_rows.num_rows)
-    return max(int(c.data.get("epochs", 1) * n) // c.data.batch_size, 1)
+    return max(int(c.data.epochs * n) // c.data.batch_size, 1)
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     """{'tokens': int32 (B, seq_len + 1)} (+ 'mask': int32 (B, seq_len), padded rows)."""
@@ -215,7 +216,7 @@ class ChatTask(LanguageModelTask):
     sum(w * nll) / sum(w) over the (micro-)batch."""
     if self.config.data.rows == "packed":
       return super().loss_fn(model)
-    chunk = int(self.config.model.get("loss_chunk", 0))
+    chunk = int(self.config.loss.chunk)
 
     def loss_fn(params, batch, rng):
       tokens, w = batch["tokens"], batch["mask"].astype(jnp.float32)
@@ -249,7 +250,7 @@ class ChatTask(LanguageModelTask):
     hosts = jax.process_count()
     return conv_lib.padded_eval_batches(
         self.val_rows, batch_size=d.eval_batch_size // hosts,
-        max_rows=int(d.get("eval_windows", 0)), process_index=jax.process_index(),
+        max_rows=int(d.eval_windows), process_index=jax.process_index(),
         process_count=hosts)
 
   def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:

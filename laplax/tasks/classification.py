@@ -2,14 +2,14 @@
 or on any prepared TFDS image-classification data set such as ImageNet (streamed, when
 `data.tfds_name` is set: laplax.data.streaming).
 
-Loss (`config.loss`): 'softmax_xent' (cross-entropy with label smoothing) or 'sigmoid_xent'
-(binary cross-entropy: the mean over the B x K logits, as torch's BCEWithLogitsLoss, against the
-mixed label-smoothed targets, as timm's BinaryCrossEntropy after its Mixup; with
-`config.bce_binary_targets` the mixed targets become 1 wherever they are > 0, as DeiT-III's
-`targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
-(`config.mixup`, laplax.data.mixup) run on the device in the step. Its evaluators
-(accuracy, per-layer geometry) are laplax.evals.classification, picked by config.evals; eval.py
-writes its export (laplax.train.export).
+The loss section (configs/common.py classification_loss): `loss.name` 'softmax_xent'
+(cross-entropy with `loss.label_smoothing`) or 'sigmoid_xent' (binary cross-entropy: the mean
+over the B x K logits, as torch's BCEWithLogitsLoss, against the mixed label-smoothed targets, as
+timm's BinaryCrossEntropy after its Mixup; with `loss.bce_binary_targets` the mixed targets
+become 1 wherever they are > 0, as DeiT-III's `targets.gt(0.0)`, so both classes of a mixed pair
+are positives). Mixup / CutMix (`loss.mixup`, laplax.data.mixup) run on the device in the step.
+Its evaluators (accuracy, per-layer geometry) are laplax.evals.classification, picked by
+config.evals; eval.py writes its export (laplax.train.export).
 """
 
 from __future__ import annotations
@@ -150,12 +150,11 @@ LOSSES = ("softmax_xent", "sigmoid_xent")
 
 
 def mixup_config(config: ml_collections.ConfigDict) -> mixup_lib.MixupConfig:
-  """config.mixup (absent: no mixing) as a checked MixupConfig."""
-  section = config.get("mixup")
+  """config.loss.mixup as a MixupConfig."""
   try:
-    return mixup_lib.MixupConfig(**(section.to_dict() if section is not None else {}))
+    return mixup_lib.MixupConfig(**config.loss.mixup.to_dict())
   except TypeError as e:
-    raise ValueError(f"bad mixup config: {e}") from None
+    raise ValueError(f"bad loss.mixup section: {e}") from None
 
 
 def classification_loss(logits: jax.Array, targets: jax.Array, loss: str, *,
@@ -181,6 +180,7 @@ def steps_from_epochs(config: ml_collections.ConfigDict, num_train: int) -> tupl
 
 class ClassificationTask(Task):
   name = "classification"
+  sections = Task.sections + ("loss",)
   unit = "images"
   study_section = "laplax.study.classification"
 
@@ -201,13 +201,12 @@ class ClassificationTask(Task):
     else:
       ops.in_memory(d.get("augment", ()), self.info().image_shape[:2])
     mixup_config(self.config)
-    loss = self.config.get("loss", "softmax_xent")
-    if loss not in LOSSES:
-      raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
-    if (loss == "sigmoid_xent" and self.config.get("bce_binary_targets", False)
-        and self.config.optim.label_smoothing > 0):
-      raise ValueError(f"optim.label_smoothing={self.config.optim.label_smoothing} with "
-                       "bce_binary_targets=True makes every target 1: set it to 0 (DeiT-III)")
+    loss = self.config.loss
+    if loss.name not in LOSSES:
+      raise ValueError(f"loss.name={loss.name!r}; use one of {LOSSES}")
+    if loss.name == "sigmoid_xent" and loss.bce_binary_targets and loss.label_smoothing > 0:
+      raise ValueError(f"loss.label_smoothing={loss.label_smoothing} with "
+                       "loss.bce_binary_targets=True makes every target 1: set it to 0 (DeiT-III)")
     self.info()
     super().validate(dp, hosts)
 
@@ -290,10 +289,10 @@ class ClassificationTask(Task):
     return steps_from_epochs(self.config, self.num_train())[0]
 
   def loss_fn(self, model: vit.ViT):
-    smoothing = self.config.optim.label_smoothing
+    smoothing = self.config.loss.label_smoothing
     mix = mixup_config(self.config)
-    loss_name = self.config.get("loss", "softmax_xent")
-    binary = bool(self.config.get("bce_binary_targets", False))
+    loss_name = self.config.loss.name
+    binary = bool(self.config.loss.bce_binary_targets)
     info = self.info()
 
     def loss_fn(params, batch, rng):

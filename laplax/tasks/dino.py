@@ -281,9 +281,6 @@ class DinoTask(Task):
     crops = multicrop_config(config)
     if self.streaming:
       dino_stream.view_ops(crops)  # what the per-record ops cannot express
-      for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
-        if int(config.data.get(key, low)) < low:
-          raise ValueError(f"data.{key}={config.data.get(key)} is out of range")
     elif crops.hue:
       raise ValueError(f"multicrop.hue={crops.hue}: the in-step crops of in-memory data have "
                        "no hue jitter; stream the data (data.tfds_name) or set it to 0")
@@ -396,7 +393,7 @@ class DinoTask(Task):
                           seed=self.config.seed, total_steps=total_steps,
                           steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
                           precomputed_crops=self.streaming,
-                          skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
+                          skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   def train_iterator(self, process_index: int, process_count: int):
     d = self.config.data

@@ -40,9 +40,7 @@ def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) ->
   name = kw.pop("name", "gpt")
   if name != "gpt":
     raise ValueError(f"model.name={name!r}: the lm task trains 'gpt'")
-  multiple = int(kw.pop("vocab_multiple", 64))
-  if multiple < 1:
-    raise ValueError(f"model.vocab_multiple={multiple} must be >= 1")
+  multiple = int(kw.pop("vocab_multiple", 64))  # its range: laplax.train.ranges
   kw["vocab_size"] = -(-vocab_size // multiple) * multiple
   return gpt.GPT(gpt.GPTConfig.from_any(kw))
 
@@ -54,6 +52,7 @@ def text_cache_dir(data_config) -> pathlib.Path:
 
 class LanguageModelTask(Task):
   name = "lm"
+  sections = Task.sections + ("loss",)
   unit = "tokens"
   study_section = "laplax.study.lm"
 
@@ -112,10 +111,7 @@ class LanguageModelTask(Task):
 
   def build_model(self) -> gpt.GPT:
     vocab = self.tokenizer.vocab_size if self.tokenizer else self.config.data.vocab_size
-    model_config = ml_collections.ConfigDict(self.config.model.to_dict())
-    if "loss_chunk" in model_config:  # a loss setting, not the module's
-      del model_config["loss_chunk"]
-    return gpt_from_config(model_config, vocab)
+    return gpt_from_config(self.config.model, vocab)
 
   def sample_input(self) -> np.ndarray:
     return np.zeros((1, self.config.data.seq_len), np.int32)
@@ -149,9 +145,9 @@ class LanguageModelTask(Task):
                           width=self.build_model().config.embed_dim)
 
   def loss_fn(self, model: gpt.GPT):
-    """Mean next-token cross-entropy (nats). With model.loss_chunk > 0 it is computed in
-    sequence chunks (gpt.chunked_cross_entropy): the float32 (B, T, V) logits never exist."""
-    chunk = int(self.config.model.get("loss_chunk", 0))
+    """Mean next-token cross-entropy (nats). With loss.chunk > 0 it is computed in sequence
+    chunks (gpt.chunked_cross_entropy): the float32 (B, T, V) logits never exist."""
+    chunk = int(self.config.loss.chunk)
 
     def loss_fn(params, batch, rng):
       tokens = batch["tokens"]

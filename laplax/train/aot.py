@@ -96,7 +96,7 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   hosts = len({d.process_index for d in devices})
   task.validate(sharding.data_parallel_size(mesh), hosts)
   model = task.build_model()
-  total_steps = config.get("total_steps", 0) or NOMINAL_STEPS
+  total_steps = config.total_steps or NOMINAL_STEPS
   tx, _ = task.optimizer(total_steps)
   abstract, shardings = state_lib.abstract_state(task, model, tx, mesh, rules)
   n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
@@ -105,7 +105,7 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
            for k, v in task.abstract_batch(config.data.batch_size).items()}
   flops = task.flops_per_step(model, abstract.params)
   result: dict[str, Any] = {
-      "config": config.get("name", task.name), "topology": topology, "chips": len(devices),
+      "config": config.name, "topology": topology, "chips": len(devices),
       "hosts": hosts, "mesh": dict(mesh.shape), "params": int(n_params),
       "batch": {k: list(v.shape) for k, v in batch.items()},
       "hbm_bytes_per_chip": capacity, "headroom": HEADROOM, "flops_per_step": flops}

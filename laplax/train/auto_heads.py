@@ -81,7 +81,7 @@ def read_choice(checkpoints) -> dict[str, Any] | None:
 
 def plan(config: ml_collections.ConfigDict, checkpoints, total_steps: int) -> Plan | None:
   """The run's Plan, or None when config.model.laplacian_heads has no 'auto' entry."""
-  settings = heads_lib.auto_settings(config.model.get("laplacian_heads", 0))
+  settings = heads_lib.auto_settings(config.model.laplacian_heads)
   if settings is None:
     return None
   choice = read_choice(checkpoints)
@@ -103,7 +103,7 @@ def config_at(config: ml_collections.ConfigDict, checkpoints, step: int | None
               ) -> ml_collections.ConfigDict:
   """The config a checkpoint of the run trained with: the frozen mask's at or after the
   freeze (`step` None: the latest checkpoint), else `config` itself."""
-  if heads_lib.auto_settings(config.model.get("laplacian_heads", 0)) is None:
+  if heads_lib.auto_settings(config.model.laplacian_heads) is None:
     return config
   choice = read_choice(checkpoints)
   steps = identity_lib.steps_saved(checkpoints)

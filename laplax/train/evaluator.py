@@ -16,7 +16,10 @@ prefix them with the evaluator's name: `test_accuracy`).
 
 The concrete evaluators live in laplax.evals (by task: classification, lm, chat, dino); TYPES maps
 each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(type, cls)` at
-run time, e.g. from a test), a config section naming the type.
+run time, e.g. from a test), a config section naming the type. A config declares a section with
+`section(type, **keys)` (configs/common.py's `evaluator`): every key of COMMON and of the
+class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them; the class's
+`ranges` (laplax.train.ranges values) are checked with every section.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from etils import epath
 import flax.linen as nn
 import ml_collections
 
+from laplax.train import ranges as ranges_lib
 from laplax.train.task import Task
 
 Log = Callable[[str], None]
@@ -42,6 +46,7 @@ RESERVED = ("task", "step", "params", "laplacian_heads", "last_train_metrics", "
 
 # The keys every evaluator section has, with their defaults (the one place they live).
 COMMON = {"type": None, "every": 0, "at_init": False, "final": True, "analysis": False}
+COMMON_RANGES = {"every": ranges_lib.COUNT}  # 0: not during training
 
 
 @dataclasses.dataclass
@@ -61,6 +66,9 @@ class Evaluator(abc.ABC):
   type: ClassVar[str]
   # Its own keys with their defaults: a key not listed here is refused (a typo never passes).
   defaults: ClassVar[dict[str, Any]] = {}
+  # The range of each of its numeric keys that has one (laplax.train.ranges' values), checked
+  # with the section before `check`; cross-key and task-dependent rules stay in `check`.
+  ranges: ClassVar[dict[str, ranges_lib.Range]] = {}
 
   def __init__(self, name: str, config: ml_collections.ConfigDict, ctx: Context):
     """Loads what the evaluator needs (missing data stops a run before its first step)."""
@@ -134,8 +142,28 @@ def get(type_: str) -> type[Evaluator]:
   return entry
 
 
+def section(type_: str, **keys) -> ml_collections.ConfigDict:
+  """A config.evals section of `type_` with every key it takes: COMMON's and the class's
+  `defaults`, overridden by `keys` (a key neither has is refused: a typo never passes). A None
+  default becomes an object-typed field, so that the command line can set it too."""
+  try:
+    cls = get(type_)
+  except ValueError as e:
+    raise ValueError(f"common.evaluator: {e}") from None
+  known = {**COMMON, **cls.defaults}
+  unknown = sorted(set(keys) - set(known) - {"type"})
+  if unknown:
+    raise ValueError(f"evaluator {type_!r} has no key {unknown[0]!r}; its keys: {sorted(known)}")
+  values = {**known, **keys, "type": type_}
+  return ml_collections.ConfigDict(
+      {k: ml_collections.FieldReference(None, field_type=object) if v is None else v
+       for k, v in values.items()})
+
+
 def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """{name: section with every key filled} of config.evals, checked (one-line ValueErrors)."""
+  """{name: section with every key filled} of config.evals, checked (one-line ValueErrors).
+  Sections built by `section` hold every key already; a config.json of an older run may not
+  (its missing keys take the defaults here)."""
   evals = config.get("evals")
   if evals is None:
     return {}
@@ -155,9 +183,9 @@ def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
       raise ValueError(f"evals.{name} ({section.type}) has no key {unknown[0]!r}; its keys: "
                        f"{sorted(known)}")
     full = ml_collections.ConfigDict({**known, **section.to_dict()})
-    if not isinstance(full.every, int) or full.every < 0:
-      raise ValueError(f"evals.{name}.every={full.every} must be an integer >= 0 (0: not "
-                       "during training)")
+    for key, rng in {**COMMON_RANGES, **cls.ranges}.items():
+      if full[key] is not None and not rng.holds(full[key]):
+        raise ValueError(f"evals.{name}.{key}={full[key]!r} must be {rng.describe()}")
     if name in RESERVED:
       raise ValueError(f"evals.{name}: {name!r} is a results.json key of its own; rename it")
     out[name] = full

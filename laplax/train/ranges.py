@@ -1,9 +1,14 @@
 """The ranges of every numeric config field that has one, in one table, checked before anything
-is written (Task.validate; laplax.train.optim.check for an optim section alone).
+is written (Task.validate; laplax.train.optim.check for an optim section alone). The
+dataclasses built from config sections (laplax.data.multicrop.MultiCropConfig,
+laplax.data.mixup.MixupConfig) do not check these again. An evaluator's keys, whose sections
+are named by the user, have their ranges next to their defaults (`Evaluator.ranges`, of these
+Range values; checked by laplax.train.evaluator.sections).
 
 A key absent from a config is not checked (its code's default applies); None means "off"
-where the field allows it. Cross-field rules (batch sizes against devices, crop sizes against
-patches) stay with the code that knows both fields.
+where the field allows it; a tuple field (`each=True`) has every element checked. Cross-field
+rules (batch sizes against devices, crop sizes against patches, low <= high of a pair) stay
+with the code that knows both fields.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ class Range:
   low_open: bool = False
   high_open: bool = False
   integer: bool = False
+  each: bool = False  # the field is a tuple: every element must hold
 
   def holds(self, v: Any) -> bool:
+    if self.each:
+      return (isinstance(v, (tuple, list)) and
+              all(dataclasses.replace(self, each=False).holds(x) for x in v))
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
       return False  # NaN, inf, a string, a list
     if self.integer and not float(v).is_integer():
@@ -32,6 +41,8 @@ class Range:
             (v < self.high if self.high_open else v <= self.high))
 
   def describe(self) -> str:
+    if self.each:
+      return "a tuple of numbers each " + dataclasses.replace(self, each=False).describe()
     if self.integer:
       return f"an integer >= {self.low:g}" if self.high == math.inf else \
           f"an integer in [{self.low:g}, {self.high:g}]"
@@ -47,6 +58,9 @@ UNIT = Range(0, 1)  # a probability, a fraction
 BETA = Range(0, 1, high_open=True)  # a moment decay: 1 never forgets
 COUNT = Range(0, integer=True)
 AT_LEAST_ONE = Range(1, integer=True)
+UNITS = Range(0, 1, each=True)  # a pair of probabilities
+FRACTIONS = Range(0, 1, low_open=True, each=True)  # a pair of area fractions
+POSITIVES = Range(0, low_open=True, each=True)
 
 RANGES: dict[str, Range] = {
     # The run
@@ -59,16 +73,19 @@ RANGES: dict[str, Range] = {
     "data.image_size": COUNT, "data.num_classes": COUNT, "data.num_train": COUNT,
     "data.seq_len": Range(2, integer=True), "data.eval_windows": COUNT,
     "data.max_tokens": Range(2, integer=True), "data.epochs": POSITIVE, "data.mixture_seed": COUNT,
-    "data.val_fraction": Range(0, 1, low_open=True, high_open=True),
+    "data.val_fraction": Range(0, 0.5, low_open=True, high_open=True),
+    "data.wait_timeout_s": POSITIVE, "data.tokenize_group_mb": POSITIVE,
     "data.vocab_size": AT_LEAST_ONE, "data.tokenizer_train_chars": AT_LEAST_ONE,
     "data.eval_crop": COUNT, "data.eval_resize": COUNT,
     "data.eval_crop_pct": Range(0, 1, low_open=True),  # crop / resize (0.875: 224 of 256)
+    "data.num_workers": Range(-1, integer=True),  # -1: cores - 1
+    "data.num_threads": AT_LEAST_ONE, "data.prefetch": COUNT,
     # Model
     "model.patch_size": AT_LEAST_ONE, "model.depth": AT_LEAST_ONE,
     "model.num_heads": AT_LEAST_ONE, "model.width": COUNT, "model.head_dim": AT_LEAST_ONE,
     "model.mlp_dim": AT_LEAST_ONE, "model.mlp_ratio": AT_LEAST_ONE,
     "model.num_kv_heads": COUNT, "model.drop_path_rate": BETA,
-    "model.layerscale_init": POSITIVE, "model.loss_chunk": COUNT,
+    "model.layerscale_init": POSITIVE,
     "model.vocab_multiple": AT_LEAST_ONE, "model.rope_theta": POSITIVE,
     "model.qk_scale": POSITIVE,
     # Optimiser
@@ -76,7 +93,7 @@ RANGES: dict[str, Range] = {
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,
     "optim.final_lr_fraction": UNIT, "optim.warmdown_fraction": UNIT, "optim.lr_scale": POSITIVE,
     "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA, "optim.eps": POSITIVE,
-    "optim.label_smoothing": UNIT, "optim.grad_accum_steps": AT_LEAST_ONE,
+    "optim.grad_accum_steps": AT_LEAST_ONE,
     "optim.embed_lr_scale": POSITIVE, "optim.unembed_lr_scale": POSITIVE,
     "optim.mix_lr_scale": POSITIVE, "optim.gate_lr_scale": POSITIVE,
     "optim.muon.matrix_lr": POSITIVE, "optim.muon.embedding_lr": POSITIVE,
@@ -85,9 +102,10 @@ RANGES: dict[str, Range] = {
     "optim.muon.momentum_start": BETA, "optim.muon.momentum": BETA,
     "optim.muon.adam_b1": BETA, "optim.muon.adam_b2": BETA,
     "optim.muon.ns_steps": AT_LEAST_ONE, "optim.muon.momentum_warmup_steps": COUNT,
-    # Mixup / CutMix
-    "mixup.mixup_alpha": NON_NEGATIVE, "mixup.cutmix_alpha": NON_NEGATIVE,
-    "mixup.switch_prob": UNIT, "mixup.prob": UNIT,
+    # The loss and its targets (label smoothing, Mixup / CutMix)
+    "loss.label_smoothing": UNIT, "loss.chunk": COUNT,
+    "loss.mixup.mixup_alpha": NON_NEGATIVE, "loss.mixup.cutmix_alpha": NON_NEGATIVE,
+    "loss.mixup.switch_prob": UNIT, "loss.mixup.prob": UNIT,
     # DINO
     "dino.student_temp": POSITIVE, "dino.teacher_temp": POSITIVE,
     "dino.warmup_teacher_temp": POSITIVE, "dino.warmup_teacher_temp_epochs": NON_NEGATIVE,
@@ -95,6 +113,14 @@ RANGES: dict[str, Range] = {
     "dino.freeze_last_layer_epochs": NON_NEGATIVE,
     "multicrop.global_size": AT_LEAST_ONE, "multicrop.local_size": AT_LEAST_ONE,
     "multicrop.num_local": COUNT,
+    "multicrop.global_scale": FRACTIONS, "multicrop.local_scale": FRACTIONS,
+    "multicrop.ratio": POSITIVES, "multicrop.blur_sigma": POSITIVES,
+    "multicrop.flip_prob": UNIT, "multicrop.jitter_prob": UNIT,
+    "multicrop.brightness": NON_NEGATIVE, "multicrop.contrast": NON_NEGATIVE,
+    "multicrop.saturation": NON_NEGATIVE,
+    "multicrop.hue": Range(0, 0.5), "multicrop.grey_prob": UNIT,
+    "multicrop.global_blur_probs": UNITS, "multicrop.local_blur_prob": UNIT,
+    "multicrop.solarize_prob": UNIT, "multicrop.solarize_threshold": UNIT,
     "head.out_dim": AT_LEAST_ONE, "head.hidden_dim": AT_LEAST_ONE,
     "head.bottleneck_dim": AT_LEAST_ONE, "head.num_layers": AT_LEAST_ONE,
 }

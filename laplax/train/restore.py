@@ -24,7 +24,8 @@ from laplax.train.task import Run
 
 
 def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
-  """A run's config.json (one-line errors for a missing or corrupt file)."""
+  """A run's config.json (one-line errors for a missing or corrupt file); keys that have moved
+  since the run was trained are read where they are now (task.MOVED)."""
   path = workdir / "config.json"
   if not path.exists():
     raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
@@ -32,7 +33,7 @@ def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   if not isinstance(config, dict):
     raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a run config (an "
                      "object with task, model, data, ...): is it a train.py workdir?")
-  return ml_collections.ConfigDict(config)
+  return task_lib.move_keys(ml_collections.ConfigDict(config))
 
 
 def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mesh=None,

@@ -62,6 +62,52 @@ _GONE = {
 }
 
 
+# Keys that moved, old -> new (the loss keys of four sections are one `loss` section now):
+# refused with the new name in a config (for_config; train.py's flag errors, laplax.cli), moved
+# when an older run's config.json is read back (laplax.train.restore.read_config).
+MOVED = {
+    "loss": "loss.name",  # when `loss` is a string, not the section
+    "bce_binary_targets": "loss.bce_binary_targets",
+    "optim.label_smoothing": "loss.label_smoothing",
+    "mixup": "loss.mixup",
+    "model.loss_chunk": "loss.chunk",
+}
+
+
+def _find(config, dotted: str):
+  """(section, key) holding `dotted` in config, or None."""
+  *path, key = dotted.split(".")
+  for part in path:
+    config = config.get(part) if isinstance(config, (ml_collections.ConfigDict, dict)) else None
+  if isinstance(config, (ml_collections.ConfigDict, dict)) and key in config:
+    if dotted == "loss" and isinstance(config[key], (ml_collections.ConfigDict, dict)):
+      return None  # the loss section itself
+    return config, key
+  return None
+
+
+def moved_keys(config) -> list[tuple[str, str]]:
+  """(old, new) for each MOVED key `config` still has."""
+  return [(old, new) for old, new in MOVED.items() if _find(config, old) is not None]
+
+
+def move_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` (an older run's) with its MOVED keys where they are now."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for old, new in moved_keys(config):
+    section, key = _find(config, old)
+    value = section[key]
+    del section[key]
+    *path, last = new.split(".")
+    target = config
+    for part in path:
+      if part not in target:
+        target[part] = ml_collections.ConfigDict()
+      target = target[part]
+    target[last] = value
+  return config
+
+
 @dataclasses.dataclass
 class Run:
   """A trained run restored on one device (laplax.train.restore.load_run)."""
@@ -102,7 +148,7 @@ class Task(abc.ABC):
       if old in c:
         raise ValueError(f"config.{old} is gone: {now}")
     ranges.check(c)  # every numeric field's range (laplax.train.ranges.RANGES)
-    accum = int(c.optim.get("grad_accum_steps", 1))
+    accum = int(c.optim.grad_accum_steps)
     bs = c.data.batch_size
     if bs <= 0 or bs % (dp * accum):
       raise ValueError(f"data.batch_size={bs} must be a positive multiple of data-parallel "
@@ -117,7 +163,7 @@ class Task(abc.ABC):
     jax.eval_shape(lambda key: self.init_params(model, key), jax.random.key(0))
     # Built once (optax closures, no arrays): an optimiser that cannot serve this task (Muon
     # without the model width, a frozen layer it cannot keep apart) fails here too.
-    self.optimizer(max(int(c.get("total_steps", 0) or 1), 1))
+    self.optimizer(max(int(c.total_steps or 1), 1))
 
   # --- Data and model ------------------------------------------------------------------------
 
@@ -190,8 +236,8 @@ class Task(abc.ABC):
     del total_steps
     return steps_lib.make_train_step(
         self.loss_fn(model), tx, seed=self.config.seed,
-        grad_accum_steps=self.config.optim.get("grad_accum_steps", 1),
-        skip_nonfinite=bool(self.config.optim.get("skip_nonfinite", False)))
+        grad_accum_steps=self.config.optim.grad_accum_steps,
+        skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   @abc.abstractmethod
   def train_iterator(self, process_index: int, process_count: int):
@@ -219,7 +265,7 @@ class Task(abc.ABC):
     out.update({f"data.{k}": identity_lib.plain(c.data[k]) for k in ("name", "tfds_name", "sources")
                 if k in c.data})
     out.update({"seed": c.seed, "data.batch_size": c.data.batch_size,
-                "optim.grad_accum_steps": int(c.optim.get("grad_accum_steps", 1)),
+                "optim.grad_accum_steps": int(c.optim.grad_accum_steps),
                 "total_steps": int(total_steps)})
     return out
 
@@ -268,6 +314,11 @@ def for_config(config) -> Task:
   """The task object of a run's config (config.task, default 'classification'); a config that
   lacks a section the task reads fails here, in one line."""
   cls = get(config.get("task", "classification"))
+  moved = moved_keys(config)
+  if moved:
+    old, new = moved[0]
+    raise ValueError(f"config.{old} is gone: write config.{new} (configs/common.py builds the "
+                     "loss section)")
   missing = [s for s in cls.sections if s not in config]
   if missing:
     raise ValueError(f"the config has no {', '.join(missing)} (task {cls.name!r} reads "

@@ -30,7 +30,6 @@ from laplax import sharding
 from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
-from laplax.train import gcs
 from laplax.train import identity as identity_lib
 from laplax.train import loop
 from laplax.train import restore
@@ -57,7 +56,7 @@ def jit_step(step_fn, shardings, mesh):
 def _profile_window(config, workdir: epath.Path) -> tuple[int, int, str] | None:
   """config.profile = (first step, number of steps) -> a trace in workdir/profile for
   TensorBoard / XProf; () or absent: no trace."""
-  window = tuple(config.get("profile", ()) or ())
+  window = tuple(config.profile or ())
   if not window:
     return None
   if len(window) != 2 or window[0] < 1 or window[1] < 1:
@@ -160,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   # One run per workdir, on all its hosts (a gs:// lock has a lease: laplax.train.gcs).
-  lease_s = config.get("lock_lease_s", gcs.LEASE_S)
+  lease_s = config.lock_lease_s  # in (0, inf): laplax.train.ranges
   with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
     return _train(task, config, workdir, mesh, rules, log, allow_change)
 
@@ -193,7 +192,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
     return finished
   lead = jax.process_index() == 0  # process 0 alone writes the run's files
-  name = config.get("name", task.name)
+  name = config.name
   # The evaluators load their own data (transfer sets, ADE20K, photos): missing data stops a
   # fresh start before config.json too. Those that run only in eval.py are not built.
   context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
@@ -312,7 +311,7 @@ def _start_params(task: Task, expected, log, mesh, rules):
   leaf by leaf against this model's `expected` shapes."""
   config = task.config
   source = workdir_lib.as_path(config.init_from)
-  step = int(config.get("init_from_step", 0) or 0) or None
+  step = int(config.init_from_step or 0) or None
   run = restore.load_run(source, step=step, log=log, mesh=mesh, rules=rules)
   params = task.adapt_params(run.params, run.config, expected)
   want = flax.traverse_util.flatten_dict(expected, sep="/")

@@ -59,12 +59,9 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   index = jax.process_index() if multihost.is_multiprocess() else 0
   suffixes = tuple(data_config.get("suffixes") or corpus.DEFAULT_SUFFIXES)
   paths = corpus.list_documents(corpus.resolve_sources(data_config), suffixes=suffixes)
-  val_fraction = float(data_config.val_fraction)
-  if not 0.0 < val_fraction < 0.5:
-    raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 0.5)")
+  val_fraction = float(data_config.val_fraction)  # in (0, 0.5): laplax.train.ranges
+  # > 0 (laplax.train.ranges); absent from the config.json of runs trained before it was a key
   group_mb = float(data_config.get("tokenize_group_mb", shards.GROUP_BYTES / 2**20))
-  if group_mb <= 0:
-    raise ValueError(f"data.tokenize_group_mb={group_mb} must be > 0")
   timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
   cache_dir = as_path(cache_dir)
   shared = host_cache.shared(cache_dir, promised=bool(data_config.get("shared_cache", False)))

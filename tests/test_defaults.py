@@ -1,0 +1,161 @@
+"""Defaults in one place: every key of every evaluator is a config field, so the command line sets
+it (`--config.evals.NAME.KEY=V`, parsed by config_flags as train.py does, config locked); the
+shipped configs' sections hold every key; the loss keys live in one `loss` section."""
+
+import json
+import pathlib
+
+from absl import flags
+from ml_collections import config_flags
+import ml_collections
+import pytest
+
+from configs import common
+from laplax import cli
+from laplax.train import evaluator as evaluator_lib
+from laplax.train import restore
+from laplax.train import task as task_lib
+from test_configs import CONFIGS, _load
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def parse(config_file: str, *overrides: str) -> ml_collections.ConfigDict:
+  """The config as train.py's flag parser builds it (config file, locked, then overrides)."""
+  argv = ["train.py", f"--config={config_file}", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def _other(value):
+  """(a value of the same type unlike `value`, its command-line spelling)."""
+  if isinstance(value, bool):
+    return (not value), str(not value)
+  if isinstance(value, int):
+    return value + 3, str(value + 3)
+  if isinstance(value, float):
+    return value * 2 + 0.5, repr(value * 2 + 0.5)
+  if isinstance(value, str):
+    return value + "_x", value + "_x"
+  if isinstance(value, tuple):
+    new = tuple(v + 1 for v in value) if value else ("x",)
+    return new, repr(new)
+  if isinstance(value, ml_collections.ConfigDict):
+    return {"x": ""}, "{'x': ''}"
+  if value is None:
+    return 7, "7"
+  raise AssertionError(f"no command-line spelling for {value!r}")
+
+
+SECTION_CONFIG = '''
+import ml_collections
+from configs import common
+
+def get_config(type_):
+  c = ml_collections.ConfigDict()
+  c.evals = ml_collections.ConfigDict({"e": common.evaluator(type_)})
+  return c
+'''
+
+
+@pytest.mark.parametrize("type_", sorted(evaluator_lib.TYPES))
+def test_every_key_of_every_evaluator_is_set_from_the_command_line(type_, tmp_path):
+  """A section from common.evaluator holds COMMON + the class's defaults, each a field that
+  --config.evals.NAME.KEY=V sets (new evaluator types are covered by this parametrisation)."""
+  cls = evaluator_lib.get(type_)
+  section = common.evaluator(type_)
+  assert set(section) == set(evaluator_lib.COMMON) | set(cls.defaults)
+  path = tmp_path / "sections.py"
+  path.write_text(SECTION_CONFIG)
+  wanted, overrides = {}, []
+  for key, value in section.items():
+    if key == "type":
+      continue
+    wanted[key], text = _other(value)
+    overrides.append(f"--config.evals.e.{key}={text}")
+  config = parse(f"{path}:{type_}", *overrides)
+  got = config.evals.e.to_dict()
+  for key, value in wanted.items():
+    assert got[key] == value, (key, got[key], value)
+  assert evaluator_lib.sections(config)["e"].to_dict() == got  # nothing left to fill in
+
+
+def test_a_key_the_evaluator_does_not_have_is_refused_where_the_config_is_built():
+  with pytest.raises(ValueError, match="evaluator 'accuracy' has no key 'splt'; its keys:"):
+    common.evaluator("accuracy", splt="val")
+  with pytest.raises(ValueError, match="evaluator type 'acuracy'; choose one of"):
+    common.evaluator("acuracy")
+
+
+@pytest.mark.parametrize("config_file, override, key", [
+    ("fashion_mnist_vit.py", "--config.evals.val.at_init=True", ("val", "at_init", True)),
+    ("dino_tiny.py", "--config.evals.probes.final=False", ("probes", "final", False)),
+    ("lm_tiny.py", "--config.evals.lm_tasks.limit=5", ("lm_tasks", "limit", 5)),
+    ("test.py:dino", "--config.evals.probes.knn_ks=(5, 7)", ("probes", "knn_ks", (5, 7))),
+])
+def test_the_issues_examples_switch_an_evaluator_from_the_command_line(config_file, override,
+                                                                       key):
+  name, field, value = key
+  config = parse(str(REPO / "configs" / config_file), override)
+  assert config.evals[name][field] == value
+
+
+def test_old_config_json_sections_still_take_the_defaults():
+  """A config.json of an older run holds only the keys its config stated."""
+  old = ml_collections.ConfigDict({"evals": {"probes": {"type": "dino_probes", "at_init": True}}})
+  full = evaluator_lib.sections(old)["probes"]
+  assert full.at_init and full.final and full.probe_epochs == 30
+
+
+def _runs(config):
+  """The run configs of a shipped config: itself, or a study's base and its stages."""
+  if "study" not in config:
+    return [config]
+  return [config.base, *config.study.get("stages", {}).values()]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_shipped_evaluator_section_holds_every_key(name):
+  for run in _runs(_load(name)):
+    for section_name, section in run.get("evals", {}).items():
+      known = {**evaluator_lib.COMMON, **evaluator_lib.get(section.type).defaults}
+      assert set(section) == set(known), (section_name, sorted(set(known) - set(section)))
+
+
+@pytest.mark.parametrize("old, value, new", [
+    ("loss", "sigmoid_xent", "loss.name"),
+    ("bce_binary_targets", True, "loss.bce_binary_targets"),
+    ("optim.label_smoothing", 0.1, "loss.label_smoothing"),
+    ("mixup", {"mixup_alpha": 0.8}, "loss.mixup"),
+])
+def test_the_loss_keys_of_four_sections_are_one_loss_section(old, value, new):
+  """An old key in a config is refused naming the new one; an older run's config.json is read
+  with it moved (restore.read_config); train.py's flag error names the new flag."""
+  config = _load("test:vit")
+  if old == "loss":
+    del config["loss"]
+  config.update_from_flattened_dict({old: value}) if "." in old else config.__setitem__(old, value)
+  with pytest.raises(ValueError, match=f"config.{old} is gone: write config.{new}"):
+    task_lib.for_config(config)
+  moved = task_lib.move_keys(config)
+  assert task_lib.moved_keys(moved) == []
+  got = moved
+  for part in new.split("."):
+    got = got[part]
+  assert (got.to_dict() if hasattr(got, "to_dict") else got) == value
+  flag = f"--config.{old}.mixup_alpha=0.8" if old == "mixup" else f"--config.{old}={value}"
+  line = cli._moved_flag(["train.py", "--config=configs/test.py:vit", flag])
+  assert line.startswith(f"--config.{old}") and f"write --config.{new}" in line
+
+
+def test_an_old_lm_run_reads_back_with_its_loss_chunk_moved(tmp_path):
+  config = _load("test:lm").to_dict()
+  del config["loss"]
+  config["model"]["loss_chunk"] = 8  # where laplax kept it before the loss section
+  (tmp_path / "config.json").write_text(json.dumps(config, default=list))
+  read = restore.read_config(tmp_path)
+  assert read.loss.chunk == 8 and "loss_chunk" not in read.model
+  task_lib.for_config(read).build_model()  # the model section builds the GPT again
