@@ -113,8 +113,9 @@ def test_token_shards_are_written_in_place_on_gs_and_an_interrupted_attempt_resu
   np.testing.assert_array_equal(remote.windows(np.arange(remote.num_windows)),
                                 mapped.windows(np.arange(mapped.num_windows)))
   assert remote.fingerprint() == mapped.fingerprint()
-  # From threads at once (grain's readers share the shards' open files): each a seek and a read.
-  order = np.random.default_rng(0).permutation(np.tile(np.arange(remote.num_windows), 4))
+  # From threads at once (grain's readers share the shards' open files): each a seek and a read;
+  # 32 reads of every window, so that without the lock a race shows every run (4 of 4; 4x: 1 of 2).
+  order = np.random.default_rng(0).permutation(np.tile(np.arange(remote.num_windows), 32))
   interval = sys.getswitchinterval()
   sys.setswitchinterval(1e-6)  # threads switch between any two steps: a race shows at once
   try:
