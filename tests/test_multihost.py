@@ -259,3 +259,98 @@ def test_data_that_fails_on_another_process_stops_every_host_with_one_line(tmp_p
     errors = [l for l in job.output(i).splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: process 1 failed:"), job.output(i)
     assert "Traceback" not in job.output(i)
+
+
+# --- A lost host -------------------------------------------------------------------------------
+# JAX's runtime aborts the other hosts once a host misses heartbeats for --heartbeat_timeout
+# seconds (a dead coordinator at once); laplax.supervisor turns that into one line, exit 75.
+HEARTBEAT_S = 8
+EXIT_BOUND_S = HEARTBEAT_S + 12  # detection within the timeout, plus a loaded machine's slack
+
+
+def _lost_host(job: hosts.Job, survivor: int, t0: float) -> tuple[str, float]:
+  """Waits for the survivor -> (its one error line, seconds from t0 to its exit)."""
+  try:
+    job.procs[survivor].wait(timeout=120)
+  except subprocess.TimeoutExpired:
+    job.kill()
+    raise AssertionError(f"process {survivor} still runs 120 s after the fault:\n"
+                         + job.output(survivor)[-4000:]) from None
+  seconds = time.time() - t0
+  out = job.output(survivor)
+  assert job.procs[survivor].returncode == 75, out[-4000:]
+  errors = [l for l in out.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, out[-4000:]
+  for noise in ("Traceback", "Check failure", "Terminating process", "coordination_service"):
+    assert noise not in out, out[-4000:]
+  job.kill()  # the victim (a stopped one included), as the scheduler would
+  return errors[0], seconds
+
+
+def _in_flight_save(work: pathlib.Path) -> bool:
+  d = work / "checkpoints"
+  return d.is_dir() and any("tmp" in p.name for p in d.iterdir())
+
+
+def test_a_lost_host_stops_the_others_in_seconds_and_the_rerun_continues(tmp_path, cache,
+                                                                        reference):
+  """kill -9 of one host mid-step, mid-save and mid-evaluation, SIGSTOP of one host (a hung VM)
+  and kill -9 of the coordinator: each time the other host exits 75 within EXIT_BOUND_S with
+  one line naming the lost host, the last good checkpoint restores, and the final rerun's
+  losses are the uninterrupted run's."""
+  work = tmp_path / "run"
+  args = _vit_args(work, cache, "--config.checkpoint.every_steps=10",
+                   "--config.evals.val.every=10", "--config.data.eval_subset=0",
+                   f"--heartbeat_timeout={HEARTBEAT_S}")
+  timings, resumed = {}, []
+
+  def start(tag):
+    job = hosts.start(args, 2, tmp_path / "logs", tag=tag)
+    if resumed:  # the previous fault's last good checkpoint is where this one starts
+      _wait_for(lambda: f"resumed from step {resumed[-1]}" in job.output(0), job,
+                what=f"resume from step {resumed[-1]}")
+    return job
+
+  def lose(job, victim, how, tag):
+    t0 = time.time()
+    job.signal(how, which=[victim])
+    line, timings[tag] = _lost_host(job, 1 - victim, t0)
+    assert f"host lost: process {victim} (host " in line and "pid " in line, line
+    resumed.append(max(_checkpoints(work)))
+    return line
+
+  # Mid-step: after the checkpoint of step 10.
+  job = start("step")
+  _wait_for(lambda: 10 in _checkpoints(work) and len(_losses(work)) >= 13, job, what="step 13")
+  lose(job, 1, signal.SIGKILL, "mid-step")
+  # Mid-save: while a checkpoint is being written (its temporary directory exists).
+  job = start("save")
+  _wait_for(lambda: _in_flight_save(work), job, what="a save in flight")
+  saving = max(_losses(work))
+  lose(job, 1, signal.SIGKILL, "mid-save")
+  assert saving not in _checkpoints(work)  # the save never committed; the earlier one is used
+  # Mid-evaluation: the step's train row is written, its val row not yet.
+  job = start("eval")
+  evaluated = lambda s: any(r["step"] == s and r["split"] == "val"
+                            for r in read_metrics(work / "metrics.jsonl"))
+  target = resumed[-1] + 10
+  _wait_for(lambda: target in _losses(work), job, what=f"step {target}")
+  lose(job, 1, signal.SIGKILL, "mid-evaluation")
+  assert not evaluated(target)
+  # A hung host: SIGSTOP of host 1 (its supervisor and its process), after a new checkpoint.
+  job = start("stopped")
+  _wait_for(lambda: max(_checkpoints(work)) > resumed[-1] and
+            max(_losses(work)) >= max(_checkpoints(work)) + 3, job, what="a checkpoint")
+  lose(job, 1, signal.SIGSTOP, "SIGSTOP")
+  # The coordinator's host dies, after a new checkpoint.
+  job = start("coordinator")
+  _wait_for(lambda: max(_checkpoints(work)) > resumed[-1] and
+            max(_losses(work)) >= max(_checkpoints(work)) + 3, job, what="a checkpoint")
+  line = lose(job, 0, signal.SIGKILL, "coordinator")
+  assert "the job's coordinator" in line, line
+  assert resumed == [10, 10, 10, 20, 30], resumed  # each fault's last good checkpoint
+  rerun = _job(args, tmp_path, tag="rerun")
+  assert f"resumed from step {resumed[-1]}" in rerun.output(0)
+  _assert_same_losses(_losses(work), reference)
+  print("seconds from the fault to the survivor's exit:", timings)
+  assert all(t < EXIT_BOUND_S for t in timings.values()), timings
