@@ -6,6 +6,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from etils import epath
 import matplotlib
 
 matplotlib.use("Agg")
@@ -28,6 +29,14 @@ FIGURES = {
         ("effective_rank", "effective rank")]),
 }
 LOG_SCALE = {"nc_mean_nc1", "nc_cls_nc1"}
+
+
+def save_figure(fig, path, **kwargs) -> None:
+  """fig as a PNG at `path`, local or gs:// (written through etils.epath)."""
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("wb") as f:
+    fig.savefig(f, format="png", **kwargs)
 
 
 def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: pathlib.Path,
@@ -53,7 +62,7 @@ def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: path
   fig.suptitle(title)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -80,7 +89,7 @@ def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
   ax.set_ylabel("test accuracy (%)")
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -108,7 +117,7 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
   fig.tight_layout()
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -140,7 +149,7 @@ def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[
     ax.grid(alpha=0.3)
   fig.tight_layout()
   path = pathlib.Path(path)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -178,6 +187,6 @@ def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tup
                fontsize=9)
   fig.tight_layout()
   path = pathlib.Path(path)
-  fig.savefig(path, dpi=100)
+  save_figure(fig, path, dpi=100)
   plt.close(fig)
   return path

@@ -20,7 +20,6 @@ from laplax.evals import features
 from laplax.evals import segmentation
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
-from laplax.study.cells import spec_name
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import trainer
@@ -163,8 +162,8 @@ def pca_figure(config, specs, done, names, workdir: pathlib.Path, path: pathlib.
     return {}
   seed = seeds[0]
   # Loaded once for all figures: one restore and one feature compilation per teacher.
-  teachers = {names[spec]: features.frozen_teacher(
-      workdir / "cells" / f"{spec_name(spec)}_s{seed}") for spec in (base, lap)}
+  teachers = {names[spec]: features.frozen_teacher(done[(spec, seed)]["dir"])
+              for spec in (base, lap)}
   b, n = config.base, config.study.pca_images
   kw = dict(batch_size=b.data.eval_batch_size)
   figures = []

@@ -157,7 +157,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   with workdir_lib.lock_run(workdir):  # one run per workdir, on all its hosts
-    return _train(task, config, workdir, mesh, rules, log, allow_change)
+    results = _train(task, config, workdir, mesh, rules, log, allow_change)
+    # Process 0 wrote results.json: every host may read the run's files once this returns.
+    multihost.agree("run_written", None)
+    return results
 
 
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
@@ -258,7 +261,9 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
                            for n in periodic})
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
                "params": n_params, "laplacian_heads": task.describe_heads(model),
-               "last_train_metrics": last, "train_time_s": train_time}
+               "last_train_metrics": last, "train_time_s": train_time,
+               "devices": {"chips": int(mesh.devices.size), "hosts": jax.process_count(),
+                           "kind": mesh.devices.flat[0].device_kind}}
     if (workdir / _INIT_EVAL).exists():
       results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
     writer.write(step, "final", final)
