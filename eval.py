@@ -20,19 +20,31 @@ tokens (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of pho
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
+On a pod, every host runs the same command with --multihost (and, off a TPU VM or SLURM, the
+three cluster flags): the run is restored sharded over the whole mesh, the evaluators run on it
+as in training (feature banks, k-NN, linear probes, accuracy), and process 0 writes:
+
+  python eval.py --workdir=gs://bucket/run --analyze --multihost
+
 Task data is read from --data_dir (default: $LAPLAX_SHARED_DATA, else ../shared/data next to
 the repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 Reading a run never writes into its workdir's checkpoints/: it is safe next to a live trainer.
 """
 
 import json
-import pathlib
 import sys
 
-from absl import app, flags
+from laplax import supervisor
 
-from laplax import cli
-from laplax.evals import offline
+if __name__ == "__main__" and supervisor.wants_multihost(sys.argv) and not supervisor.supervised():
+  # One process per host: this one watches the job's process (a lost host: one line, exit 75).
+  sys.exit(supervisor.main(sys.argv))
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+
+from laplax import cli  # noqa: E402
+from laplax.evals import offline  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
@@ -53,6 +65,7 @@ flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (defau
 flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
                     "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
                     "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
+cli.define_multihost_flags()
 flags.mark_flag_as_required("workdir")
 
 
@@ -60,6 +73,7 @@ def main(argv):
   del argv
   cli.quiet_logging()
   cli.configure_xla()
+  cli.join_from_flags(FLAGS)
 
   def work():
     options = offline.EvalOptions(evals=tuple(FLAGS.evals), export=FLAGS.export,
@@ -69,8 +83,10 @@ def main(argv):
                                   data_dir=FLAGS.data_dir, photos=FLAGS.photos)
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
     log = lambda message: print(message, file=sys.stderr)
-    out = pathlib.Path(FLAGS.out or FLAGS.workdir)
-    print(json.dumps(offline.evaluate_workdir(FLAGS.workdir, out, options, log=log), indent=2))
+    result = offline.evaluate_workdir(FLAGS.workdir, FLAGS.out or FLAGS.workdir, options,
+                                      log=log)
+    if jax.process_index() == 0:  # one copy of the result per job
+      print(json.dumps(result, indent=2))
 
   cli.run_main(work)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jax
 import numpy as np
 
+from laplax import multihost
 from laplax.evals import accuracy
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
@@ -95,7 +95,7 @@ class VitGeometry(Evaluator):
     else:
       images, labels = task.data[split]
     n = min(n, len(labels))
-    geo = vit_geometry.analyze_vit(self.ctx.model, jax.device_get(params), images[:n],
+    geo = vit_geometry.analyze_vit(self.ctx.model, multihost.fetch(params), images[:n],
                                    labels[:n], num_classes=info.num_classes, batch_size=250,
                                    mean=info.mean, std=info.std)
     adir = self.ctx.out / "analysis"

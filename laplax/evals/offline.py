@@ -10,8 +10,10 @@ evaluator that has them). `export` writes a self-contained export of a classifie
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
+import tempfile
 from typing import Any
 
 from etils import epath
@@ -19,6 +21,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from laplax import multihost
 from laplax import sharding
 from laplax.evals import export as export_lib
 from laplax.train import evaluator as evaluator_lib
@@ -104,37 +107,64 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
   return config, list(dict.fromkeys(names))
 
 
+def _mesh(config: ml_collections.ConfigDict):
+  """The run's own mesh where these devices can build it (the same reductions: the numbers
+  training's final evaluation gave), else every device on the data axis."""
+  try:
+    return sharding.make_mesh(config.mesh.to_dict())
+  except ValueError:
+    return sharding.make_mesh({"data": -1})
+
+
 def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=print
                      ) -> dict[str, Any]:
-  """Runs the evaluators of the run in workdir; writes and returns out/eval.json."""
+  """Runs the evaluators of the run in workdir; writes and returns out/eval.json.
+
+  In a job of several processes (eval.py --multihost) the run is restored sharded over the
+  pod's whole mesh as in training, every host runs the same evaluators on it (feature banks,
+  probes, accuracy over its share of the data), and process 0 alone writes: the other hosts'
+  evaluators write their files into a temporary directory that is removed."""
   out = workdir_lib.as_path(out)
-  run = load(workdir, log=log)
+  if multihost.is_multiprocess() and not export_lib.is_export(workdir_lib.as_path(workdir)):
+    config = restore.read_config(workdir_lib.as_path(workdir))
+    mesh = _mesh(config)
+    rules = sharding.rules_from_config(config.get("axis_rules"))
+    run = restore.load_run(workdir, log=log, mesh=mesh, rules=rules)
+    weights = run
+  else:
+    run = load(workdir, log=log)
+    mesh = _mesh(run.config)
+    rules = sharding.rules_from_config(run.config.get("axis_rules"))
+    weights = dataclasses.replace(run, **jax.device_put(
+        {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
   config, names = select(run.config, options)
   task = run.task
   if options.export and not hasattr(task, "params_for_eval"):
     raise ValueError(f"--export is for image classifiers; {run.workdir} is a {task.name!r} run "
                      "(its checkpoint is its export)")
   evaluator_lib.check(config, task)
-  task.load_data(run.workdir, log)  # the evaluators read the task's data
-  # The run's own mesh where this machine can build it (the same reductions: the numbers
-  # training's final evaluation gave), else every local device on the data axis.
-  try:
-    mesh = sharding.make_mesh(config.mesh.to_dict())
-  except ValueError:
-    mesh = sharding.make_mesh({"data": -1})
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  weights = dataclasses.replace(run, **jax.device_put(
-      {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
-  out.mkdir(parents=True, exist_ok=True)
-  context = evaluator_lib.Context(task, run.model, mesh, rules, out, log)
-  evaluators = evaluator_lib.build(config, context, names)
-  results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
-  result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
-  if options.export:
-    result["export"] = str(export_lib.export_params(
-        weights.params, run.config, out, source=run.workdir, step=run.step,
-        info=task.data["info"], model=run.model))
+  with multihost.process_0_first("eval_data"):
+    task.load_data(run.workdir, log)  # the evaluators read the task's data
+  lead = jax.process_index() == 0
+  with contextlib.ExitStack() as stack:
+    if lead:
+      out.mkdir(parents=True, exist_ok=True)
+      files = out
+    else:  # the same evaluators, their files unwritten
+      files = workdir_lib.as_path(stack.enter_context(tempfile.TemporaryDirectory()))
+    context = evaluator_lib.Context(task, run.model, mesh, rules, files, log)
+    evaluators = evaluator_lib.build(config, context, names)
+    results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
+    result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
+    if options.export:
+      params = multihost.fetch(weights.params)  # whole arrays on every host
+      if lead:
+        result["export"] = str(export_lib.export_params(
+            params, run.config, out, source=run.workdir, step=run.step,
+            info=task.data["info"], model=run.model))
   if summary:
     log(summary)
-  workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
+  if lead:
+    workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
+  multihost.agree("eval_written", None)
   return result
