@@ -27,6 +27,7 @@ from laplax import cli  # noqa: E402
 
 cli.configure_xla()  # before JAX starts a backend (it reads XLA_FLAGS then)
 
+from laplax.study import fit  # noqa: E402
 from laplax.study import grid  # noqa: E402
 from laplax.train import aot  # noqa: E402
 from laplax.train import trainer  # noqa: E402
@@ -38,7 +39,8 @@ flags.DEFINE_string("workdir", None, "Directory for config, metrics, checkpoints
 cli.define_multihost_flags()
 flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
-                    "fit (laplax.train.aot).")
+                    "fit (laplax.train.aot); for a study, every distinct cell and stage "
+                    "(laplax.study.fit).")
 flags.DEFINE_list("allow_change", [], "Resume with these changed on purpose (the checkpoints "
                   "record it): total_steps, data.batch_size, optim.grad_accum_steps, e.g. "
                   "--allow_change=total_steps,data.batch_size. Anything else that differs from "
@@ -52,7 +54,9 @@ def main(argv):
   cli.join_from_flags(FLAGS)
   if FLAGS.allow_change and (FLAGS.aot or "study" in FLAGS.config):
     cli.fail("--allow_change applies to resuming one run (not --aot, not a study)")
-  if FLAGS.aot:
+  if FLAGS.aot and "study" in FLAGS.config:  # every distinct program of the grid
+    cli.run_main(lambda: fit.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+  elif FLAGS.aot:
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
   elif "study" in FLAGS.config:  # a grid of ordinary runs and one report
     cli.run_main(lambda: grid.run_study(FLAGS.config, FLAGS.workdir))

@@ -7,6 +7,7 @@ key-value store and barriers, with explicit timeouts), and do nothing in a singl
 
   host_table()               every process's host name and pid (for messages about a lost host)
   fetch(tree)                a pytree of (possibly sharded) arrays as NumPy on every process
+  gather_rows(tree)          every host's block of a batch, concatenated, on every process
   share(name, value)         process 0's string, on every process
   agree(name, problem)       every process's problem (or None); all raise the first one
   process_0_first(name)      process 0 runs the block first, the others after it succeeded
@@ -29,6 +30,7 @@ import socket
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 # Long enough for preparing a data set on process 0 while the others wait.
 DEFAULT_TIMEOUT_S = 4 * 3600.0
@@ -74,6 +76,15 @@ def fetch(tree):
          for x in leaves):
     return jax.device_get(tree)
   return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def gather_rows(tree):
+  """This process's host arrays (leaves with a leading batch axis) concatenated along that
+  axis in process order, on every process; unchanged in a single process. For each host's
+  block of a global evaluation batch: the global batch back, in its order."""
+  if not is_multiprocess():
+    return tree
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 # The number of the next call (same on every process: see the module docstring).

@@ -163,10 +163,11 @@ def main(argv: list[str]) -> int:
     print(f"error: {lost_host_message(relay.fatal_text(), facts)}", file=sys.stderr, flush=True)
     return HOST_LOST
   relay.flush()
-  if "peer_lost" in facts:
-    print(f"error: host lost: {facts['peer_lost']}; process {facts.get('process', '?')} "
-          "stopped; rerun the same command on every host: the run resumes from its latest "
-          "good checkpoint", file=sys.stderr, flush=True)
+  if "peer_lost" in facts:  # killed at the deadline: the runtime named no host
+    print(f"error: host lost: a collective or a call to the job's coordinator failed "
+          f"({facts['peer_lost'][:300]}); process {facts.get('process', '?')} stopped; rerun "
+          "the same command on every host: the run resumes from its latest good checkpoint",
+          file=sys.stderr, flush=True)
     return HOST_LOST
   return code if code >= 0 else 128 - code
 

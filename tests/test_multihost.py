@@ -8,15 +8,18 @@ the rerun (on 2 hosts or on 1) continues the uninterrupted run exactly, as after
 second run on a live job's workdir is refused on every host; a finished run is not rerun;
 independent trainers started together on one fresh cache all finish."""
 
+import json
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
 from conftest import REPO
 import hosts
+from laplax.evals import offline
 from laplax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # each case is several train.py processes
@@ -98,6 +101,17 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
   for i in range(2):
     assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
   assert (two / "metrics.jsonl").read_text() == before
+  if kind == "dino":  # eval.py on 2 hosts: k-NN banks and linear probes sharded over both
+    ev = hosts.start([sys.executable, str(REPO / "eval.py"), f"--workdir={two}",
+                      f"--out={tmp_path / 'eval_two'}"], 2, tmp_path / "logs", tag="eval")
+    assert ev.wait(600) == [0, 0], ev.output()[-4000:]
+    got = json.loads((tmp_path / "eval_two" / "eval.json").read_text())["probes"]
+    # The same checkpoint evaluated by 1 process x 8 devices.
+    want = offline.evaluate_workdir(two, tmp_path / "eval_one", log=lambda m: None)["probes"]
+    assert sorted(got) == sorted(want)
+    for split in want:
+      for key, value in want[split].items():
+        assert got[split][key] == pytest.approx(value, abs=1e-6), (split, key)
   # Four hosts x 2 devices: the same losses again.
   four = tmp_path / "four"
   _job(args(four, cold), tmp_path, n=4, tag="four")

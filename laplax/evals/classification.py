@@ -87,7 +87,9 @@ class VitGeometry(Evaluator):
     task, n, split = self.ctx.task, self.config.examples, self.config.split
     info, params = task.data["info"], weights.params
     if task.streaming:  # the first n examples, decoded as evaluation sees them
-      batches = list(task.eval_stream(split, min(n, 250), limit=n))
+      # Each host streams its block of every batch: all of them, in order, on every host.
+      batches = [multihost.gather_rows(b) for b in task.eval_stream(split, min(n, 250),
+                                                                    limit=n)]
       mask = np.concatenate([b["mask"] for b in batches])
       images = np.concatenate([b["image"] for b in batches])[mask]
       labels = np.concatenate([b["label"] for b in batches])[mask]

@@ -109,11 +109,15 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
 
 def _mesh(config: ml_collections.ConfigDict):
   """The run's own mesh where these devices can build it (the same reductions: the numbers
-  training's final evaluation gave), else every device on the data axis."""
+  training's final evaluation gave), else every device on the data axis; in a job of several
+  processes a mesh that leaves a host out (a run trained on one device) is replaced too."""
   try:
-    return sharding.make_mesh(config.mesh.to_dict())
+    mesh = sharding.make_mesh(config.mesh.to_dict())
   except ValueError:
     return sharding.make_mesh({"data": -1})
+  if multihost.is_multiprocess() and mesh.devices.size < jax.device_count():
+    return sharding.make_mesh({"data": -1})
+  return mesh
 
 
 def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=print

@@ -252,13 +252,14 @@ def write_report(workdir: epath.Path, config, specs, done, names, section) -> ep
   labels = {c.key: c.label for c in section.CLAIMS}
   others = [Score(k, labels.get(k, section.label(k)), None, *section.scale(k))
             for k in all_keys if k not in known]
+  scores = [s for s in section.SCORES if any(s.key in r["scores"] for r in summary["rows"])]
   lines = [f"# Laplacian heads vs baseline: {section.title(config)}", "",
            section.setup(config), "", "## Verdict", "",
            *[f"- {l}" for l in verdict(summary, section.SCORES, section.CLAIMS)], "",
            "## Scores", "",
            "Mean +- std over seeds; paired difference vs the baseline (same seeds) with its "
-           "95 % Student-t interval.", "", *score_table(summary, section.SCORES + others), ""]
-  for s in section.SCORES:
+           "95 % Student-t interval.", "", *score_table(summary, scores + others), ""]
+  for s in scores:
     lines += [f"### {s.label} per seed", "", *per_seed_table(summary, s), ""]
   lines += extra
   lines += throughput.section(specs, done, summary, getattr(section, "RUNS", ("",)))
