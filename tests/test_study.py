@@ -249,7 +249,14 @@ def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
   from laplax.study import aggregate
   workdir, report, _ = finished_study
   cells = workdir / "cells"
-  runs = [str(cells / c) for c in ("k1-0_s1", "k0_s0", "k1-0_s0", "k0_s1")]  # any order
+  # One run's geometry from eval.py (eval.json of its step) instead of its results.json.
+  planted = _copy_run(cells / "k0_s1", tmp_path / "k0_s1_evaluated")
+  results = json.loads((planted / "results.json").read_text())
+  geometry = results.pop("geometry")
+  (planted / "results.json").write_text(json.dumps(results))
+  (planted / "eval.json").write_text(json.dumps({"task": "classification",
+                                                 "step": results["step"], "geometry": geometry}))
+  runs = [str(cells / "k1-0_s1"), str(cells / "k0_s0"), str(cells / "k1-0_s0"), str(planted)]
   out = aggregate.aggregate(tmp_path / "agg", runs, name="test_study_vit", log=lambda m: None)
   assert out.read_text() == report.read_text()
   assert (json.loads((tmp_path / "agg" / "summary.json").read_text())
@@ -271,6 +278,9 @@ def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
     aggregate.aggregate(tmp_path / "x", [str(cells / "k0_s0"), str(twice)])
   with pytest.raises(ValueError, match=r"none of the runs has plain attention"):
     aggregate.aggregate(tmp_path / "x", [str(cells / "k1-0_s0"), str(cells / "k1-0_s1")])
+  (planted / "eval.json").unlink()
+  with pytest.raises(ValueError, match=r"hold no 'geometry'.* eval.py --workdir=.*--evals=geo"):
+    aggregate.aggregate(tmp_path / "y", [str(cells / "k1-0_s1"), str(planted)])
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ IGNORED_PREFIXES = ("mesh.", "checkpoint.")
 # fingerprints in identity.json), and evaluators' schedule keys.
 IGNORED_LEAVES = ("cache_dir", "source_dir", "tfds_data_dir", "data_dir", "dir", "path",
                   "photos", "words", "words_from", "sources")
-IGNORED_EVAL_KEYS = ("every", "at_init")
+IGNORED_EVAL_KEYS = ("every", "at_init", "final", "analysis")
 _CHAT_STAGES = ("pretrain", "mid", "sft")
 
 
@@ -97,9 +97,12 @@ class Run:
 
 
 def differences(a: Run, b: Run) -> dict[str, tuple[Any, Any]]:
-  """{key: (a's, b's)} of every recipe key that differs (one side missing counts)."""
+  """{key: (a's, b's)} of every recipe key that differs (one side missing counts, except for
+  an evaluator only one run has: what it measures is not part of the other's recipe)."""
   ra, rb = a.recipe(), b.recipe()
-  return {k: (ra.get(k), rb.get(k)) for k in sorted(set(ra) | set(rb))
+  keys = [k for k in sorted(set(ra) | set(rb))
+          if not k.startswith("evals.") or (k in ra and k in rb)]
+  return {k: (ra.get(k), rb.get(k)) for k in keys
           if identity_lib.plain(ra.get(k)) != identity_lib.plain(rb.get(k))}
 
 
@@ -206,8 +209,14 @@ def aggregate(out, run_dirs: Sequence[str], *, name: str = "aggregate", log=prin
     _write_view(view, cell, section)
     cfg = cells_lib.cell_config(config, spec, seed)
     log(f"[{name}] {cells_lib.spec_name(spec)} seed {seed}: {cell[-1].workdir}")
-    done[(spec, seed)] = {**section.run_cell(cfg, view, config.study, log),
-                          "dir": cell[0].workdir if len(cell) == 1 else view}
+    try:
+      done[(spec, seed)] = {**section.run_cell(cfg, view, config.study, log),
+                            "dir": cell[0].workdir if len(cell) == 1 else view}
+    except KeyError as e:
+      raise ValueError(f"{cell[-1].workdir}: its results.json (and eval.json) hold no "
+                       f"{e.args[0]!r}, which the {section.__name__} report reads: evaluate it "
+                       f"with eval.py --workdir={cell[-1].workdir} --evals={e.args[0]} (its "
+                       "eval.json is read here)") from None
   workdir_lib.write_json_atomic(out / "config.json", json.loads(config.to_json_best_effort()),
                                 indent=2)
   num_heads, depth = _shape(config)
