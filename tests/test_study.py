@@ -309,7 +309,7 @@ def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
     return {prefix: d} if isinstance(d, (int, float)) and not isinstance(d, bool) else {}
 
   a, b = numbers(one), numbers(two)
-  assert set(a) == set(b) and len(a) > 100
+  assert set(a) == set(b) and len(a) > 50
   worst = max(abs(a[k] - b[k]) for k in a)
   print(f"eval.py on 2 hosts vs 1 process: largest difference {worst:.2e} over {len(a)} numbers")
   assert worst <= 1e-5, worst
