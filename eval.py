@@ -1,11 +1,12 @@
 r"""Runs a train.py run's evaluators (its config.evals) on its latest checkpoint or an export.
 
   python eval.py --workdir=runs/fmnist                 # the `final` evaluators: val, test accuracy
-  python eval.py --workdir=runs/fmnist --export        # + export.npz / export.json (NumPy-only)
+  python eval.py --workdir=runs/fmnist --export        # + safetensors export with a manifest
   python eval.py --workdir=runs/fmnist --analyze       # + the `analysis` ones: geometry, plots
   python eval.py --workdir=runs/fmnist --evals=test    # exactly the evaluators named
+  python eval.py --workdir=runs/fm_k4 --heads='(4,4,4,(1,1,1,0))'  # one head switched to P V
 
-`--workdir` may also be a directory made by --export.
+`--workdir` may also be a directory made by --export or by `python -m laplax.convert`.
 
 Language-model runs (task 'lm'): benchmark accuracies next to chance, and with --analyze
 linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
@@ -45,11 +46,19 @@ import jax  # noqa: E402
 
 from laplax import cli  # noqa: E402
 from laplax.evals import offline  # noqa: E402
+from laplax.train import gcs  # noqa: E402
+from laplax.train import platform  # noqa: E402
+from laplax.train import restore  # noqa: E402
+from laplax.train import workdir as workdir_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
-flags.DEFINE_bool("export", False, "Write export.npz (flat parameter arrays), export.json and "
-                  "config.json.")
+flags.DEFINE_bool("export", False, "Write the run's export into --out: params.safetensors "
+                  "(+ extra.safetensors: DINO's teacher; tokenizer.json: GPTs), config.json and "
+                  "manifest.json (laplax.train.export).")
+flags.DEFINE_string("heads", None, "Evaluate with this head spec instead of the trained one "
+                    "(the same weights): e.g. 0, 4, '(0,0,4,4)', '((1,1,1,0),4,4,4)', "
+                    "'laplacian'. The result names both specs.")
 flags.DEFINE_list("evals", [], "Run exactly these evaluators of the run's config.evals "
                   "(default: its `final` ones).")
 flags.DEFINE_bool("analyze", False, "Also the evaluators marked `analysis` (per-layer token "
@@ -65,6 +74,8 @@ flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (defau
 flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
                     "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
                     "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
+flags.DEFINE_bool("allow_platform_mismatch", False, "Evaluate a run whose config targets "
+                  "another backend (config.platform), or uses splash attention off TPU, anyway.")
 cli.define_multihost_flags()
 flags.mark_flag_as_required("workdir")
 
@@ -80,11 +91,21 @@ def main(argv):
                                   analyze=FLAGS.analyze,
                                   analysis_examples=FLAGS.analysis_examples,
                                   tasks=tuple(FLAGS.tasks), limit=FLAGS.limit,
-                                  data_dir=FLAGS.data_dir, photos=FLAGS.photos)
+                                  data_dir=FLAGS.data_dir, photos=FLAGS.photos,
+                                  heads=(None if FLAGS.heads is None
+                                         else offline.parse_heads(FLAGS.heads)))
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
     log = lambda message: print(message, file=sys.stderr)
-    result = offline.evaluate_workdir(FLAGS.workdir, FLAGS.out or FLAGS.workdir, options,
-                                      log=log)
+    log(platform.describe())
+    out = FLAGS.out or FLAGS.workdir  # a str: pathlib would turn gs://b/x into gs:/b/x
+    for path in dict.fromkeys((FLAGS.workdir, out)):
+      gcs.check_access(path)  # a gs:// bucket that cannot be read: one line, in seconds
+    workdir = workdir_lib.as_path(FLAGS.workdir)
+    if (workdir / "config.json").exists():  # else evaluate_workdir says what is missing
+      for note in platform.check(restore.read_config(workdir),
+                                 allow_mismatch=FLAGS.allow_platform_mismatch):
+        log(note)
+    result = offline.evaluate_workdir(FLAGS.workdir, out, options, log=log)
     if jax.process_index() == 0:  # one copy of the result per job
       print(json.dumps(result, indent=2))
 

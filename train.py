@@ -30,6 +30,7 @@ cli.configure_xla()  # before JAX starts a backend (it reads XLA_FLAGS then)
 from laplax.study import fit  # noqa: E402
 from laplax.study import grid  # noqa: E402
 from laplax.train import aot  # noqa: E402
+from laplax.train import platform  # noqa: E402
 from laplax.train import trainer  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -45,6 +46,9 @@ flags.DEFINE_list("allow_change", [], "Resume with these changed on purpose (the
                   "record it): total_steps, data.batch_size, optim.grad_accum_steps, e.g. "
                   "--allow_change=total_steps,data.batch_size. Anything else that differs from "
                   "the checkpoints' run is refused.")
+flags.DEFINE_bool("allow_platform_mismatch", False, "Run a config that targets another backend "
+                  "(config.platform, e.g. a pod config on a CPU host), or splash attention off "
+                  "TPU (Pallas interpret mode: slow), anyway (laplax.train.platform).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -54,11 +58,20 @@ def main(argv):
   cli.join_from_flags(FLAGS)
   if FLAGS.allow_change and (FLAGS.aot or "study" in FLAGS.config):
     cli.fail("--allow_change applies to resuming one run (not --aot, not a study)")
+  cli.run_main(lambda: print(platform.describe()))
+  # --aot compiles for a TPU topology from this host by design: no backend check
   if FLAGS.aot and "study" in FLAGS.config:  # every distinct program of the grid
     cli.run_main(lambda: fit.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
-  elif FLAGS.aot:
+    return
+  if FLAGS.aot:
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
-  elif "study" in FLAGS.config:  # a grid of ordinary runs and one report
+    return
+  notes = []
+  cli.run_main(lambda: notes.extend(platform.check(
+      FLAGS.config, allow_mismatch=FLAGS.allow_platform_mismatch)))
+  for note in notes:
+    print(note)
+  if "study" in FLAGS.config:  # a grid of ordinary runs and one report
     cli.run_main(lambda: grid.run_study(FLAGS.config, FLAGS.workdir))
   else:
     cli.run_main(lambda: trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,

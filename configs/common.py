@@ -3,7 +3,8 @@
   run(name, task)        name, task, seed, steps, logging, checkpoint, mesh, axis rules
   laplacian_heads(k)     the head-spec field: an int k or a per-layer list from the command line
   image_data(name)       an image-classification data set (TFDS, cached) and its batches
-  streamed_image_data(tfds_name)  a prepared TFDS data set streamed per record (ImageNet)
+  streamed_image_data(tfds_name)  a prepared TFDS data set (or parquet shards) streamed per
+                                  record (ImageNet)
   vit(preset)            a DeiT-III-style ViT
   adamw(lr)              optim.name 'adamw' on the 'cosine' schedule (warm-up, cosine), clipping
   classification_loss()  loss, mixup / cutmix (off by default) for the classification task
@@ -55,6 +56,9 @@ def run(name: str, task: str, *, total_steps: int = 0, log_every: int = 50,
   c.axis_rules = ()  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
   c.profile = ()  # (first step, number of steps): a jax.profiler trace in workdir/profile
   c.compilation_cache_dir = ""  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps
+  c.lock_lease_s = 60.0  # gs:// workdirs: a killed run's lock is taken over after this long
+  # 'tpu' / 'gpu': refuse to start on another backend (laplax.train.platform); None: any.
+  c.platform = ml_collections.FieldReference(None, field_type=str)
   return c
 
 
@@ -91,6 +95,8 @@ def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
   d.name = name
   d.source_dir = source_dir  # '' = the builder's default place
   d.cache_dir = ""  # '' = ~/.cache/laplax (prepared TFDS + decoded arrays)
+  # True: every host sees cache_dir (NFS; checked at start). False: each host may have its own.
+  d.shared_cache = False
   d.val_size = 5000  # held out of the training split
   d.split_seed = 0
   d.train_subset = 0  # > 0: first N training examples only (quick runs)
@@ -113,7 +119,13 @@ def streamed_image_data(tfds_name: str, *, tfds_data_dir: str = "", image_size: 
   d = ml_collections.ConfigDict()
   d.name = tfds_name
   d.tfds_name = tfds_name
+  d.source = "tfds"  # 'tfds' (ArrayRecord in tfds_data_dir) | 'parquet' (parquet_files)
   d.tfds_data_dir = tfds_data_dir  # holds tfds_name/<version>/ (ArrayRecord); local or gs://
+  # source='parquet': Hugging Face parquet shards, '{split}' standing for the split's name
+  # (laplax.data.parquet_images), e.g. 'gs://BUCKET/imagenet-1k/data/{split}-*.parquet'.
+  d.parquet_files = ""
+  d.image_column = "image"  # a struct {bytes, path} (Hugging Face's Image) or binary
+  d.label_column = "label"  # integers; classes: num_classes, else the files' ClassLabel
   d.train_split = "train"
   d.eval_split = "validation"  # periodic and final validation
   d.test_split = ""  # '' = none (ImageNet's test labels are not public)
@@ -155,7 +167,8 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
   m.scan_layers = False  # nn.scan over blocks, the head table as a scanned input
   m.remat_policy = "none"  # laplax.models.remat: none | full | dots_saveable | ...
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  m.weight_init = "xavier"  # 'xavier' | 'trunc_normal' (DeiT-III; laplax.models.vit.INITS)
+  # 'xavier' | 'trunc_normal' (DeiT-III) | 'timm' (the authors' timm models; laplax.models.vit.INITS)
+  m.weight_init = "xavier"
   m.dtype = "float32"  # compute; parameters and optimiser state stay param_dtype
   m.param_dtype = "float32"
   m.update(overrides)
@@ -229,6 +242,10 @@ def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size
   d.suffixes = (".txt", ".rst", ".py")  # what directory sources contribute
   d.include_stdlib = False  # also the Python standard library (.py) as a code corpus
   d.cache_dir = ""  # '' = ~/.cache/laplax/text (tokenizers and token shards)
+  # True: every host sees cache_dir (NFS, gs://; checked at start). False: detected; hosts with
+  # their own disks exchange their shares of the tokenised corpus through the workdir.
+  d.shared_cache = False
+  d.tokenize_group_mb = 256.0  # text per unit of tokenising work (hosts share the units)
   d.vocab_size = vocab_size  # BPE vocabulary incl. the BOS token
   d.tokenizer_train_chars = 2_000_000
   d.val_fraction = 0.02  # the last 2 % of every document
@@ -261,6 +278,7 @@ def chat_data(*, rows: str, train: dict, val: dict, seq_len: int, batch_size: in
   d.eval_batch_size = eval_batch_size
   d.eval_windows = 0  # first N validation rows / windows (0 = all)
   d.cache_dir = ""  # '' = ~/.cache/laplax/text
+  d.shared_cache = False  # True: every host sees cache_dir (checked); False: one copy per host
   return d
 
 
@@ -299,7 +317,9 @@ def gpt(*, depth: int = 4, width: int = 128, head_dim: int = 32, init: str = "gl
   m.num_kv_heads = 0  # 0 = no GQA
   m.mlp_ratio = 4
   m.laplacian_heads = laplacian_heads(0)  # k or a per-layer list
-  m.rope_theta = 10000.0
+  m.rope_theta = 10000.0  # nanochat's Laplacian fork: 100000
+  m.rope_table_dtype = "float32"  # 'bfloat16': cos / sin rounded as nanochat keeps them
+  m.qk_scale = 1.0  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
   m.logit_softcap = 15.0
   m.attention_impl = ml_collections.FieldReference(None, field_type=str)
   m.dtype = "float32"

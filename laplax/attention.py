@@ -295,12 +295,21 @@ def rms_norm(x: Array, eps: float = 1e-6) -> Array:
   return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def apply_rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
-  """Rotary position embedding. x (B, T, H, D) with D even; positions (B, T) int."""
-  half = x.shape[-1] // 2
-  freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = positions.astype(jnp.float32)[:, :, None, None] * freqs  # (B, T, 1, half)
+def apply_rope(x: Array, positions: Array, theta: float = 10000.0,
+               table_dtype: Any = None) -> Array:
+  """Rotary position embedding. x (B, T, H, D) with D even; positions (B, T) int.
+
+  The halves (x1, x2) = (x[..., :D/2], x[..., D/2:]) rotate by +angle: (x1 cos - x2 sin,
+  x1 sin + x2 cos), angle = position / theta^(2i / D) (the textbook direction; nanochat rotates
+  by -angle, which laplax.convert.gpt maps exactly by negating x2's projection rows).
+  `table_dtype` rounds cos and sin to that dtype first (nanochat keeps them in bfloat16).
+  """
+  d = x.shape[-1]
+  inv_freq = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # (D/2,)
+  angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # (B, T, 1, D/2)
   cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if table_dtype is not None:
+    cos, sin = (a.astype(table_dtype).astype(jnp.float32) for a in (cos, sin))
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
@@ -324,7 +333,9 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int | None = None
   laplacian_heads: heads_lib.LayerSpec = 0
   qk_norm: str | None = None  # None, 'layer' (LayerNorm with params) or 'rms' (parameter-free)
+  qk_scale: float = 1.0  # q and k times this after QK-norm (nanochat's Laplacian fork: 1.2)
   rope_theta: float | None = None
+  rope_table_dtype: Any = None  # cos / sin rounded to this dtype (nanochat: bfloat16)
   use_bias: bool = True
   is_causal: bool = False
   implementation: str | None = None  # None = 'auto'; see the module docstring
@@ -380,8 +391,8 @@ class MultiHeadAttention(nn.Module):
     calling once with the full-length input and decode=True) and attends over the cache.
     """
     kv_heads = self.num_kv_heads or self.num_heads
-    q = self._norm(self._proj(x, self.num_heads, "query"), "query_norm")
-    k = self._norm(self._proj(x, kv_heads, "key"), "key_norm")
+    q = self._proj(x, self.num_heads, "query")
+    k = self._proj(x, kv_heads, "key")
     v = self._proj(x, kv_heads, "value")
     b, t = x.shape[:2]
     cached = decode and not self.is_initializing()
@@ -393,8 +404,13 @@ class MultiHeadAttention(nn.Module):
     if self.rope_theta is not None:
       if positions is None:
         positions = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-      q = apply_rope(q, positions, self.rope_theta)
-      k = apply_rope(k, positions, self.rope_theta)  # keys are cached already rotated
+      q = apply_rope(q, positions, self.rope_theta, self.rope_table_dtype)
+      k = apply_rope(k, positions, self.rope_theta, self.rope_table_dtype)  # cached rotated
+    # Rotary, then QK-norm (nanochat's order): the same function with exact cos / sin, not with
+    # rounded ones (a bf16 table's rotation is not exactly orthogonal).
+    q, k = self._norm(q, "query_norm"), self._norm(k, "key_norm")
+    if self.qk_scale != 1.0:
+      q, k = q * jnp.asarray(self.qk_scale, q.dtype), k * jnp.asarray(self.qk_scale, k.dtype)
     query_offset = None
     if cached:
       cache_k.value = jax.lax.dynamic_update_slice(cache_k.value, k, (0, start, 0, 0))

@@ -9,9 +9,17 @@ key-value store and barriers, with explicit timeouts), and do nothing in a singl
   fetch(tree)                a pytree of (possibly sharded) arrays as NumPy on every process
   gather_rows(tree)          every host's block of a batch, concatenated, on every process
   share(name, value)         process 0's string, on every process
+  gather(name, value)        every process's string, in process order, on every process
   agree(name, problem)       every process's problem (or None); all raise the first one
   process_0_first(name)      process 0 runs the block first, the others after it succeeded
                              (one line naming the error of whichever process failed)
+  together(name)             every process runs the block at the same time; then all raise
+                             the first failure (one line), as process_0_first does
+  check_peers()              raises PeerFailed once another process has failed in a block
+
+A process whose block fails records that in the job's failure list first; every wait of these
+helpers looks at that list, so no process waits (hours, for a data set) for one that has
+already stopped.
 
 Every process of a job makes the same calls in the same order (the trainer is one program on
 all hosts), so the n-th call has the same key everywhere: keys carry that call number, and
@@ -27,6 +35,7 @@ import itertools
 import json
 import os
 import socket
+import time
 
 import jax
 from jax.experimental import multihost_utils
@@ -95,6 +104,55 @@ def _key(name: str) -> str:
   return f"laplax/{next(_calls)}/{name}"
 
 
+# Every process that failed in a block: laplax/failed/<process index> -> its one-line error.
+_FAILURES = "laplax/failed"
+
+
+def _report_failure(message: str) -> None:
+  _client().key_value_set(f"{_FAILURES}/{jax.process_index()}", message, allow_overwrite=True)
+
+
+def peer_failure() -> str | None:
+  """'process i failed: ...' for the lowest-numbered other process that failed, else None."""
+  if not is_multiprocess():
+    return None
+  me, failed = jax.process_index(), []
+  for key, message in _client().key_value_dir_get(f"{_FAILURES}/"):
+    index = int(key.rsplit("/", 1)[1])
+    if index != me:
+      failed.append((index, message))
+  if not failed:
+    return None
+  index, message = min(failed)
+  return f"process {index} failed: {message}"
+
+
+def check_peers() -> None:
+  """Raises PeerFailed when another process has failed (for long work between waits)."""
+  failure = peer_failure()
+  if failure:
+    raise PeerFailed(failure)
+
+
+def _wait(key: str, timeout_s: float) -> str:
+  """The value of `key` once a process sets it; PeerFailed as soon as another process has
+  failed, TimeoutError after timeout_s."""
+  client = _client()
+  deadline, slice_s = time.monotonic() + timeout_s, 0.05
+  while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      raise TimeoutError(f"waited {timeout_s:.0f} s for the other processes of the job "
+                         f"({key}): is every host running?")
+    try:
+      return client.blocking_key_value_get(key, max(int(min(slice_s, left) * 1000), 1))
+    except jax.errors.JaxRuntimeError as e:
+      if "DEADLINE_EXCEEDED" not in str(e):
+        raise
+    check_peers()
+    slice_s = min(slice_s * 2, 1.0)
+
+
 def share(name: str, value: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
   """Process 0's `value` on every process (the others' `value` is ignored)."""
   if not is_multiprocess():
@@ -103,7 +161,16 @@ def share(name: str, value: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str
   if jax.process_index() == 0:
     client.key_value_set(key, value, allow_overwrite=True)
     return value
-  return client.blocking_key_value_get(key, int(timeout_s * 1000))
+  return _wait(key, timeout_s)
+
+
+def gather(name: str, value: str, *, timeout_s: float = 600.0) -> list[str]:
+  """Every process's `value`, in process order, on every process ([value] in one process)."""
+  if not is_multiprocess():
+    return [value]
+  client, key = _client(), _key(name)
+  client.key_value_set(f"{key}/{jax.process_index()}", value, allow_overwrite=True)
+  return [_wait(f"{key}/{i}", timeout_s) for i in range(jax.process_count())]
 
 
 def agree(name: str, problem: str | None, *, timeout_s: float = 600.0) -> None:
@@ -116,22 +183,27 @@ def agree(name: str, problem: str | None, *, timeout_s: float = 600.0) -> None:
     if problem:
       raise ValueError(problem)
     return
-  client, key, index = _client(), _key(name), jax.process_index()
-  ms = int(timeout_s * 1000)
-  if index != 0:
-    client.key_value_set(f"{key}/{index}", problem or "", allow_overwrite=True)
-    verdict = client.blocking_key_value_get(f"{key}/verdict", ms)
-  else:
-    problems = [problem or ""] + [client.blocking_key_value_get(f"{key}/{i}", ms)
-                                  for i in range(1, jax.process_count())]
-    verdict = next((p for p in problems if p), "")
-    client.key_value_set(f"{key}/verdict", verdict, allow_overwrite=True)
+  verdict = _verdict(_key(name), problem or "", lambda key: _wait(key, timeout_s))
   if verdict:
     raise ValueError(verdict)
 
 
+def _verdict(key: str, problem: str, wait) -> str:
+  """The first non-empty problem of all processes (process 0 collects and publishes it);
+  `wait(key)` reads another process's value."""
+  client, index = _client(), jax.process_index()
+  if index != 0:
+    client.key_value_set(f"{key}/{index}", problem, allow_overwrite=True)
+    return wait(f"{key}/verdict")
+  problems = [problem] + [wait(f"{key}/{i}") for i in range(1, jax.process_count())]
+  verdict = next((p for p in problems if p), "")
+  client.key_value_set(f"{key}/verdict", verdict, allow_overwrite=True)
+  return verdict
+
+
 class PeerFailed(ValueError):
-  """Process 0 failed in a block the others waited for (a ValueError: the CLIs print one line)."""
+  """Another process (process 0, in process_0_first) failed in a block this one waited in (a
+  ValueError: the CLIs print one line)."""
 
 
 @contextlib.contextmanager
@@ -139,9 +211,7 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
   """Process 0 runs the block; the other processes wait for it, then run it too.
 
   For work that must happen once but whose result every host needs, e.g. preparing a data set
-  in a shared cache: the others then find it ready. (Image caches on hosts with their own
-  disks are prepared by each host after process 0; the LM's text cache must be shared, as
-  laplax.data.text.preparation.prepare says.) If process 0's block raises, the others raise
+  in a shared cache: the others then find it ready. If process 0's block raises, the others raise
   PeerFailed naming its error instead of running theirs; if another process's block raises,
   every process raises ValueError naming it (no host is left waiting in a collective)."""
   if not is_multiprocess():
@@ -168,5 +238,43 @@ def process_0_first(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Itera
   agree(f"{name}/others", None, timeout_s=timeout_s)
 
 
-def _one_line(e: BaseException, limit: int = 300) -> str:
+@contextlib.contextmanager
+def together(name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
+  """Every process runs the block at the same time (e.g. each host preparing its own copy of a
+  data set, or its share of one); waits inside it end as soon as another process's block has
+  failed (its failure is recorded first). Then, as process_0_first: if process 0 failed, it
+  raises its own error and the others PeerFailed naming it; if another process failed first
+  (lowest index), every process raises ValueError naming it."""
+  if not is_multiprocess():
+    yield
+    return
+  key, index = _key(name), jax.process_index()
+  own: BaseException | None = None
+  problem, peer = "", None
+  try:
+    yield
+  except PeerFailed as e:
+    peer = e  # another process failed: the verdict names it
+  except Exception as e:  # noqa: BLE001 - every failure is reported, then raised below
+    own, problem = e, _one_line(e)
+    _report_failure(problem)
+  except BaseException as e:  # Ctrl-C, SystemExit: stop now, the others see the failure
+    _report_failure(_one_line(e))
+    raise
+  ms = int(timeout_s * 1000)
+  verdict = _verdict(key, f"{index}\t{problem}" if problem else "",
+                     lambda k: _client().blocking_key_value_get(k, ms))
+  if not verdict:
+    if peer is not None:  # the failure was outside this block
+      raise peer
+    return
+  first, message = verdict.split("\t", 1)
+  if first == "0":
+    if index == 0 and own is not None:
+      raise own
+    raise PeerFailed(f"process 0 failed: {message}")
+  raise ValueError(f"process {first} failed: {message}")
+
+
+def _one_line(e: BaseException, limit: int = 500) -> str:
   return " ".join(str(e).split())[:limit] or type(e).__name__

@@ -9,6 +9,12 @@ import pathlib
 # Must be set before JAX initialises its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No client looks for a cloud metadata server off this machine (google-auth and tensorstore do
+# when they search credentials): port 9 on loopback refuses at once. gs:// tests use a local
+# GCS server (tests/gcs_server.py).
+os.environ.setdefault("NO_GCE_CHECK", "true")
+for _var in ("GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP"):
+  os.environ.setdefault(_var, "127.0.0.1:9")
 # Prepared TFDS data sets and decoded arrays, kept across test runs (never inside ../shared):
 # Fashion-MNIST is prepared once per machine, not once per run.
 TEST_CACHE = pathlib.Path(os.environ.get("LAPLAX_TEST_CACHE", pathlib.Path.home() / ".cache"
@@ -26,6 +32,7 @@ import pytest  # noqa: E402
 
 from laplax import cli  # noqa: E402
 from laplax.data.shared import shared_data_dir  # noqa: E402
+from gcs_server import bucket, fake_gcs  # noqa: E402,F401  # gs:// tests' fixtures
 
 cli.configure_xla()  # the XLA:CPU flags train.py and eval.py run with
 

@@ -72,9 +72,16 @@ class Job:
     return all(p.poll() is None for p in self.procs)
 
 
+def own_disks(root: pathlib.Path, num_processes: int) -> list[dict[str, str]]:
+  """Environments giving process i the home directory root/host<i>: the default caches
+  (~/.cache/laplax) are then one per process, as on hosts with disks of their own."""
+  return [{"HOME": str(root / f"host{i}")} for i in range(num_processes)]
+
+
 def start(args: list[str], num_processes: int, logdir: pathlib.Path, *, devices: int = 4,
-          tag: str = "job") -> Job:
-  """Starts `args` (a train.py command line) as `num_processes` processes of one job."""
+          tag: str = "job", envs: list[dict[str, str]] | None = None) -> Job:
+  """Starts `args` (a train.py command line) as `num_processes` processes of one job;
+  envs[i] adds to process i's environment."""
   port = free_port()
   logdir.mkdir(parents=True, exist_ok=True)
   procs, logs = [], []
@@ -83,7 +90,8 @@ def start(args: list[str], num_processes: int, logdir: pathlib.Path, *, devices:
     cluster = ["--multihost", f"--coordinator_address=127.0.0.1:{port}",
                f"--num_processes={num_processes}", f"--process_id={i}"]
     with open(log, "w") as f:
-      procs.append(subprocess.Popen(args + cluster, cwd=REPO, env=env(devices), stdout=f,
+      procs.append(subprocess.Popen(args + cluster, cwd=REPO,
+                                    env={**env(devices), **(envs[i] if envs else {})}, stdout=f,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True))
     logs.append(log)

@@ -1,6 +1,7 @@
-"""Exports: a damaged, truncated or mis-shaped export.npz is refused in one line naming the
-file (eval.py too); a failed write leaves no temporary file; a list as config.json is not a
-run."""
+"""Exports (laplax.train.export): they load back as a run; a damaged, truncated, missing or
+mis-shaped file is refused in one line naming it (eval.py too); the first format is refused with
+the command that re-exports; a failed write leaves no temporary file; eval.py --heads evaluates
+the same weights with another head spec; init_from starts from an export with another one."""
 
 import json
 import subprocess
@@ -12,38 +13,55 @@ import numpy as np
 import pytest
 
 from conftest import REPO, make_config
-from laplax.evals import export, offline
+from laplax.evals import offline
+from laplax.train import export
 from laplax.train import task as task_lib
+from laplax.train import trainer
+from laplax.train import workdir as workdir_lib
 
 
 @pytest.fixture
 def exported(tmp_path, data_cache):
+  """An export of configs/test.py:vit (k = 2 of 2 heads) with random parameters."""
   config = make_config("vit", data_cache)
   task = task_lib.for_config(config)
   model = task.build_model()
-  shapes = nn.unbox(jax.eval_shape(lambda k: task.init_params(model, k), jax.random.key(0)))
-  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+  params = nn.unbox(task.init_params(model, jax.random.key(1)))
+  head = params["head"]["kernel"]  # xavier's zero head would make every prediction class 0
+  params["head"]["kernel"] = jax.random.normal(jax.random.key(2), head.shape, head.dtype)
   out = tmp_path / "export"
-  export.export_params(params, config, out, source=tmp_path / "run", step=3,
-                       info=task.info(), model=model)
+  export.write_export(out, params, config, model, source=tmp_path / "run", step=3,
+                      model_fields=task.model_identity(model), info=task.info())
   return out
 
 
 def test_an_export_loads_back(exported):
   run = offline.load(exported)
   assert run.step == 3 and run.extra is None
-  assert [p.name for p in exported.iterdir() if ".tmp" in p.name] == []
+  assert sorted(p.name for p in exported.iterdir()) == ["config.json", "manifest.json",
+                                                        "params.safetensors"]
+  manifest = json.loads((exported / "manifest.json").read_text())
+  assert manifest["format"] == "laplax-export-2" and manifest["task"] == "classification"
+  assert manifest["heads"]["head_operators"] == [["laplacian"] * 2] * 2
+  assert set(manifest["files"]) == {"params.safetensors", "config.json"}
+  assert manifest["model"]["model.hidden_dim"] == 32 and manifest["input"]["scale"] == 1 / 255
+  from safetensors.numpy import load_file  # NumPy alone reads it
+  flat = load_file(str(exported / "params.safetensors"))
+  assert flat["block0/attn/query"].shape == (32, 2, 16)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: b[:len(b) // 2], "is damaged or truncated"),
-    (lambda b: b"not a zip at all", "is damaged or truncated"),
+@pytest.mark.parametrize("damage, through_eval_py", [
+    (lambda b: b[:len(b) // 2], True),  # truncated; the process-level check once is enough
+    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), False),  # one bit flipped
 ])
-def test_a_damaged_export_is_refused_in_one_line(exported, damage, message):
-  path = exported / "export.npz"
+def test_a_damaged_export_is_refused_in_one_line(exported, damage, through_eval_py):
+  path = exported / "params.safetensors"
+  message = "is damaged or truncated: its sha256"
   path.write_bytes(damage(path.read_bytes()))
   with pytest.raises(ValueError, match=f"{path} {message}"):
     offline.load(exported)
+  if not through_eval_py:
+    return
   proc = subprocess.run([sys.executable, "eval.py", f"--workdir={exported}"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
@@ -52,39 +70,107 @@ def test_a_damaged_export_is_refused_in_one_line(exported, damage, message):
   assert "Traceback" not in proc.stderr
 
 
-def test_a_misshaped_export_names_the_array(exported):
-  path = exported / "export.npz"
-  with np.load(path) as f:
-    flat = {k: f[k] for k in f.files}
+def test_missing_misshaped_and_old_exports_name_the_problem(exported):
+  manifest_path = exported / "manifest.json"
+  manifest = json.loads(manifest_path.read_text())
+  flat = export.read_safetensors(exported / "params.safetensors")
   key = sorted(flat)[0]
   flat[key] = np.zeros((3,) + flat[key].shape, flat[key].dtype)
-  np.savez(path, **flat)
+  data, _ = export.safetensors_bytes(flat)
+  (exported / "params.safetensors").write_bytes(data)
+  # a consistent manifest (as if exported so): the shape check names the array
+  import hashlib
+  manifest["files"]["params.safetensors"] = {"sha256": hashlib.sha256(data).hexdigest(),
+                                             "bytes": len(data)}
+  manifest_path.write_text(json.dumps(manifest))
   with pytest.raises(ValueError, match=f"does not fit its config's model: {key} is"):
     offline.load(exported)
-  del flat[key]
-  np.savez(path, **flat)
-  with pytest.raises(ValueError, match=f"{key} is missing"):
+  (exported / "params.safetensors").unlink()
+  with pytest.raises(ValueError, match="params.safetensors is missing .the manifest lists it"):
+    offline.load(exported)
+  manifest_path.unlink()
+  (exported / "export.npz").write_bytes(b"PK")
+  with pytest.raises(ValueError, match="export of the first format .export.npz.*eval.py "
+                     "--workdir=WORKDIR --export"):
     offline.load(exported)
 
 
 def test_a_failed_export_write_leaves_no_temporary(exported, monkeypatch):
-  def full_disk(*args, **kwargs):
-    raise OSError(28, "No space left on device")
-  monkeypatch.setattr(np, "savez", full_disk)
+  """A full disk at the rename of params.safetensors: its temporary is removed, nothing else
+  changes (the manifest is written last, so the old export stays whole)."""
   run = offline.load(exported)
+  before = {p.name: p.read_bytes() for p in exported.iterdir()}
+  path_type = type(workdir_lib.as_path(exported))
+  real = path_type.replace
+
+  def full_disk(self, target):
+    if str(target).endswith("params.safetensors"):
+      raise OSError(28, "No space left on device")
+    return real(self, target)
+  monkeypatch.setattr(path_type, "replace", full_disk)
   with pytest.raises(OSError, match="No space left"):
-    export.export_params(run.params, run.config, exported, source=json.loads(
-        (exported / "export.json").read_text())["source"], step=3, info=run.task.info(),
-        model=run.model)
-  assert sorted(p.name for p in exported.iterdir()) == ["config.json", "export.json",
-                                                        "export.npz"]
+    offline.export_run(run, exported)
+  assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
 
 
-def test_a_config_json_that_is_not_a_run(tmp_path):
-  (tmp_path / "config.json").write_text("[1, 2]")
-  (tmp_path / "checkpoints").mkdir()
-  with pytest.raises(ValueError, match="holds a JSON list, not a run config"):
-    offline.load(tmp_path)
-  (tmp_path / "config.json").write_text('{"task": "classification"}')
-  with pytest.raises(ValueError, match="the config has no seed, log_every"):
-    offline.load(tmp_path)
+def test_another_sources_export_is_never_overwritten(exported, tmp_path):
+  run = offline.load(exported)
+  with pytest.raises(ValueError, match="holds the export of another source"):
+    export.write_export(exported, run.params, run.config, run.model, source=tmp_path / "b",
+                        step=1)
+
+
+def test_heads_switch_evaluates_the_same_weights_with_another_spec(exported, tmp_path):
+  run = offline.load(exported)
+  switched = offline.switch_heads(run, offline.parse_heads("((1, 0), 2)"))
+  assert switched.task.describe_heads(switched.model) == "heads=L./LL"
+  x = np.random.RandomState(0).rand(4, 28, 28, 1).astype(np.float32)
+  same = run.model.apply({"params": run.params}, x)
+  other = switched.model.apply({"params": run.params}, x)
+  assert np.abs(np.asarray(same) - np.asarray(other)).max() > 1e-2
+  res = offline.evaluate_workdir(exported, tmp_path / "eval",
+                                 offline.EvalOptions(evals=("val",), heads=0),
+                                 log=lambda m: None)
+  assert res["heads"] == {"trained": "k=2 (all)", "evaluated": "k=0"}
+  with pytest.raises(ValueError, match="--heads='mix'.*parameters differ.*mix_a"):
+    offline.switch_heads(run, "mix")
+  with pytest.raises(ValueError, match="laplacian_heads=3 but the layer has 2 heads"):
+    offline.switch_heads(run, 3)
+
+
+def test_init_from_an_export_with_another_head_spec(exported, tmp_path, data_cache):
+  """Retrofitting: a k = 2 export fine-tuned with k = 0 heads (the parameter trees are the
+  same); its first step starts from the export's weights."""
+  config = make_config("vit", data_cache)
+  config.init_from = str(exported)
+  config.model.laplacian_heads = 0
+  config.total_steps = 2
+  config.checkpoint.every_steps = 2
+  config.evals = {}
+  lines = []
+  trainer.train_and_evaluate(config, tmp_path / "ft", log=lines.append)
+  assert any(f"starting from {exported}" in line for line in lines), lines
+  identity = json.loads((tmp_path / "ft" / "checkpoints" / "identity.json").read_text())
+  assert identity["identity"]["model.laplacian_heads"] == ["..", ".."]
+  config.init_from_step = 7
+  with pytest.raises(ValueError, match="is an export of step 3, not of step 7"):
+    trainer.train_and_evaluate(config, tmp_path / "ft2", log=lambda m: None)
+
+
+def test_head_switch_study(exported, tmp_path):
+  """Every single-head switch (and all at once) of a k = 2 export, scored on the same test
+  images as the trained spec: the base accuracy is the evaluator's, the deltas are paired."""
+  from laplax.study import head_switches
+  result = head_switches.study(exported, tmp_path / "switches", log=lambda m: None)
+  res = offline.evaluate_workdir(exported, tmp_path / "eval", offline.EvalOptions(evals=("test",)),
+                                 log=lambda m: None)
+  assert result["accuracy"] == pytest.approx(res["test"]["accuracy"])
+  assert [(r["layer"], r["head"], r["from"], r["to"]) for r in result["switches"]] == [
+      (i, h, "laplacian", "attention") for i in range(2) for h in range(2)]
+  assert result["switches"][0]["heads"] == "k=[1,2]"
+  assert len({r["accuracy"] for r in result["switches"]}) > 1  # the heads matter
+  assert result["all_switched"]["heads"] == "k=0"
+  for r in result["switches"] + [result["all_switched"]]:
+    assert r["delta"] == pytest.approx(r["accuracy"] - result["accuracy"])
+    assert r["ci95"][0] <= r["delta"] <= r["ci95"][1]
+  assert (tmp_path / "switches" / "head_switches.png").stat().st_size > 0

@@ -155,7 +155,8 @@ def test_the_two_recipes_differ_in_the_documented_keys():
   assert set(a) == set(b)
   assert {k for k in a if a[k] != b[k]} == {
       "recipe", "num_epochs", "optim.final_lr_fraction", "bce_binary_targets",
-      "optim.label_smoothing", "model.qk_norm", "model.layerscale_init"}
+      "optim.label_smoothing", "model.qk_norm", "model.layerscale_init", "model.weight_init"}
+  assert (paper.model.weight_init, deit3.model.weight_init) == ("timm", "trunc_normal")
   assert paper.recipe == "paper" and paper.num_epochs == 400
   assert paper.optim.lr * paper.optim.final_lr_fraction == pytest.approx(1e-6)
   assert deit3.optim.lr * deit3.optim.final_lr_fraction == pytest.approx(1e-5)

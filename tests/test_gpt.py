@@ -31,8 +31,10 @@ def _random_params(model, seed=0, scale=0.3):
 
 @pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
 @pytest.mark.parametrize("extra", [dict(laplacian_heads=0), dict(laplacian_heads=[1, 4]),
-                                   dict(laplacian_heads=2, num_kv_heads=2)],
-                         ids=["baseline", "laplacian", "laplacian_gqa"])
+                                   # + the authors' nanochat fork's options (no extra compile)
+                                   dict(laplacian_heads=2, num_kv_heads=2, rope_theta=1e5,
+                                        qk_scale=1.2, rope_table_dtype="bfloat16")],
+                         ids=["baseline", "laplacian", "laplacian_gqa_fork"])
 def test_kv_cache_generate_equals_full_forward(extra):
   model = gpt.GPT({**TINY, **extra})
   params = _random_params(model)

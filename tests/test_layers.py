@@ -14,7 +14,7 @@ LAYERS = (
               "laplax.multihost", "laplax.flops", "laplax.kernels")),
     ("models, data", ("laplax.models", "laplax.data")),
     ("train", ("laplax.train", "laplax.cli")),
-    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.geometry")),
+    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.geometry", "laplax.convert")),
     ("study", ("laplax.study",)),
     ("CLIs", ("train", "eval")),
 )

@@ -339,8 +339,7 @@ def test_parquet_and_jsonl_sources_become_documents(tmp_path):
   config = ml_collections.ConfigDict({"sources": [str(src / "*")], "vocab_size": 300,
                                       "val_fraction": 0.1, "tokenizer_train_chars": 50_000})
   tok, out = preparation.prepare(config, tmp_path / "cache",
-                                 tokenizer_path=tmp_path / "run" / "t.json", log=None,
-                                 process_index=0, process_count=1)
+                                 tokenizer_path=tmp_path / "run" / "t.json", log=None)
   assert Tokenizer.load(tmp_path / "run" / "t.json").fingerprint() == tok.fingerprint()
   corpus = text_shards.describe_corpus(out)
   assert corpus["files"] == 4 and corpus["documents"] == 3 * 40 + 2
@@ -363,35 +362,54 @@ def test_record_errors_name_the_file(tmp_path):
     list(text_corpus.iter_records(tmp_path / "bad.parquet"))
 
 
-def test_only_process_zero_writes_and_the_others_wait(tmp_path):
-  import threading
-
-  src = _corpus(tmp_path)
-  config = ml_collections.ConfigDict({"sources": [str(src)], "vocab_size": 300,
-                                      "val_fraction": 0.1, "wait_timeout_s": 0.5})
-  # Host 1 alone: nothing appears, so it times out, having written nothing.
-  with pytest.raises(TimeoutError, match="process 0"):
-    preparation.prepare(config, tmp_path / "cache", log=None, process_index=1, process_count=2)
-  assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
-  # Host 1 started first waits for host 0's tokenizer and shards, then uses the same ones.
-  config.wait_timeout_s = 120.0
-  got = {}
-  waiter = threading.Thread(target=lambda: got.update(one=preparation.prepare(
-      config, tmp_path / "cache", tokenizer_path=tmp_path / "run1" / "t.json", log=None,
-      process_index=1, process_count=2)))
-  waiter.start()
-  tok0, out0 = preparation.prepare(config, tmp_path / "cache",
-                                   tokenizer_path=tmp_path / "run0" / "t.json", log=None,
-                                   process_index=0, process_count=2)
-  waiter.join(timeout=120)
-  tok1, out1 = got["one"]
-  assert out1 == out0 and tok1.fingerprint() == tok0.fingerprint()
-  assert (tmp_path / "run0" / "t.json").exists() and not (tmp_path / "run1").exists()
-  # Each host streams its own windows of the shared shards.
-  shards = text_shards.TokenShards(out1, "train", seq_len=8)
-  a, b = (next(iter(text_pipeline.train_dataset(shards, batch_size=2, seed=0, process_index=p,
-                                                process_count=2)))["tokens"] for p in range(2))
-  assert not np.array_equal(a, b)
+def test_groups_of_files_are_the_shards_for_any_number_of_hosts(tmp_path):
+  """A corpus is tokenised in groups of whole files, each cut into its own shards: hosts that
+  tokenise disjoint groups and copy each other's (tokenize_corpus on hosts with their own disks)
+  assemble byte for byte the one-host directory; an interrupted attempt's complete groups are
+  kept. (The real multi-process runs: tests/test_multihost.py.)"""
+  src = _corpus(tmp_path, n_docs=5)
+  paths = text_corpus.list_documents([str(src)])
+  tok = Tokenizer.train([p.read_text() for p in paths], vocab_size=300)
+  size = paths[0].stat().length
+  kw = dict(val_fraction=0.1, shard_tokens=1000, group_bytes=2 * size)
+  one = text_shards.tokenize_corpus(paths, tok, tmp_path / "one", log=None, **kw)
+  meta = json.loads((one / "meta.json").read_text())
+  assert meta["groups"] == 3 and meta["files"] == 5  # files 0-1, 2-3, 4
+  assert [g.start for g in text_shards.plan_groups([size] * 5, 2 * size)] == [0, 2, 4]
+  # Windows never cross a group: every group's train stream is its files', after BOS each.
+  shards = text_shards.TokenShards(one, "train", seq_len=16)
+  first_of_group_1 = next(i for i, s in enumerate(meta["shards"]["train"])
+                          if s["file"].startswith("train_00001_"))
+  np.testing.assert_array_equal(
+      shards.arrays[first_of_group_1][:3],
+      np.concatenate([[tok.bos_id], tok.encode(text_corpus.split_text(
+          paths[2].read_text(), 0.1)[0])[:2]]))
+  # Two hosts: host p writes groups g % 2 == p into the exchange, each copies all of them.
+  exchange = tmp_path / "exchange"
+  exchange.mkdir()
+  groups = text_shards.plan_groups([p.stat().length for p in paths], kw["group_bytes"])
+  for g, files in enumerate(groups):
+    text_shards._write_group([paths[i] for i in files], tok, exchange, g, val_fraction=0.1,
+                             shard_tokens=1000, log=None, num_threads=1, check_peers=False,
+                             what="")
+  for host in range(2):
+    local = tmp_path / f"host{host}" / "tmp"
+    local.mkdir(parents=True)
+    for g in range(len(groups)):
+      text_shards._copy_group(exchange, local, g)
+    out = tmp_path / f"host{host}" / one.name
+    text_shards._finish(local, out, tok, len(paths), len(groups), 0.1)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in one.iterdir())
+    for f in one.iterdir():
+      assert (out / f.name).read_bytes() == f.read_bytes(), f.name
+  # An interrupted single-host attempt: its complete groups are reused, the rest tokenised.
+  partial = tmp_path / "again" / f".{one.name}.partial"
+  partial.mkdir(parents=True)
+  text_shards._copy_group(exchange, partial, 1)
+  (partial / "train_00002_00000.npy").write_bytes(b"half a file")  # group 2 had not finished
+  again = text_shards.tokenize_corpus(paths, tok, tmp_path / "again", log=None, **kw)
+  for f in one.iterdir():
+    assert (again / f.name).read_bytes() == f.read_bytes(), f.name
 
 
 def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
@@ -402,7 +420,7 @@ def test_prepare_refuses_a_tokenizer_larger_than_the_config(tmp_path):
                                       "val_fraction": 0.1})
   with pytest.raises(ValueError, match="t.json has vocab_size .* data.vocab_size=300"):
     preparation.prepare(config, tmp_path / "cache", tokenizer_path=tmp_path / "t.json",
-                        log=None, process_index=0, process_count=1)
+                        log=None)
 
 
 def test_seek_reader_matches_the_memory_map(tmp_path):

@@ -59,5 +59,22 @@ def test_eval_lm_errors(lm_run, tmp_path):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
-  with pytest.raises(ValueError, match="--export is for image classifiers"):
-    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(export=True))
+
+
+def test_an_lm_export_evaluates_as_its_workdir(lm_run, tmp_path):
+  """A GPT's export carries its tokenizer; eval.py gives the same numbers on it; --heads
+  evaluates the same weights with another head spec."""
+  quiet = lambda m: None
+  res = offline.evaluate_workdir(lm_run, tmp_path / "export", EvalOptions(evals=("val",),
+                                                                          export=True), log=quiet)
+  manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+  assert manifest["tokenizer"] == "tokenizer.json" and manifest["step"] == res["step"] == 4
+  assert (tmp_path / "export" / "tokenizer.json").read_bytes() == \
+      (lm_run / "tokenizer.json").read_bytes()
+  again = offline.evaluate_workdir(tmp_path / "export", tmp_path / "again",
+                                   EvalOptions(evals=("val",)), log=quiet)
+  assert again["val"] == res["val"]
+  switched = offline.evaluate_workdir(tmp_path / "export", tmp_path / "switched",
+                                      EvalOptions(evals=("val",), heads=2), log=quiet)
+  assert switched["heads"] == {"trained": "k=0", "evaluated": "k=2"}
+  assert switched["val"]["bpb"] != res["val"]["bpb"]

@@ -6,7 +6,10 @@ random-resized crops, LM, DINO); the hosts share one workdir and a cold data cac
 every host or to one of them saves the same step on all, exits 143 with one line each, and
 the rerun (on 2 hosts or on 1) continues the uninterrupted run exactly, as after kill -9; a
 second run on a live job's workdir is refused on every host; a finished run is not rerun;
-independent trainers started together on one fresh cache all finish."""
+independent trainers started together on one fresh cache all finish; eval.py on 2 hosts gives
+the one-process k-NN and linear probes; a lost host (kill -9 mid-step, mid-save and
+mid-evaluation, SIGSTOP, the coordinator killed) stops the other within seconds with one line
+naming it, and the reruns continue the uninterrupted run exactly."""
 
 import json
 import pathlib
@@ -17,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, SHARED_DATA
 import hosts
 from laplax.evals import offline
 from laplax.train.metrics import read_metrics
@@ -29,6 +32,11 @@ TOL = 1e-5
 # and per-image crops on the host.
 VIT = ("--config.mixup.mixup_alpha=0.8", "--config.mixup.cutmix_alpha=1.0",
        "--config.data.augment=('rrc','flip')", "--config.log_every=1")
+# An LM corpus of several groups of files (laplax.data.text.shards.plan_groups), so that every
+# host of two or four tokenises a share of it.
+LM = ("--config.log_every=1", "--config.data.tokenize_group_mb=0.05",
+      f"--config.data.sources=('{SHARED_DATA}/text/tinyshakespeare', "
+      f"'{SHARED_DATA}/text/sotu/179*.txt')")
 
 
 def _losses(workdir: pathlib.Path) -> dict[int, float]:
@@ -48,8 +56,8 @@ def _single(args):
   return out
 
 
-def _job(args, tmp_path, n=2, tag="job", timeout=600):
-  job = hosts.start(args, n, tmp_path / "logs", devices=8 // n, tag=tag)
+def _job(args, tmp_path, n=2, tag="job", timeout=600, envs=None):
+  job = hosts.start(args, n, tmp_path / "logs", devices=8 // n, tag=tag, envs=envs)
   rcs = job.wait(timeout)
   assert rcs == [0] * n, job.output()[-6000:]
   return job
@@ -78,16 +86,19 @@ def cache(data_cache):
   return data_cache
 
 
-@pytest.mark.parametrize("kind, extra", [("vit", VIT), ("lm", ("--config.log_every=1",)),
+@pytest.mark.parametrize("kind, extra", [("vit", VIT), ("lm", LM),
                                          ("dino", ("--config.log_every=1",))])
 def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extra):
   args = lambda work, c: hosts.train_args(kind, work, c, "--config.total_steps=6", *extra)
   one = tmp_path / "one"
+  if kind == "lm":  # a cache of its own: its token directory is the reference below
+    cache = tmp_path / "one_cache"
   _single(args(one, cache))
-  # Two hosts on one shared workdir and a cold cache of their own: process 0 prepares the
-  # data, the other waits for it.
-  two, cold = tmp_path / "two", tmp_path / "cold_cache"
-  job = _job(args(two, cold), tmp_path)
+  # Two hosts with disks of their own: the default cache_dir (~/.cache/laplax) under each
+  # process's own home. They prepare at once: each its own copy of the images; the LM's
+  # corpus each its share, exchanged through the workdir.
+  two, homes = tmp_path / "two", tmp_path / "homes"
+  job = _job(args(two, ""), tmp_path, envs=hosts.own_disks(homes, 2))
   _assert_same_losses(_losses(two), _losses(one))
   for name in ("results.json", "config.json"):
     assert (two / name).exists()
@@ -95,9 +106,17 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
   assert len(rows) == len(set(rows))  # process 0 alone writes metrics
   out = job.output()
   assert "Traceback" not in out and "[Gloo]" not in out and "peer ranks" not in out, out
+  if kind == "lm":  # each host tokenised groups; each holds the one-host corpus, byte for byte
+    assert all("tokenised" in job.output(i) for i in range(2)), out
+    [reference] = cache.glob("tokens-*")
+    for i in range(2):
+      copy = homes / f"host{i}" / ".cache" / "laplax" / "text" / reference.name
+      assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in reference.iterdir())
+      assert all((copy / p.name).read_bytes() == p.read_bytes() for p in reference.iterdir())
+    assert not (two / "exchange").exists()
   # A rerun of the finished run does nothing and says so in one line; no second final row.
   before = (two / "metrics.jsonl").read_text()
-  again = _job(args(two, cold), tmp_path, tag="again")
+  again = _job(args(two, ""), tmp_path, tag="again", envs=hosts.own_disks(homes, 2))
   for i in range(2):
     assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
   assert (two / "metrics.jsonl").read_text() == before
@@ -112,10 +131,45 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
     for split in want:
       for key, value in want[split].items():
         assert got[split][key] == pytest.approx(value, abs=1e-6), (split, key)
-  # Four hosts x 2 devices: the same losses again.
+  # Four hosts x 2 devices on one cold shared cache (one prepares an image set while the others
+  # wait; the LM's hosts tokenise their shares into it): the same losses again.
   four = tmp_path / "four"
-  _job(args(four, cold), tmp_path, n=4, tag="four")
+  _job(args(four, tmp_path / "cold_cache"), tmp_path, n=4, tag="four")
   _assert_same_losses(_losses(four), _losses(one))
+
+
+def test_chat_rows_on_hosts_with_their_own_disks_give_the_one_host_losses(tmp_path, cache):
+  """Mid-training from an lm run on two hosts with their own disks: each renders its own copy
+  of the conversations (with process 0's tokenizer, init_from's) into its default cache."""
+  pre = tmp_path / "pre"
+  _single(hosts.train_args("lm", pre, cache, "--config.total_steps=2"))
+  args = lambda work, c: hosts.train_args(
+      "chat_mid", work, c, f"--config.init_from={pre}", "--config.total_steps=4",
+      "--config.log_every=1", "--config.data.train.gsm8k.size=40",
+      "--config.data.train.simple_spelling.size=20", "--config.data.train.spelling_bee.size=20",
+      "--config.data.val.spelling_bee.size=8")
+  one, two = tmp_path / "one", tmp_path / "two"
+  _single(args(one, tmp_path / "one_cache"))
+  job = _job(args(two, ""), tmp_path, envs=hosts.own_disks(tmp_path / "homes", 2))
+  _assert_same_losses(_losses(two), _losses(one))
+  for i in range(2):
+    assert "rendered" in job.output(i) and "Traceback" not in job.output(i), job.output(i)
+
+
+@pytest.mark.parametrize("kind", ["lm", "vit"])
+def test_a_cache_promised_shared_that_a_host_cannot_see_stops_every_host(tmp_path, kind):
+  """data.shared_cache=True on hosts with their own disks: every host stops with one line
+  naming the host that does not see process 0's probe, before any data is prepared."""
+  args = hosts.train_args(kind, tmp_path / "run", "", "--config.data.shared_cache=True")
+  job = hosts.start(args, 2, tmp_path / "logs", envs=hosts.own_disks(tmp_path / "homes", 2))
+  assert job.wait(300) == [1, 1], job.output()
+  for i in range(2):
+    errors = [l for l in job.output(i).splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "promised shared" in errors[0] and "process 1 of 2" in \
+        errors[0], job.output(i)
+    assert "Traceback" not in job.output(i)
+  assert "training a" not in job.output() and "prepar" not in job.output().lower()
+  assert not (tmp_path / "run" / "config.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -313,8 +367,9 @@ def test_a_lost_host_stops_the_others_in_seconds_and_the_rerun_continues(tmp_pat
   one line naming the lost host, the last good checkpoint restores, and the final rerun's
   losses are the uninterrupted run's."""
   work = tmp_path / "run"
+  # Evaluations of 2048 validation images every 20 steps: long enough to be caught in one.
   args = _vit_args(work, cache, "--config.checkpoint.every_steps=10",
-                   "--config.evals.val.every=10", "--config.data.eval_subset=0",
+                   "--config.evals.val.every=20", "--config.data.eval_subset=2048",
                    f"--heartbeat_timeout={HEARTBEAT_S}")
   timings, resumed = {}, []
 

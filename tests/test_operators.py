@@ -13,7 +13,7 @@ import pytest
 
 from laplax import heads
 from laplax.attention import MultiHeadAttention, laplacian_attention
-from laplax.evals import export as export_lib
+from laplax.train import export as export_lib
 from laplax.models import gpt, vit
 from laplax.train import optim as optim_lib
 from test_attention import _diagonal_heavy, _qkv, _rel, reference, reference_grads

@@ -163,8 +163,9 @@ def test_layerscale_presets():
   assert common.vit('S', 16).layerscale_init == 1e-6
   assert common.vit('tiny', 4).layerscale_init == 0.1
   from configs.pod import vit_b16_imagenet, vit_b_cifar100
-  for c in (vit_b16_imagenet.get_config(), vit_b_cifar100.get_config()):
-    assert c.model.layerscale_init == 1e-6 and c.model.weight_init == 'trunc_normal'
+  for c, init in ((vit_b16_imagenet.get_config(), 'timm'),
+                  (vit_b_cifar100.get_config(), 'trunc_normal')):
+    assert c.model.layerscale_init == 1e-6 and c.model.weight_init == init
     assert c.loss == 'sigmoid_xent' and c.mixup.mixup_alpha == 0.8
   # The same ops in memory (CIFAR-100, DeiT-III's simple crop) and streamed (ImageNet).
   assert vit_b_cifar100.get_config().data.augment == (

@@ -271,7 +271,9 @@ def _train_py(workdir, data_dir, *extra):
        f"--workdir={workdir}", "--config.data.tfds_name=planted_images",
        f"--config.data.tfds_data_dir={data_dir}", "--config.model.preset=mu",
        "--config.model.patch_size=32", "--config.data.image_size=224",
-       "--config.data.batch_size=16", "--config.total_steps=3", *extra],
+       "--config.data.batch_size=16", "--config.total_steps=3",
+       "--allow_platform_mismatch",  # a TPU pod config (config.platform) on this CPU host
+       *extra],
       cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
@@ -290,6 +292,7 @@ def test_pod_config_trains_three_steps_on_cpu(tmp_path, data_dir):
   out = _train_py(tmp_path / "run", data_dir, "--config.data.image_size=192",
                   "--config.data.eval_crop=224")
   assert out.returncode == 0, out.stderr[-3000:]
+  assert "running anyway (--allow_platform_mismatch)" in out.stdout  # never silently
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["step"] == 3 and results["val"]["count"] == N_VAL
   assert math.isfinite(results["last_train_metrics"]["loss"])

@@ -111,15 +111,15 @@ def test_eval_export_and_analysis(finished_study, tmp_path):
   again = offline.evaluate_workdir(tmp_path / "out", tmp_path / "out2", log=lambda m: None)
   assert again["test"]["accuracy"] == pytest.approx(res["test"]["accuracy"])
   # The export is self-contained: config, head table, input normalisation, classes, step.
-  meta = json.loads((tmp_path / "out" / "export.json").read_text())
-  assert meta["laplacian_heads"] == [[1, 0], [1, 0]] and meta["step"] == 12
+  meta = json.loads((tmp_path / "out" / "manifest.json").read_text())
+  assert meta["heads"]["laplacian_heads"] == [[1, 0], [1, 0]] and meta["step"] == 12
   assert meta["input"]["mean"] == [0.286] and meta["input"]["std"] == [0.353]
   assert len(meta["class_names"]) == 10 and meta["config"]["model"]["preset"] == "mu"
   # Exporting another run into the same --out is refused (it would pair the wrong config).
   other = workdir / "cells" / "k0_s0"
-  with pytest.raises(ValueError, match="holds the export of another run"):
+  with pytest.raises(ValueError, match="holds the export of another source"):
     offline.evaluate_workdir(other, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
-  assert json.loads((tmp_path / "out" / "export.json").read_text()) == meta
+  assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == meta
   # Re-exporting the same run replaces its own files.
   offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(export=True), log=lambda m: None)
 

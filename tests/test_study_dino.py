@@ -5,6 +5,7 @@ eigendecomposition, a rerun that skips finished cells, eval.py's DINO mode, tran
 import importlib
 import json
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -120,8 +121,17 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   assert spectra == res["spectra"] == trained["spectra"]
   assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
-  with pytest.raises(ValueError, match="--export is for image classifiers; .* is a 'dino' run"):
-    offline.evaluate_workdir(cell, tmp_path / "out2", EvalOptions(export=True))
+  # the export: student and teacher, read back bit-exact, evaluated as the workdir
+  exported = offline.evaluate_workdir(cell, tmp_path / "export",
+                                      EvalOptions(evals=("spectra",), export=True),
+                                      log=lambda m: None)
+  run, back = offline.load(cell), offline.load(tmp_path / "export")
+  assert jax.tree.all(jax.tree.map(np.array_equal, (run.params, run.extra),
+                                   (back.params, back.extra)))
+  assert sorted(back.extra) == ["centre", "teacher"]
+  again = offline.evaluate_workdir(tmp_path / "export", tmp_path / "again",
+                                   EvalOptions(evals=("spectra",)), log=lambda m: None)
+  assert again["spectra"] == exported["spectra"] == trained["spectra"]
 
 
 def test_transfer_data_converts_to_the_models_input(shared_data, fashion_mnist_dir, data_cache):

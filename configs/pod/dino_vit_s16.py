@@ -30,7 +30,9 @@ dl.fbaipublicfiles.com) could not be read from here, so its local_crops_number i
 
 Backbone: the authors' deit3_small_{k}L_patch16_224 (timm/models/deit_mixed.py in
 yuchongzhang/pytorch-image-models): LayerScale 1e-6, QK-norm, no position entry for the class
-token; cosine to DINO's min_lr 1e-6.
+token, timm's initialisation (model.weight_init 'timm': trunc_normal(0.02) Linear weights and
+position table, class token normal(1e-6), patch embedding at PyTorch's Conv2d default; DINO's
+own vit_small also uses trunc_normal(0.02)); cosine to DINO's min_lr 1e-6.
 
 Evaluations: the ADE20K linear segmentation probe at DINOv2's protocol, 512 px crops
 (evals.ade20k.dir: the ADEChallengeData2016 folder; laplax.evals.ade20k_probe); DINO's k-NN
@@ -52,6 +54,7 @@ from configs import common
 
 def get_config() -> ml_collections.ConfigDict:
   c = common.run("dino_vit_s16", "dino", log_every=100, every_steps=2000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 100.0
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.data = common.streamed_image_data("imagenet2012", image_size=224, batch_size=1024)
@@ -63,8 +66,8 @@ def get_config() -> ml_collections.ConfigDict:
   # The authors' backbone (yuchongzhang/pytorch-image-models, timm/models/deit_mixed.py,
   # deit3_small_{k}L_patch16_224: init_values=1e-6, qk_norm=True, no_embed_class=True).
   c.model = common.vit("S", patch_size=16, drop_path_rate=0.1, layerscale_init=1e-6, qk_norm=True,
-                       dtype="bfloat16", scan_layers=True, remat_policy="full",
-                       attention_impl="splash")
+                       weight_init="timm", dtype="bfloat16", scan_layers=True,
+                       remat_policy="full", attention_impl="splash")
   c.model.laplacian_heads = 5
   common.dino_sections(c, out_dim=65_536, hidden_dim=2048, bottleneck_dim=256, global_size=224,
                        local_size=96, num_local=8, blur_sigma=(0.1, 2.0),

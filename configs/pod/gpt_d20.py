@@ -55,6 +55,7 @@ from configs import common
 def get_config() -> ml_collections.ConfigDict:
   # about 11.2B tokens: nanochat's d20 budget (20 tokens / parameter)
   c = common.run("gpt_d20", "lm", total_steps=21_400, log_every=50, every_steps=1000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.evals = common.lm_evals(every=1000)
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   # sources: set to the pretraining corpus (files, globs, gs:// paths); global batch 256 x

@@ -51,5 +51,6 @@ def get_config() -> ml_collections.ConfigDict:
       val={"smoltalk": {"kind": "conversations", "path": ""}})
   data.eval_windows = 1024
   c = common.chat_stage(base, "gpt_d20_mid", data=data, lr_scale=1.0, warmdown_fraction=0.2)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.evals.val.every = 150  # nanochat's eval_every
   return c

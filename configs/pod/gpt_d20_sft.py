@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
       val={"smoltalk": {"kind": "conversations", "path": ""}})
   data.eval_windows = 3200  # nanochat's eval_steps 100 x 32
   c = common.chat_stage(base, "gpt_d20_sft", data=data, lr_scale=0.02, warmdown_fraction=1.0)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.evals.val.every = 100  # nanochat's eval_every
   c.evals.chat = common.evaluator(
       "chat", tasks=("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval",

@@ -27,7 +27,9 @@ The sweep: k = 0 (deit3_base_qk_patch16_192), 1, 3, 6, 9, 11, 12 Laplacian heads
 layer (num_vanilla_heads = 12 - k), seeds 0, 1, 2, drop path 0.2: 21 runs.
 
 Model: no position entry for the class token, trunc_normal(0.02) Linear weights and position
-table, LayerNorm eps 1e-6 in both. `paper` (timm's deit3_base_*_patch16_192): LayerScale 1e-6
+table, the patch embedding at PyTorch's Conv2d default, LayerNorm eps 1e-6 in both; the class
+token normal(1e-6) in `paper` (timm's init_weights, model.weight_init 'timm'), trunc_normal(0.02)
+in `deit3`. `paper` (timm's deit3_base_*_patch16_192): LayerScale 1e-6
 (init_values), QK-norm (qk_norm=True in every sweep model), drop path rising linearly to 0.2.
 `deit3` (models_v2.py deit_base_patch16_LS): LayerScale 1e-4 (vit_models' init_scale), no
 QK-norm; DeiT-III's drop path is 0.2 in every block (dpr_constant), laplax's rises linearly.
@@ -53,8 +55,11 @@ no repeated augmentation, no EMA (main.py keeps one, decay 0.99996, by default).
 Both: laplax's training crop resizes bilinearly and its evaluation resize is bilinear with
 antialiasing (timm: random bilinear / bicubic training, bicubic evaluation; DeiT-III bicubic).
 
-Data: ImageNet prepared by TFDS in ArrayRecord format (`imagenet2012/<version>/` under
-`--config.data.tfds_data_dir=DIR`, local or gs://), streamed per record (laplax.data.streaming):
+Data: ImageNet in TFDS's ArrayRecord format (`imagenet2012/<version>/` under
+`--config.data.tfds_data_dir=DIR`, local or gs://; from the official tars, once:
+`python -m laplax.data.prepare imagenet --source=TARS --out=DIR`), or Hugging Face parquet
+shards (`--config.data.source=parquet --config.data.parquet_files='DIR/data/{split}-*.parquet'`),
+streamed per record (laplax.data.streaming):
 random-resized crop, flip, 3-Augment and colour jitter in grain worker processes (one per host
 core but one), uint8 to the device.
 `data.image_size` / `data.num_classes` / `data.num_train` let the model be built and compiled
@@ -83,6 +88,7 @@ def get_config(recipe: str | None = None):
   if recipe not in RECIPES:
     raise ValueError(f"configs/pod/vit_b16_imagenet.py:{recipe}: use one of {RECIPES}")
   c = common.run("vit_b16_imagenet", "classification", log_every=100, every_steps=2000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.recipe = recipe  # documentation: which of RECIPES built this config
   c.data = common.streamed_image_data("imagenet2012", image_size=192, batch_size=2048,
                                       eval_batch_size=1024)
@@ -102,6 +108,7 @@ def get_config(recipe: str | None = None):
     c.bce_binary_targets = False  # timm's BinaryCrossEntropy on the soft targets
     c.optim.label_smoothing = 0.1
     c.model.qk_norm = True
+    c.model.weight_init = "timm"  # timm's init_weights (class token normal(1e-6))
   else:
     c.num_epochs = 800.0
     c.optim.final_lr_fraction = 1e-5 / lr  # main.py's min-lr 1e-5

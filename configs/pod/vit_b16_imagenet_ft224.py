@@ -41,6 +41,7 @@ def get_config(source_recipe: str | None = None):
     raise ValueError(f"configs/pod/vit_b16_imagenet_ft224.py:{source_recipe}: use 'paper' or "
                      "'deit3' (the recipe of the init_from run)")
   c = common.run("vit_b16_imagenet_ft224", "classification", log_every=100, every_steps=2000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 20.0
   c.init_from = ""  # the 192 px run's workdir, on the command line
   c.data = common.streamed_image_data("imagenet2012", image_size=224, batch_size=512,
@@ -52,7 +53,8 @@ def get_config(source_recipe: str | None = None):
   # The source's model: only the position table may differ (192 -> 224 px).
   c.model = common.vit("B", patch_size=16, drop_path_rate=0.2, dtype="bfloat16",
                        scan_layers=True, remat_policy="full", attention_impl="splash",
-                       qk_norm=source_recipe == "paper", weight_init="trunc_normal")
+                       qk_norm=source_recipe == "paper",
+                       weight_init="timm" if source_recipe == "paper" else "trunc_normal")
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
   c.optim = common.adamw(1e-5, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.1,
                          clip_norm=0.0, final_lr_fraction=1.0)  # min-lr 1e-5 = lr

@@ -27,6 +27,7 @@ from configs import common
 
 def get_config():
   c = common.run("vit_b_cifar100", "classification", log_every=100, every_steps=1000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 300.0
   c.data = common.image_data("cifar100", batch_size=512, eval_batch_size=1000,
                              augment=("pad_crop(4)", "flip"))

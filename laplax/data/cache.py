@@ -8,7 +8,7 @@ safe for two processes on one `data_dir` (the later one fails renaming its
 first process prepares, the others wait and then find the entry ready. The kernel drops the
 lock when its holder dies, so a killed preparer leaves no stale lock (only its temporary
 files, which the preparers clean up or ignore). Object stores (gs://) have no flock: there the
-hosts of a job are ordered by `laplax.multihost.process_0_first` instead.
+hosts of a job coordinate through `laplax.multihost` instead (laplax.data.host_cache).
 """
 
 from __future__ import annotations

@@ -7,13 +7,21 @@ from typing import Any
 
 import ml_collections
 
-from laplax.data import builders, pipeline
+from laplax.data import builders, host_cache, pipeline
 
 
 def cache_dir(data_config: ml_collections.ConfigDict) -> pathlib.Path:
   """data.cache_dir, or ~/.cache/laplax (prepared TFDS data sets and decoded arrays)."""
   return pathlib.Path(data_config.get("cache_dir") or
                       pathlib.Path.home() / ".cache" / "laplax").expanduser()
+
+
+def check_shared_cache(data_config: ml_collections.ConfigDict) -> None:
+  """With data.shared_cache=True: that every host of the job sees cache_dir (one `error:`
+  line within seconds otherwise). Without it each host keeps its own copy; hosts that do share
+  the cache wait for the one that prepares an entry (laplax.data.host_cache)."""
+  if data_config.get("shared_cache", False):
+    host_cache.shared(cache_dir(data_config), promised=True)
 
 
 def load_image_data(data_config: ml_collections.ConfigDict) -> dict[str, Any]:

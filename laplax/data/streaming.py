@@ -1,7 +1,8 @@
 """Streaming image classification from a prepared TFDS data set (ImageNet-scale), no TensorFlow.
 
 Records are read by random access (`tfds.data_source` over ArrayRecord files, images kept
-encoded), decoded with PIL and augmented one record at a time as grain transforms, then batched;
+encoded; or parquet shards in the Hugging Face layout, laplax.data.parquet_images: `open_split`
+picks by data.source), decoded with PIL and augmented one record at a time as grain transforms, then batched;
 batches leave the host as uint8 and are normalised on the device
 (`laplax.data.pipeline.device_normalize`). Nothing is held per example except the
 ArrayRecord index, so host memory does not grow with the data set.
@@ -29,7 +30,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from laplax.data import augment, grain_utils
+from laplax.data import augment, grain_utils, imagenet, parquet_images
 from laplax.data import ops as ops_lib
 from laplax.data.builders import DataError
 
@@ -114,9 +115,11 @@ def open_source(name: str, data_dir: str, split: str):
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # DatasetNotFoundError and friends list every data set TFDS knows
+    _raise_if_unfinished(epath.Path(data_dir) / name)
     raise DataError(f'data.tfds_name={name!r}: no prepared TFDS data set of that name in '
                     f'{where} ({type(e).__name__})') from None
   if not builder.is_prepared():
+    _raise_if_unfinished(epath.Path(data_dir) / name)
     raise DataError(f'data.tfds_name={name!r} is not prepared in {where} (expected '
                     f'{builder.data_dir})')
   if split not in builder.info.splits:
@@ -141,6 +144,32 @@ def open_source(name: str, data_dir: str, split: str):
     raise DataError(f'{name} split {split!r} in {where}: {len(missing)} of its record files '
                     f'are missing, e.g. {missing[0]}: copy them again or prepare it again')
   return source, builder.info
+
+
+SOURCES = ('tfds', 'parquet')
+
+
+def open_split(data_config, split: str):
+  """(random-access source, info) of a streamed data set's split, by data.source: 'tfds'
+  (`open_source` of data.tfds_name in data.tfds_data_dir) or 'parquet'
+  (laplax.data.parquet_images: data.parquet_files). The info has what the tasks read of a
+  TFDS DatasetInfo: features['label'] (num_classes, names), splits[name].num_examples."""
+  d = data_config
+  kind = d.get('source', 'tfds')
+  if kind == 'parquet':
+    return parquet_images.open_split(d, split)
+  if kind != 'tfds':
+    raise ValueError(f'data.source={kind!r}: use one of {SOURCES}')
+  return open_source(d.tfds_name, d.tfds_data_dir, split)
+
+
+def _raise_if_unfinished(root) -> None:
+  """DataError naming an interrupted `python -m laplax.data.prepare` below root (version
+  folders), if there is one."""
+  versions = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+  problem = next(filter(None, map(imagenet.unfinished, versions)), None)
+  if problem:
+    raise DataError(problem)
 
 
 def subset(source, limit: int) -> grain.MapDataset:

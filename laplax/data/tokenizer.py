@@ -187,10 +187,20 @@ class Tokenizer:
   def load(cls, path: str | os.PathLike[str]) -> "Tokenizer":
     """The tokenizer saved at `path`; ValueError (one line, naming the file) if it is missing,
     corrupt or not a laplax BPE file."""
-
     path = as_path(path)
     try:
-      data = json.loads(path.read_text())
+      text = path.read_text()
+    except Exception as e:  # noqa: BLE001 - every failure becomes the same clear message
+      msg = " ".join(str(e).split()) or type(e).__name__
+      raise DataError(f"cannot read tokenizer {path}: {msg}; delete it to retrain") from None
+    return cls.from_json(text, where=str(path))
+
+  @classmethod
+  def from_json(cls, text: str, *, where: str = "from JSON") -> "Tokenizer":
+    """The tokenizer `to_json` gave (a file's text, or one sent between hosts); DataError (one
+    line, naming `where`) if it is corrupt or not a laplax BPE file."""
+    try:
+      data = json.loads(text)
       if not isinstance(data, dict) or data.get("type") != FILE_TYPE:
         raise ValueError(f"not a {FILE_TYPE} file (an older laplax tokenizer? retrain it)")
       if data.get("version") != FILE_VERSION:
@@ -206,7 +216,7 @@ class Tokenizer:
       return tok
     except Exception as e:  # noqa: BLE001 - every failure becomes the same clear message
       msg = " ".join(str(e).split()) or type(e).__name__
-      raise DataError(f"cannot read tokenizer {path}: {msg}; delete it to retrain") from None
+      raise DataError(f"cannot read tokenizer {where}: {msg}; delete it to retrain") from None
 
 
 def _checksum(body: dict) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from laplax import heads as heads_lib
-from laplax.evals import export as export_lib
+from laplax.train import export as export_lib
 from laplax.train.evaluator import Evaluator
 
 

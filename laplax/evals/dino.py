@@ -179,8 +179,7 @@ class StreamProbes(_TeacherEvaluator):
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
     d = ctx.task.config.data
-    self.eval_source, tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir,
-                                                        d.get("eval_split", "validation"))
+    self.eval_source, tfds_info = streaming.open_split(d, d.get("eval_split", "validation"))
     # The data set's own classes (a DINO run's data.num_classes may be unset: labels unused).
     self.num_classes = int(tfds_info.features["label"].num_classes)
     size = ctx.task.config.multicrop.global_size

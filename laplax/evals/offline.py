@@ -4,12 +4,15 @@ The evaluators are the run's own (config.evals in its config.json, laplax.train.
 the `final` ones, plus the `analysis` ones with `analyze`, or exactly those `evals` names.
 eval.py's task-specific flags set keys of the evaluators of one type (`tasks`, `limit` and
 `data_dir`: lm_tasks; `photos`: photo_pca; `analysis_examples`: the `examples` of every
-evaluator that has them). `export` writes a self-contained export of a classifier
-(laplax.evals.export). The result also goes to out/eval.json.
+evaluator that has them). `export` writes the run's export (laplax.train.export: safetensors
+and a manifest; every task). `heads` evaluates the trained weights with another head spec
+(laplax.heads: a Laplacian head switched back to P V, or the reverse); the result names both
+specs. The result also goes to out/eval.json.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 from collections.abc import Sequence
@@ -17,14 +20,14 @@ import tempfile
 from typing import Any
 
 from etils import epath
-import flax.linen as nn
 import jax
 import ml_collections
 
+from laplax import heads as heads_lib
 from laplax import multihost
 from laplax import sharding
-from laplax.evals import export as export_lib
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import export as export_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -42,6 +45,7 @@ class EvalOptions:
   limit: int | None = None
   data_dir: str | None = None
   photos: str | None = None  # photo_pca evaluators: these photos ('': skip them)
+  heads: Any = None  # None: as trained; else a head spec (laplax.heads) to evaluate with
 
 
 def load(workdir: epath.PathLike, *, log=print) -> Run:
@@ -49,15 +53,39 @@ def load(workdir: epath.PathLike, *, log=print) -> Run:
   workdir = workdir_lib.as_path(workdir)
   if not workdir.is_dir():
     raise ValueError(f"--workdir={workdir} does not exist")
-  if export_lib.is_export(workdir):
-    config = restore.read_config(workdir)
-    task = task_lib.for_config(config)
-    model = task.build_model()
-    expected = nn.unbox(jax.eval_shape(lambda k: task.init_params(model, k), jax.random.key(0)))
-    meta, params = export_lib.load_export(workdir, expected)
-    return Run(workdir=workdir, config=config, task=task, model=model, params=params,
-               extra=None, step=meta.get("step"))
   return restore.load_run(workdir, log=log)
+
+
+def parse_heads(text: str) -> Any:
+  """--heads's text as a head spec: a Python literal ('4', '(0,0,4,4)', "((0,1),(1,1))") or
+  an operator name ('laplacian', 'heat(2)')."""
+  try:
+    spec = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    spec = text.strip()
+  return heads_lib.freeze(spec)
+
+
+def switch_heads(run: Run, spec: Any) -> Run:
+  """`run` with its model rebuilt for the head spec `spec` (the same weights). Refused in one
+  line when the spec's parameters differ from the trained ones (a 'mix' head has its own
+  learned coefficients: it cannot be switched on in a model trained without them)."""
+  d = run.config.to_dict()
+  d["model"]["laplacian_heads"] = spec  # any spec type (the trained one may be an int)
+  config = ml_collections.ConfigDict(d)
+  task = task_lib.for_config(config)
+  task.load_assets(run.workdir)
+  model = task.build_model()
+  expected = export_lib.flatten(jax.eval_shape(lambda k: task.init_params(model, k),
+                                               jax.random.key(0)))
+  have = export_lib.flatten(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                         run.params))
+  if {k: v.shape for k, v in expected.items()} != {k: v.shape for k, v in have.items()}:
+    extra = sorted(set(expected) ^ set(have))[:3]
+    raise ValueError(f"--heads={spec!r}: that model's parameters differ from the trained ones "
+                     f"({', '.join(extra) or 'shapes'}): only heads without learned "
+                     "coefficients (attention, laplacian, heat(t)) can be switched")
+  return dataclasses.replace(run, config=config, task=task, model=model)
 
 
 def _of_type(sections, type_: str, flag: str) -> list[str]:
@@ -120,35 +148,45 @@ def _mesh(config: ml_collections.ConfigDict):
   return mesh
 
 
+def placed(run: Run, config: ml_collections.ConfigDict):
+  """(mesh, rules, run with its params and extra replicated over the mesh): the mesh of
+  `_mesh`."""
+  mesh = _mesh(config)
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  weights = dataclasses.replace(run, **jax.device_put(
+      {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
+  return mesh, rules, weights
+
+
 def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=print
                      ) -> dict[str, Any]:
   """Runs the evaluators of the run in workdir; writes and returns out/eval.json.
 
-  In a job of several processes (eval.py --multihost) the run is restored sharded over the
-  pod's whole mesh as in training, every host runs the same evaluators on it (feature banks,
-  probes, accuracy over its share of the data), and process 0 alone writes: the other hosts'
-  evaluators write their files into a temporary directory that is removed."""
+  In a job of several processes (eval.py --multihost) a run's checkpoint is restored sharded
+  over the pod's whole mesh as in training, every host runs the same evaluators on it (feature
+  banks, probes, accuracy over its share of the data), and process 0 alone writes: the other
+  hosts' evaluators write their files into a temporary directory that is removed."""
   out = workdir_lib.as_path(out)
-  if multihost.is_multiprocess() and not export_lib.is_export(workdir_lib.as_path(workdir)):
-    config = restore.read_config(workdir_lib.as_path(workdir))
+  path = workdir_lib.as_path(workdir)
+  if multihost.is_multiprocess() and path.is_dir() and not export_lib.is_export(path):
+    config = restore.read_config(path)
     mesh = _mesh(config)
     rules = sharding.rules_from_config(config.get("axis_rules"))
-    run = restore.load_run(workdir, log=log, mesh=mesh, rules=rules)
-    weights = run
+    run = trained = restore.load_run(path, log=log, mesh=mesh, rules=rules)
   else:
-    run = load(workdir, log=log)
-    mesh = _mesh(run.config)
-    rules = sharding.rules_from_config(run.config.get("axis_rules"))
-    weights = dataclasses.replace(run, **jax.device_put(
-        {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
+    mesh = None  # a whole copy on this process, replicated below
+    run = trained = load(path, log=log)
+  if options.heads is not None:
+    run = switch_heads(run, options.heads)
   config, names = select(run.config, options)
   task = run.task
-  if options.export and not hasattr(task, "params_for_eval"):
-    raise ValueError(f"--export is for image classifiers; {run.workdir} is a {task.name!r} run "
-                     "(its checkpoint is its export)")
   evaluator_lib.check(config, task)
   with multihost.process_0_first("eval_data"):
     task.load_data(run.workdir, log)  # the evaluators read the task's data
+  if mesh is None:
+    mesh, rules, weights = placed(run, config)
+  else:
+    weights = run
   lead = jax.process_index() == 0
   with contextlib.ExitStack() as stack:
     if lead:
@@ -160,15 +198,33 @@ def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=
     evaluators = evaluator_lib.build(config, context, names)
     results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
     result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
+    if options.heads is not None:
+      result["heads"] = {"trained": trained.task.describe_heads(trained.model),
+                         "evaluated": task.describe_heads(run.model)}
     if options.export:
-      params = multihost.fetch(weights.params)  # whole arrays on every host
+      # whole arrays on every host (an all-gather of a pod's shards), written by process 0;
+      # the trained model's export, with the task that loaded the data (streamed class names)
+      whole = multihost.fetch({"params": trained.params, "extra": trained.extra})
       if lead:
-        result["export"] = str(export_lib.export_params(
-            params, run.config, out, source=run.workdir, step=run.step,
-            info=task.data["info"], model=run.model))
+        result["export"] = str(export_run(dataclasses.replace(trained, task=task, **whole), out))
   if summary:
     log(summary)
   if lead:
     workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
   multihost.agree("eval_written", None)
   return result
+
+
+def export_run(run: Run, out: epath.PathLike) -> epath.Path:
+  """Writes `run`'s export (laplax.train.export) into `out`; returns its manifest's path.
+  Image models record their input normalisation and classes, GPTs their tokenizer."""
+  task = run.task
+  info = task.info() if hasattr(task, "info") else None
+  tokenizer = run.workdir / export_lib.TOKENIZER
+  # an export of an export keeps the original source (a run's workdir, a converted file)
+  source = (export_lib.read_manifest(run.workdir)["source"] if export_lib.is_export(run.workdir)
+            else run.workdir)
+  return export_lib.write_export(
+      out, run.params, run.config, run.model, source=source, step=run.step,
+      extra=run.extra, model_fields=task.model_identity(run.model), info=info,
+      tokenizer=tokenizer if tokenizer.exists() else None)

@@ -67,7 +67,9 @@ class GPTConfig:
   num_kv_heads: int = 0
   mlp_ratio: int = 4
   laplacian_heads: Any = 0  # laplax.heads model spec: int k, an operator, or a per-layer list
-  rope_theta: float = 10000.0
+  rope_theta: float = 10000.0  # nanochat ae0bf52: 10000; its Laplacian fork: 100000
+  rope_table_dtype: str = "float32"  # cos / sin rounded to this ('bfloat16': nanochat's tables)
+  qk_scale: float = 1.0  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
   logit_softcap: float = 15.0  # <= 0 disables the cap
   attention_impl: str | None = None  # None = 'auto' (laplax.attention)
   remat_policy: str = "none"  # laplax.models.remat.POLICIES
@@ -100,7 +102,7 @@ class GPTConfig:
     remat_lib.check(self.remat_policy)
     if self.init not in INITS:
       raise ValueError(f"model.init={self.init!r}; use one of {INITS}")
-    for name in ("dtype", "param_dtype"):
+    for name in ("dtype", "param_dtype", "rope_table_dtype"):
       try:
         jnp.dtype(getattr(self, name))
       except TypeError:
@@ -166,7 +168,9 @@ class Block(nn.Module):
                                               out_axis=(1, 2))
     y = MultiHeadAttention(
         num_heads=c.num_heads, head_dim=c.head_dim, num_kv_heads=c.kv_heads,
-        laplacian_heads=self.laplacian_heads or 0, qk_norm="rms", rope_theta=c.rope_theta,
+        laplacian_heads=self.laplacian_heads or 0, qk_norm="rms", qk_scale=c.qk_scale,
+        rope_theta=c.rope_theta,
+        rope_table_dtype=None if c.rope_table_dtype == "float32" else jnp.dtype(c.rope_table_dtype),
         use_bias=False, is_causal=True, implementation=c.attention_impl, kernel_init=fan_in,
         out_init=nn.initializers.zeros, palette=self.palette, name="attn", **dtypes)(rms_norm(x), decode=decode,
                                                                head_mask=head_row)

@@ -37,27 +37,40 @@ PRESETS = {
 }
 
 
-# 'xavier': Xavier-uniform dense kernels, N(0, 0.02) position embedding, zero class token.
-# 'trunc_normal' (DeiT-III's _init_weights): every Linear weight (attention, MLP, head)
-# trunc_normal(0.02) with zero biases, class token and position embedding trunc_normal(0.02).
-# The patch embedding stays LeCun-normal in both (DeiT-III leaves its Conv2d at PyTorch's
-# default) and the classifier head is zero in 'xavier'. Only values differ: the parameter
-# trees are the same.
-INITS = ("xavier", "trunc_normal")
+# 'xavier': Xavier-uniform dense kernels, N(0, 0.02) position embedding, zero class token,
+# LeCun-normal patch embedding (big_vision's ViT), zero classifier head.
+# 'trunc_normal' (DeiT-III's models_v2 _init_weights): every Linear weight (attention, MLP,
+# head) trunc_normal(0.02) with zero biases, class token and position embedding
+# trunc_normal(0.02); the patch embedding as PyTorch leaves a Conv2d (kaiming_uniform(a=sqrt 5):
+# weight and bias uniform(+-1/sqrt(fan_in)), fan_in = p * p * C).
+# 'timm' (timm's VisionTransformer.init_weights, the authors' deit_mixed models): as
+# 'trunc_normal' but the class token normal(1e-6); timm's trunc_normal_(std=0.02) cuts at +-2
+# absolute, i.e. at 100 std, so its weights are plain normal(0.02) (tests/test_init.py checks
+# each tensor's statistics against timm's own modules). Only values differ between the three:
+# the parameter trees are the same.
+INITS = ("xavier", "trunc_normal", "timm")
+
+
+def torch_conv_bias(fan_in: int):
+  """PyTorch's default Conv2d / Linear bias: uniform(+-1/sqrt(fan_in))."""
+  bound = 1.0 / np.sqrt(fan_in)
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound,
+                                                                  bound)
 
 
 def _inits(init: str) -> dict[str, Any]:
   """The initialisers of `init` (see INITS) by role."""
-  if init == "trunc_normal":
-    t = trunc_normal(0.02)
+  if init in ("trunc_normal", "timm"):
+    t = trunc_normal(0.02) if init == "trunc_normal" else nn.initializers.normal(0.02)
     return dict(qkv=t, out=t, fc1=t, fc1_bias=nn.initializers.zeros, fc2=t, head=t, pos=t,
-                cls=t)
+                cls=t if init == "trunc_normal" else nn.initializers.normal(1e-6),
+                patch="torch")
   if init == "xavier":
     return dict(qkv=nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2)),
                 out=nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
                 fc1=nn.initializers.xavier_uniform(), fc1_bias=nn.initializers.normal(1e-6),
                 fc2=nn.initializers.xavier_uniform(), head=nn.initializers.zeros,
-                pos=nn.initializers.normal(0.02), cls=nn.initializers.zeros)
+                pos=nn.initializers.normal(0.02), cls=nn.initializers.zeros, patch="lecun")
   raise ValueError(f"weight_init={init!r}; use one of {INITS}")
 
 
@@ -79,6 +92,7 @@ class PatchEmbed(nn.Module):
 
   features: int
   patch_size: int
+  init: str = "lecun"  # 'lecun' (LeCun normal, zero bias) | 'torch' (PyTorch's Conv2d default)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -86,10 +100,14 @@ class PatchEmbed(nn.Module):
   def __call__(self, images: Array) -> Array:
     b, h, w, c = images.shape
     p = self.patch_size
-    kernel = self.param("kernel", logical(nn.initializers.lecun_normal(), None, None, None,
-                                          "embed"), (p, p, c, self.features), self.param_dtype)
-    bias = self.param("bias", logical(nn.initializers.zeros, "embed"), (self.features,),
-                      self.param_dtype)
+    if self.init == "torch":  # kaiming_uniform(a=sqrt 5): uniform(+-1/sqrt(fan_in)), both
+      kernel_init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+      bias_init = torch_conv_bias(p * p * c)
+    else:
+      kernel_init, bias_init = nn.initializers.lecun_normal(), nn.initializers.zeros
+    kernel = self.param("kernel", logical(kernel_init, None, None, None, "embed"),
+                        (p, p, c, self.features), self.param_dtype)
+    bias = self.param("bias", logical(bias_init, "embed"), (self.features,), self.param_dtype)
     # (B, H/p, p, W/p, p, C) -> (B, H/p, W/p, p, p, C): patch pixels in the kernel's (p, p, C)
     # order, patches row-major as the conv's output positions.
     x = images.astype(self.dtype).reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
@@ -171,7 +189,7 @@ class ViT(nn.Module):
   scan_layers: bool = False
   attention_impl: str | None = None
   remat_policy: str = "none"  # laplax.models.remat.POLICIES
-  weight_init: str = "xavier"  # INITS
+  weight_init: str = "xavier"  # INITS ('timm': the authors' models)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -197,8 +215,8 @@ class ViT(nn.Module):
     if h % p or w % p:
       raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
     inits = _inits(self.weight_init)
-    x = PatchEmbed(self.hidden_dim, p, dtype=self.dtype, param_dtype=self.param_dtype,
-                   name="embedding")(images)
+    x = PatchEmbed(self.hidden_dim, p, init=inits["patch"], dtype=self.dtype,
+                   param_dtype=self.param_dtype, name="embedding")(images)
     pos = self.param("pos_embedding", logical(inits["pos"], None, "length", "embed"),
                      (1, x.shape[1], self.hidden_dim), self.param_dtype)
     cls = self.param("cls", logical(inits["cls"], None, None, "embed"),

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from laplax.data import chat_tasks
+from laplax.data import chat_tasks, host_cache
 from laplax.data.builders import DataError
 from laplax.data.text import conversations as conv_lib
 from laplax.data.text import corpus
@@ -119,8 +119,10 @@ class ChatTask(LanguageModelTask):
     stats = {f"{split}/{name}": len(rows) for split, group in by_split.items()
              for name, rows in group.items()}
     key = conv_lib.cache_key(self.tokenizer, splits, max_tokens=int(d.max_tokens))
-    self.cache = conv_lib.render_cache(splits, self.tokenizer, text_cache_dir(d), key,
-                                       max_tokens=int(d.max_tokens), stats=stats, log=log)
+    cache = text_cache_dir(d)
+    self.cache = conv_lib.render_cache(
+        splits, self.tokenizer, cache, key, max_tokens=int(d.max_tokens), stats=stats, log=log,
+        shared=host_cache.shared(cache, promised=bool(d.get("shared_cache", False))))
     self.meta = json.loads((self.cache / shards.META).read_text())
     pad = self.tokenizer.special_id("<|assistant_end|>")
     if d.rows == "packed":

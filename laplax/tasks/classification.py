@@ -9,7 +9,7 @@ mixed label-smoothed targets, as timm's BinaryCrossEntropy after its Mixup; with
 `targets.gt(0.0)`, so both classes of a mixed pair are positives). Mixup / CutMix
 (`config.mixup`, laplax.data.mixup) run on the device in the step. Its evaluators
 (accuracy, per-layer geometry) are laplax.evals.classification, picked by config.evals; eval.py
-also writes a self-contained export (laplax.evals.export).
+writes its export (laplax.train.export).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import optax
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
 from laplax.data import builders, mixup as mixup_lib, ops, pipeline, streaming
-from laplax.data.images import load_image_data
+from laplax.data.images import check_shared_cache, load_image_data
 from laplax.models import vit
 from laplax.train import ranges
 from laplax.train.task import Task
@@ -234,6 +234,7 @@ class ClassificationTask(Task):
     if self.streaming:
       self._open_streams(log)
       return
+    check_shared_cache(self.config.data)
     self.data = load_image_data(self.config.data)
     shape, want = self.data["train"][0].shape[1:], self.info().image_shape
     if tuple(shape) != tuple(want):
@@ -249,7 +250,7 @@ class ClassificationTask(Task):
       splits["test"] = d.test_split
     self.data = {}
     for key, split in splits.items():
-      self.data[key], self._tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir, split)
+      self.data[key], self._tfds_info = streaming.open_split(d, split)
     info = self.info()
     found = self._tfds_info.features["label"].num_classes
     if found > info.num_classes:

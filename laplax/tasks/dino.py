@@ -39,7 +39,7 @@ from laplax import flops as flops_lib
 from laplax.data import builders, dino_stream, streaming
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import pipeline
-from laplax.data.images import load_image_data
+from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import (image_info, is_streaming, loader_options,
@@ -309,11 +309,12 @@ class DinoTask(Task):
   def load_data(self, workdir, log) -> None:
     d = self.config.data
     if not self.streaming:
+      check_shared_cache(d)
       self.data = load_image_data(d)
       return
     # Random access to the training split; nothing is loaded (labels unused).
     split = d.get("train_split", "train")
-    source, self._tfds_info = streaming.open_source(d.tfds_name, d.tfds_data_dir, split)
+    source, self._tfds_info = streaming.open_split(d, split)
     self.data = {"train": source}
     log(f"data: {d.tfds_name} from {d.tfds_data_dir}, train {self._num_train():,} ({split})")
 

@@ -74,7 +74,7 @@ class LanguageModelTask(Task):
   def load_data(self, workdir, log) -> None:
     t0 = time.time()
     # A fresh start: a failed start's file is stale. Process 0 alone removes and writes it
-    # (the others, run after it, would delete what it just wrote). Checkpoints keep it even
+    # (the others get the tokenizer from process 0, laplax.data.text.preparation). Checkpoints keep it even
     # without config.json: their identity holds its fingerprint.
     self.tokenizer_path = workdir / "tokenizer.json"
     if (jax.process_index() == 0 and not (workdir / "config.json").exists()
@@ -86,9 +86,11 @@ class LanguageModelTask(Task):
           raise DataError(f"{source} does not exist: is init_from={self.config.init_from} an "
                           "lm run's workdir?")
         Tokenizer.load(source).save(self.tokenizer_path)
+    # Hosts that do not share the text cache exchange their shares of the corpus through the
+    # workdir (every host sees it); the folder is gone once every host has its copy.
     self.tokenizer, token_dir = preparation.prepare(
         self.config.data, text_cache_dir(self.config.data), tokenizer_path=self.tokenizer_path,
-        log=log)
+        exchange_dir=workdir / "exchange", log=log)
     self.corpus = shards.describe_corpus(token_dir)
     log(f"data: {self.corpus['documents']} documents, {self.corpus['tokens']['train']:,} train"
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")

@@ -52,6 +52,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from laplax import paths
 from laplax.train.workdir import is_local, write_json_atomic
 
 MANIFEST_NAME = "laplax_checksums.json"
@@ -227,7 +228,7 @@ def digest_files(step_dir: epath.Path) -> dict[str, dict[str, Any]]:
   """{relative path: {size, sha256}} for every file of a step (sorted)."""
   out = {}
   # walk, not rglob: epath refuses '**' (thousands of listing calls on an object store).
-  files = sorted(epath.Path(root) / name for root, _, names in step_dir.walk() for name in names)
+  files = sorted(root / name for root, _, names in paths.walk(step_dir) for name in names)
   for path in files:
     # Also skips a temporary manifest left by a kill (write_json_atomic's '.<name>.*.tmp').
     if not path.name.startswith((MANIFEST_NAME, "." + MANIFEST_NAME)):

@@ -51,7 +51,7 @@ AT_LEAST_ONE = Range(1, integer=True)
 RANGES: dict[str, Range] = {
     # The run
     "seed": COUNT, "total_steps": COUNT, "init_from_step": COUNT, "num_epochs": POSITIVE,
-    "log_every": AT_LEAST_ONE,
+    "log_every": AT_LEAST_ONE, "lock_lease_s": POSITIVE,
     "checkpoint.every_steps": AT_LEAST_ONE, "checkpoint.keep": AT_LEAST_ONE,
     # Data
     "data.batch_size": AT_LEAST_ONE, "data.eval_batch_size": AT_LEAST_ONE,
@@ -70,6 +70,7 @@ RANGES: dict[str, Range] = {
     "model.num_kv_heads": COUNT, "model.drop_path_rate": BETA,
     "model.layerscale_init": POSITIVE, "model.loss_chunk": COUNT,
     "model.vocab_multiple": AT_LEAST_ONE, "model.rope_theta": POSITIVE,
+    "model.qk_scale": POSITIVE,
     # Optimiser
     "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,

@@ -1,17 +1,21 @@
 """A finished (or live) run read back: its config, task, model and parameters on one device.
 
-Evaluators, studies and eval.py read runs through here, never through the trainer. Reading
+Evaluators, studies and eval.py read runs through here, never through the trainer; so does
+`init_from`. A run is a train.py workdir (its latest good checkpoint) or an export directory
+(laplax.train.export: eval.py --export, or a checkpoint converted by laplax.convert). Reading
 never writes into the workdir (a live trainer may be saving next to the reader).
 """
 
 from __future__ import annotations
 
 from etils import epath
+import flax.linen as nn
 import jax
 import ml_collections
 
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
+from laplax.train import export as export_lib
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.state import abstract_state
@@ -38,9 +42,12 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mes
   from a source too large for one chip).
 
   The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
-  state (DINO: the teacher and centre). Reading never writes into the workdir.
+  state (DINO: the teacher and centre). Reading never writes into the workdir. An export
+  directory gives its parameters as host arrays (`step` must be None or its step).
   """
   workdir = workdir_lib.as_path(workdir)
+  if export_lib.is_export(workdir):
+    return load_export_run(workdir, step)
   config = read_config(workdir)
   task = task_lib.for_config(config)
   task.load_assets(workdir)
@@ -66,3 +73,20 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mes
   step, state, _ = restored
   return Run(workdir=workdir, config=config, task=task, model=model, params=state.params,
              extra=state.extra, step=step)
+
+
+def load_export_run(directory: epath.Path, step: int | None = None) -> Run:
+  """An export directory as a Run: its config.json's task and model, the verified arrays."""
+  manifest = export_lib.read_manifest(directory)
+  if step is not None and step != manifest.get("step"):
+    raise ValueError(f"{directory} is an export of step {manifest.get('step')}, not of step "
+                     f"{step}: drop init_from_step, or export that step")
+  config = read_config(directory)
+  task = task_lib.for_config(config)
+  task.load_assets(directory)
+  model = task.build_model()
+  expected = nn.unbox(jax.eval_shape(lambda k: task.init_params(model, k), jax.random.key(0)))
+  expected_extra = jax.eval_shape(task.init_extra, expected)
+  _, params, extra = export_lib.load_export(directory, expected, expected_extra)
+  return Run(workdir=directory, config=config, task=task, model=model, params=params,
+             extra=extra, step=manifest.get("step"))

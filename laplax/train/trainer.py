@@ -28,6 +28,7 @@ from laplax import multihost
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import gcs
 from laplax.train import identity as identity_lib
 from laplax.train import loop
 from laplax.train import restore
@@ -156,7 +157,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   task.validate(sharding.data_parallel_size(mesh), jax.process_count())
   evaluator_lib.check(config, task)
   _profile_window(config, workdir)  # a bad window fails before anything is written too
-  with workdir_lib.lock_run(workdir):  # one run per workdir, on all its hosts
+  # One run per workdir, on all its hosts (a gs:// lock has a lease: laplax.train.gcs).
+  lease_s = config.get("lock_lease_s", gcs.LEASE_S)
+  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
     results = _train(task, config, workdir, mesh, rules, log, allow_change)
     # Process 0 wrote results.json: every host may read the run's files once this returns.
     multihost.agree("run_written", None)
@@ -166,9 +169,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
            allow_change) -> dict[str, Any]:
   check_workdir_config(workdir, config, allow_change)
-  # Missing or bad data stops a fresh start before config.json. Process 0 prepares first (into
-  # a shared cache the others then find ready), so the hosts never prepare one entry at once.
-  with multihost.process_0_first("load_data"):
+  # Missing or bad data stops a fresh start before config.json. Every host prepares at once:
+  # its own copy, its share of one, or it waits for the host that prepares a shared cache
+  # entry (laplax.data.host_cache); one host's failure stops all with its line.
+  with multihost.together("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
   model = task.build_model()

@@ -21,9 +21,17 @@ file or the new one, never an empty or torn one. `read_json` turns a damaged
 file into a one-line ValueError that names the file and what to do.
 
 Paths go through `etils.epath` (`as_path`), so a workdir may be `gs://bucket/run` on a pod.
-Object stores have neither flock nor rename: there a workdir is not locked (one job per
-bucket path is the scheduler's business) and a JSON file is written as one object, which
-object stores make visible whole or not at all.
+Object stores have neither flock nor rename. A JSON file there is written as one object, which
+object stores make visible whole or not at all. A gs:// workdir is locked by the object
+`workdir/.lock` with a lease (laplax.train.gcs, where the design is): created only if absent
+(a generation precondition, `ifGenerationMatch=0`), renewed by a background thread every
+lease / 3 s (`config.lock_lease_s`, default 60), deleted at exit; a second run on a live
+workdir is refused with one line naming the holder (once it has seen the holder renew: at most
+about lease / 3 s), and a rerun after a kill -9 waits until the dead run's lease has expired,
+then takes the lock over (again by a generation precondition, so of two reruns only one wins).
+The first write is also the bucket's check: a malformed or missing bucket, missing
+credentials or no access is one line, before anything else is written. Other object stores
+(s3://, ...) are not locked.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from etils import epath
 
 from laplax import multihost
 from laplax.data.cache import try_flock
+from laplax.train import gcs
 
 LOCK_NAME = ".lock"
 
@@ -77,16 +86,34 @@ def _holder(lock_path: pathlib.Path) -> str:
     return "another process"
 
 
+def _holder_info(run_id: str | None) -> dict[str, Any]:
+  info = {"pid": os.getpid(), "host": socket.gethostname(),
+          "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+  if run_id is not None:
+    info["run"] = run_id
+  return info
+
+
 @contextlib.contextmanager
-def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None
-                 ) -> Iterator[pathlib.Path | None]:
+def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None,
+                 lease_s: float = gcs.LEASE_S, log=print) -> Iterator[Any]:
   """Holds an exclusive lock on `workdir/.lock` (creating workdir) while the block runs.
 
-  Yields the lock file's path (None for an object-store workdir, which cannot be locked).
-  Raises WorkdirLocked naming the holder's pid if another process holds the lock. The lock
-  is released on exit from the block, or by the kernel when this process dies. `run_id` is
-  written into the lock file (the other hosts of a job read it: `lock_run`).
+  Yields the lock file's path (a gs:// workdir: its `gcs.Lease`; another object store, which
+  cannot be locked: None). Raises WorkdirLocked naming the holder if another process holds the
+  lock. A local lock is released on exit from the block, or by the kernel when this process
+  dies; a gs:// one is deleted on exit, or expires `lease_s` after its holder died (`log` says
+  when a rerun waits for that). `run_id` is written into the lock (the other hosts of a job
+  read it: `lock_run`).
   """
+  if gcs.is_gcs(workdir):
+    try:
+      with gcs.hold(f"{as_path(workdir)}/{LOCK_NAME}", _holder_info(run_id), lease_s=lease_s,
+                    log=log) as lease:
+        yield lease
+    except gcs.Locked as e:
+      raise WorkdirLocked(str(e)) from None
+    return
   if not is_local(workdir):
     as_path(workdir).mkdir(parents=True, exist_ok=True)
     yield None
@@ -101,10 +128,7 @@ def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None
       raise WorkdirLocked(
           f"workdir {workdir} is in use by {_holder(lock_path)}; wait for it to finish,"
           " stop it, or use another --workdir")
-    info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
-    if run_id is not None:
-      info["run"] = run_id
+    info = _holder_info(run_id)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     with contextlib.suppress(OSError):  # best effort: some FUSE file systems refuse fsync
@@ -123,7 +147,8 @@ _REFUSED = "refused:"
 
 
 @contextlib.contextmanager
-def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
+def lock_run(workdir: str | os.PathLike[str], *, lease_s: float = gcs.LEASE_S,
+             log=print) -> Iterator[None]:
   """The workdir lock of a run of one or several processes (one per host of a pod).
 
   One process: `lock_workdir`. Several: process 0 alone takes the lock and writes a fresh run
@@ -133,7 +158,7 @@ def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
   process 0 locked) stops with one line instead of writing a checkpoint nobody reads.
   """
   if not multihost.is_multiprocess():
-    with lock_workdir(workdir):
+    with lock_workdir(workdir, lease_s=lease_s, log=log):
       yield
     return
   import jax  # only for a multi-process run: this module stays light
@@ -142,7 +167,7 @@ def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
     if jax.process_index() == 0:
       run_id = uuid.uuid4().hex
       try:
-        stack.enter_context(lock_workdir(workdir, run_id=run_id))
+        stack.enter_context(lock_workdir(workdir, run_id=run_id, lease_s=lease_s, log=log))
       except BaseException as e:
         multihost.share(name, _REFUSED + (str(e) or type(e).__name__))
         raise
@@ -152,16 +177,23 @@ def lock_run(workdir: str | os.PathLike[str]) -> Iterator[None]:
       answer = multihost.share(name, "")
       if answer.startswith(_REFUSED):
         raise WorkdirLocked(answer[len(_REFUSED):])
-      problem = None if _holds_run(workdir, answer) else (
-          f"workdir {workdir} on process {jax.process_index()} is not the directory process 0 "
-          "locked: the hosts of a job need one shared workdir (NFS, Filestore, a mounted "
-          "bucket) or a gs:// path, and the same --workdir")
+      try:
+        problem = None if _holds_run(workdir, answer) else (
+            f"workdir {workdir} on process {jax.process_index()} is not the directory process 0 "
+            "locked: the hosts of a job need one shared workdir (NFS, Filestore, a mounted "
+            "bucket) or a gs:// path, and the same --workdir")
+      except ValueError as e:  # e.g. this host has no credentials for the bucket
+        problem = f"process {jax.process_index()}: {e}"
     multihost.agree("workdir_shared", problem)
     yield
 
 
 def _holds_run(workdir, run_id: str) -> bool:
-  """Whether workdir's lock file names run `run_id` (an object store has none: true)."""
+  """Whether workdir's lock names run `run_id` (an object store other than gs:// has no lock:
+  true)."""
+  if gcs.is_gcs(workdir):
+    holder = gcs.read(f"{as_path(workdir)}/{LOCK_NAME}")
+    return holder is not None and holder.info.get("run") == run_id
   if not is_local(workdir):
     return True
   try:

@@ -6,7 +6,7 @@ a code corpus) -> `corpus.split_documents` (train / val: in a plain file the las
 `val_fraction`, cut at a line break; in a JSONL / parquet file an evenly spaced `val_fraction`
 of its records) -> `Tokenizer.train` (laplax.data.tokenizer, rustbpe) on the training text ->
 `shards.tokenize_corpus` (tiktoken, once: uint16 / uint32 `.npy` shards in the data directory,
-written by process 0 only; the others wait for its completion marker, meta.json) ->
+per group of files; every host tokenises its share of the groups, meta.json written last) ->
 `shards.TokenShards` (memory-mapped or, on gs://, read by seek; random access to windows) ->
 `pipeline.train_dataset` (grain: shuffled windows of seq_len + 1 tokens, each host its own,
 checkpointable iterator) and `pipeline.eval_batches` (ordered, padded, masked).
@@ -20,8 +20,9 @@ every token after a shard's first is predicted exactly once by the ordered valid
 Bits per byte: a token's byte length is the length of its UTF-8 bytes (0 for special tokens,
 which are neither scored nor counted, as in nanochat's evaluate_bpb).
 
-Multi-host: the data directory (`cache_dir`) must be one that every host sees (a shared file
-system or gs://); process 0 trains the tokenizer and writes the shards, the others wait.
+Multi-host: process 0 trains the tokenizer and sends it to the others; each host tokenises its
+share of the corpus, into `cache_dir` when every host sees it (a shared file system, gs://),
+else through the workdir into each host's own `cache_dir` (laplax.data.host_cache).
 
 Chat fine-tuning: `conversations` renders conversation mixtures (laplax.data.chat) once into a
 token cache that `shards.TokenShards` reads as packed windows and `conversations.Rows` as

@@ -11,7 +11,8 @@ seeded), rendered with the run's tokenizer (render_conversation, data.max_tokens
                        meta.json            written last (the completion marker)
 
 The key hashes the tokenizer, the sources (their files' path, size and mtime), the seed and
-max_tokens; process 0 writes, the other hosts wait for meta.json (the cache must be shared).
+max_tokens. On several hosts: process 0 writes a shared cache while the others wait for it,
+and hosts with their own disks each write their own copy (`render_cache`).
 meta.json lists {split}_ids.npy as the split's one token shard, so `shards.TokenShards` reads
 it as is:
 
@@ -33,9 +34,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 from etils import epath
 
+from laplax import multihost
 from laplax.data import cache as cache_lib
 from laplax.data import chat, chat_tasks
 from laplax.data import grain_utils
@@ -109,23 +112,28 @@ def cache_key(tokenizer: Tokenizer, splits: Mapping[str, list[dict[str, Any]]], 
 
 def render_cache(splits: Mapping[str, list[dict[str, Any]]], tokenizer: Tokenizer,
                  cache_dir, key: str, *, max_tokens: int, stats: Mapping[str, Any] | None = None,
-                 log=print, process_index: int | None = None,
-                 timeout_s: float = 4 * 3600.0) -> epath.Path:
+                 log=print, shared: bool = True, timeout_s: float = 4 * 3600.0) -> epath.Path:
   """Renders {split: conversations} into cache_dir/chat-<key> (layout in the module docstring)
-  unless it is there; process 0 writes, the others wait. -> that directory."""
-  process_index, _ = grain_utils.hosts(process_index, None)
+  unless it is there. -> that directory.
+
+  In a multi-host job (every process calling it at once, with the same conversations): when
+  every host sees cache_dir (`shared`, laplax.data.host_cache.shared) process 0 renders and
+  the others wait for it; else every host renders its own, identical, copy (the conversations
+  are in every host's memory already, and rendering them is no slower than copying)."""
   root = as_path(cache_dir)
   out = root / f"chat-{key}"
-  if (out / shards.META).exists():
+  one_writer = multihost.is_multiprocess() and shared
+  if one_writer and jax.process_index() != 0:
+    multihost.share("conversations_rendered", "", timeout_s=timeout_s)
     return out
-  if process_index != 0:
-    shards.wait_for(out / shards.META, "the rendered conversations", timeout_s)
-    return out
-  root.mkdir(parents=True, exist_ok=True)
-  with cache_lib.entry_lock(root, f"chat-{key}", log=log):
-    if not (out / shards.META).exists():
-      _write(splits, tokenizer, root, out, key, max_tokens=max_tokens, stats=stats or {},
-             log=log)
+  if not (out / shards.META).exists():
+    root.mkdir(parents=True, exist_ok=True)
+    with cache_lib.entry_lock(root, f"chat-{key}", log=log):
+      if not (out / shards.META).exists():
+        _write(splits, tokenizer, root, out, key, max_tokens=max_tokens, stats=stats or {},
+               log=log)
+  if one_writer:
+    multihost.share("conversations_rendered", "ok")
   return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from etils import epath
 
+from laplax import paths
 from laplax.data.builders import DataError
 from laplax.data.tokenizer import as_path
 
@@ -54,7 +55,7 @@ def _glob(source: str) -> list[epath.Path]:
 
 def _walk_files(root: epath.Path, exclude: Sequence[str]) -> Iterator[epath.Path]:
   """Files below root, recursively, skipping directories named in `exclude`."""
-  walk = os.walk(os.fspath(root)) if not is_remote(root) else root.walk()
+  walk = os.walk(os.fspath(root)) if not is_remote(root) else paths.walk(root)
   for dirpath, dirnames, filenames in walk:
     dirnames[:] = [d for d in dirnames if d not in exclude]
     for name in filenames:

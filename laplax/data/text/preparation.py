@@ -9,10 +9,12 @@ import os
 import time
 from collections.abc import Iterator
 
+import jax
 from etils import epath
 
+from laplax import multihost
 from laplax.data import cache as cache_lib
-from laplax.data import grain_utils
+from laplax.data import host_cache
 from laplax.data.text import corpus, shards
 from laplax.data.tokenizer import SPECIAL_TOKENS, SPLIT_PATTERN, Tokenizer, as_path
 
@@ -35,29 +37,56 @@ def _training_sample(paths, val_fraction: float, budget: int) -> Iterator[str]:
 
 
 def prepare(data_config, cache_dir: str | os.PathLike[str], *,
-            tokenizer_path: str | os.PathLike[str] | None = None, log=print,
-            process_index: int | None = None, process_count: int | None = None
+            tokenizer_path: str | os.PathLike[str] | None = None,
+            exchange_dir: str | os.PathLike[str] | None = None, log=print
             ) -> tuple[Tokenizer, epath.Path]:
   """Documents -> tokenizer (loaded from `tokenizer_path` if it exists, else trained on the
   training text, cached by content in cache_dir, and saved there) -> token shard directory.
 
   data_config fields: sources, include_stdlib, suffixes, vocab_size, val_fraction,
   tokenizer_train_chars (the tokenizer sees at most this many characters, the same share of
-  every document), wait_timeout_s (how long hosts > 0 wait for process 0; default 4 h).
-  Process 0 (default: jax.process_index()) trains and writes; the others wait for its files in
-  cache_dir, which must be shared by all hosts.
+  every document), shared_cache (True promises that every host sees cache_dir),
+  tokenize_group_mb (text per unit of tokenising work), wait_timeout_s (how long a host waits
+  for the others; default 4 h).
+
+  In a multi-host job every process calls it at once (laplax.multihost.together): process 0
+  trains (or loads) the tokenizer and sends it to the others through the coordination service;
+  every host then tokenises its share of the corpus (shards.tokenize_corpus: into cache_dir
+  when every host sees it, laplax.data.host_cache.shared, else through `exchange_dir`, a
+  directory every host sees, into each host's own cache_dir).
   """
-  process_index, process_count = grain_utils.hosts(process_index, process_count)
   log = log or (lambda *_: None)
+  index = jax.process_index() if multihost.is_multiprocess() else 0
   suffixes = tuple(data_config.get("suffixes") or corpus.DEFAULT_SUFFIXES)
   paths = corpus.list_documents(corpus.resolve_sources(data_config), suffixes=suffixes)
   val_fraction = float(data_config.val_fraction)
   if not 0.0 < val_fraction < 0.5:
     raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 0.5)")
+  group_mb = float(data_config.get("tokenize_group_mb", shards.GROUP_BYTES / 2**20))
+  if group_mb <= 0:
+    raise ValueError(f"data.tokenize_group_mb={group_mb} must be > 0")
   timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
   cache_dir = as_path(cache_dir)
-  vocab_size = int(data_config.vocab_size)
+  shared = host_cache.shared(cache_dir, promised=bool(data_config.get("shared_cache", False)))
   tokenizer = None
+  if index == 0:
+    tokenizer = _tokenizer(data_config, paths, val_fraction, cache_dir, tokenizer_path, log)
+  if multihost.is_multiprocess():  # the others get process 0's (a few MB at most)
+    text = multihost.share("tokenizer", tokenizer.to_json() if index == 0 else "",
+                           timeout_s=timeout_s)
+    if index != 0:
+      tokenizer = Tokenizer.from_json(text, where="sent by process 0")
+  directory = shards.tokenize_corpus(paths, tokenizer, cache_dir, val_fraction=val_fraction,
+                                     group_bytes=max(int(group_mb * 2**20), 1), shared=shared,
+                                     exchange_dir=exchange_dir, log=log, timeout_s=timeout_s)
+  return tokenizer, directory
+
+
+def _tokenizer(data_config, paths, val_fraction: float, cache_dir: epath.Path,
+               tokenizer_path, log) -> Tokenizer:
+  """The run's tokenizer: `tokenizer_path`'s if it exists, else the one cached for this text
+  in cache_dir, else trained (and cached); saved to tokenizer_path."""
+  vocab_size = int(data_config.vocab_size)
   tokenizer_path = None if tokenizer_path is None else as_path(tokenizer_path)
   if tokenizer_path is not None and tokenizer_path.exists():
     tokenizer = Tokenizer.load(tokenizer_path)
@@ -65,32 +94,27 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
       raise ValueError(f"tokenizer {tokenizer_path} has vocab_size {tokenizer.vocab_size}, the "
                        f"config data.vocab_size={vocab_size}: use the config the run was made "
                        "with, or delete the file to retrain")
-  if tokenizer is None:
-    budget = int(data_config.get("tokenizer_train_chars", 2_000_000))
-    key = hashlib.sha256(f"{shards.CACHE_VERSION}|{corpus.sources_fingerprint(paths)}|"
-                         f"{val_fraction}|{budget}|{vocab_size}|{SPLIT_PATTERN}|"
-                         f"{SPECIAL_TOKENS}".encode()).hexdigest()[:16]
-    cached = cache_dir / f"tokenizer-{key}.json"
-    if not cached.exists() and process_index != 0:
-      shards.wait_for(cached, "the tokenizer", timeout_s)
-    with contextlib.ExitStack() as stack:
-      if not cached.exists():  # one process trains it; the others wait and load it
-        stack.enter_context(cache_lib.entry_lock(cache_dir, cached.stem, log=log))
-      if cached.exists():
-        tokenizer = Tokenizer.load(cached)
-      else:
-        log(f"training a {vocab_size:,}-token BPE on at most {budget:,} characters of "
-            f"{len(paths)} files")
-        t0 = time.time()
-        tokenizer = Tokenizer.train(_training_sample(paths, val_fraction, budget), vocab_size)
-        log(f"tokenizer trained in {time.time() - t0:.1f} s")
-        if tokenizer.vocab_size < vocab_size:
-          log(f"the text has only {tokenizer.vocab_size - 256 - len(SPECIAL_TOKENS)} distinct "
-              f"merges: vocabulary {tokenizer.vocab_size}, not {vocab_size}")
-        tokenizer.save(cached)
-    if tokenizer_path is not None and process_index == 0:
-      tokenizer.save(tokenizer_path)
-  directory = shards.tokenize_corpus(paths, tokenizer, cache_dir, val_fraction=val_fraction,
-                                     log=log, process_index=process_index,
-                                     process_count=process_count, timeout_s=timeout_s)
-  return tokenizer, directory
+    return tokenizer
+  budget = int(data_config.get("tokenizer_train_chars", 2_000_000))
+  key = hashlib.sha256(f"{shards.CACHE_VERSION}|{corpus.sources_fingerprint(paths)}|"
+                       f"{val_fraction}|{budget}|{vocab_size}|{SPLIT_PATTERN}|"
+                       f"{SPECIAL_TOKENS}".encode()).hexdigest()[:16]
+  cached = cache_dir / f"tokenizer-{key}.json"
+  with contextlib.ExitStack() as stack:
+    if not cached.exists():  # one trainer trains it; others sharing the cache wait and load it
+      stack.enter_context(cache_lib.entry_lock(cache_dir, cached.stem, log=log))
+    if cached.exists():
+      tokenizer = Tokenizer.load(cached)
+    else:
+      log(f"training a {vocab_size:,}-token BPE on at most {budget:,} characters of "
+          f"{len(paths)} files")
+      t0 = time.time()
+      tokenizer = Tokenizer.train(_training_sample(paths, val_fraction, budget), vocab_size)
+      log(f"tokenizer trained in {time.time() - t0:.1f} s")
+      if tokenizer.vocab_size < vocab_size:
+        log(f"the text has only {tokenizer.vocab_size - 256 - len(SPECIAL_TOKENS)} distinct "
+            f"merges: vocabulary {tokenizer.vocab_size}, not {vocab_size}")
+      tokenizer.save(cached)
+  if tokenizer_path is not None:
+    tokenizer.save(tokenizer_path)
+  return tokenizer
