@@ -178,28 +178,33 @@ def test_workers_stop_on_sigterm_then_finish_the_same_study(finished_study, tmp_
 def _pod_study_args(workdir, cache):
   return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs/test.py'}:study_vit",
           f"--workdir={workdir}", f"--config.base.data.cache_dir={cache}",
-          "--config.base.mesh.data=-1", "--config.study.seeds=(0,)", "--heartbeat_timeout=8"]
+          "--config.base.mesh.data=-1", "--config.study.seeds=(0,)",
+          "--config.base.lock_lease_s=2", "--heartbeat_timeout=8"]
 
 
 @pytest.mark.slow
-def test_a_study_on_two_hosts_resumes_after_its_coordinator_dies(finished_study, tmp_path,
-                                                                data_cache):
-  """2 processes x 4 devices run the grid's cells (seed 0 of the CPU study) one after another
-  on the whole mesh; kill -9 of process 0 in the second cell stops process 1 with one line
-  (exit 75); the rerun skips the finished cell, resumes the interrupted one from its
-  checkpoint, and the report holds the CPU study's numbers (one device there, 8 here: float
-  reductions differ) and each cell's cost on 8 chips of 2 hosts."""
+def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_study, tmp_path,
+                                                                      data_cache, fake_gcs):
+  """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 4
+  devices run the grid's cells (seed 0 of the CPU study) one after another on the whole mesh;
+  kill -9 of process 0 in the second cell stops process 1 with one line (exit 75); the rerun
+  takes the dead job's leased locks over, skips the finished cell, resumes the interrupted one
+  from its checkpoint, and the report holds the CPU study's numbers (one device there, 8 here:
+  float reductions differ) and each cell's cost on 8 chips of 2 hosts."""
   import signal
   import time
+  from etils import epath
   import hosts
-  work = tmp_path / "pod"
+  bucket = fake_gcs.bucket()
+  work = f"gs://{bucket}/pod"
   job = hosts.start(_pod_study_args(work, data_cache), 2, tmp_path / "logs", tag="first")
-  second = work / "cells" / "k1-0_s0"
+  # The server's storage: the second cell's step-6 checkpoint is good once its manifest exists.
+  second = fake_gcs.root / bucket / "pod" / "cells" / "k1-0_s0"
+  saved = second / "checkpoints" / "laplax_manifests" / "6.json"
   deadline = time.time() + 600
-  while not (second / "checkpoints" / "6").is_dir() and time.time() < deadline and job.alive():
+  while not saved.exists() and time.time() < deadline and job.alive():
     time.sleep(0.05)
-  assert (second / "checkpoints" / "6").is_dir() and not (second / "results.json").exists(), \
-      job.output()[-4000:]
+  assert saved.exists() and not (second / "results.json").exists(), job.output()[-4000:]
   t0 = time.time()
   job.signal(signal.SIGKILL, which=[0])
   assert job.procs[1].wait(timeout=120) == 75, job.output(1)[-4000:]
@@ -211,8 +216,9 @@ def test_a_study_on_two_hosts_resumes_after_its_coordinator_dies(finished_study,
   assert rerun.wait(900) == [0, 0], rerun.output()[-4000:]
   out = rerun.output(0)
   assert "cell 1/2: k0 seed 0 (finished, skipped)" in out and "resumed from step 6" in out, out
+  assert out.count("its lease had expired") == 2, out  # the study's lock and the cell's
   reference, _, _ = finished_study
-  got = json.loads((work / "summary.json").read_text())
+  got = json.loads(epath.Path(f"{work}/summary.json").read_text())
   want = json.loads((reference / "summary.json").read_text())
   for g, w in zip(got["rows"], want["rows"]):
     assert g["seeds"] == [0] and g["name"] == w["name"]
@@ -220,11 +226,14 @@ def test_a_study_on_two_hosts_resumes_after_its_coordinator_dies(finished_study,
     assert g["scores"]["test_accuracy"][0] == pytest.approx(w["scores"]["test_accuracy"][0],
                                                             abs=0.008)
   for cell in ("k0_s0", "k1-0_s0"):
-    losses = lambda d: [r["loss"] for r in read_metrics(d / "cells" / cell / "metrics.jsonl")
+    losses = lambda d: [r["loss"] for r in read_metrics(f"{d}/cells/{cell}/metrics.jsonl")
                         if r["split"] == "train"]
     assert np.allclose(losses(work), losses(reference), atol=1e-4), cell
-  report = (work / "report.md").read_text()
+  report = epath.Path(f"{work}/report.md").read_text()
   assert "## Cost of each cell" in report and report.count("| 8 (2) | cpu |") == 2, report
+  names = fake_gcs.objects(bucket, "pod/")
+  assert "pod/.lock" not in names and "pod/cells/k1-0_s0/.lock" not in names  # released
+  assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
 
 
 def _copy_run(source, dest, **config_changes):
@@ -313,6 +322,7 @@ def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
   worst = max(abs(a[k] - b[k]) for k in a)
   print(f"eval.py on 2 hosts vs 1 process: largest difference {worst:.2e} over {len(a)} numbers")
   assert worst <= 1e-5, worst
-  with np.load(tmp_path / "one" / "export.npz") as x, np.load(tmp_path / "two" / "export.npz") as y:
-    assert sorted(x) == sorted(y) and all(np.array_equal(x[k], y[k]) for k in x)
+  from laplax.train import export as export_lib
+  x, y = (export_lib.read_safetensors(tmp_path / d / export_lib.PARAMS) for d in ("one", "two"))
+  assert sorted(x) == sorted(y) and all(np.array_equal(x[k], y[k]) for k in x)
   assert (tmp_path / "two" / "analysis" / "geometry.json").exists()

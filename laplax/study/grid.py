@@ -31,6 +31,7 @@ from laplax.study import stats
 from laplax.study import throughput
 from laplax.study import workers as workers_lib
 from laplax.study.cells import cell_config, cell_finished, grid_cells, section_for, spec_name
+from laplax.train import gcs
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import format_seconds
 
@@ -80,7 +81,9 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> epath
     raise ValueError(f"study.workers={workers}: parallel cells are processes of one machine; "
                      "with --multihost every cell trains on the whole mesh: use study.workers=1")
   lead = jax.process_index() == 0  # process 0 alone writes the study's files
-  with workdir_lib.lock_run(workdir):  # one study per workdir (each cell locks its own)
+  # One study per workdir (each cell locks its own); a gs:// lock with the cells' lease.
+  lease_s = config.base.get("lock_lease_s", gcs.LEASE_S)
+  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
     if lead:
       workdir_lib.write_json_atomic(workdir / "config.json",
                                     json.loads(config.to_json_best_effort()), indent=2)
