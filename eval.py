@@ -27,6 +27,13 @@ as in training (feature banks, k-NN, linear probes, accuracy), and process 0 wri
 
   python eval.py --workdir=gs://bucket/run --analyze --multihost
 
+ViT and DINO runs, with --analyze (or --evals=mechanism,attention_maps on any run): the
+mechanism measurements (analysis/mechanism_step*.json/.png: W_O W_V eigenvalues, Dirichlet
+energy, attention entropy, mean-vs-deviation share per head) and the last block's class-token
+attention maps (analysis/attention_maps.png), side by side with another run's:
+
+  python eval.py --workdir=runs/fm_k4 --evals=attention_maps --compare=runs/fm_k0
+
 Task data is read from --data_dir (default: $LAPLAX_SHARED_DATA, else ../shared/data next to
 the repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 Reading a run never writes into its workdir's checkpoints/: it is safe next to a live trainer.
@@ -74,6 +81,10 @@ flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (defau
 flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
                     "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
                     "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
+flags.DEFINE_string("compare", None, "ViT / DINO runs: draw the attention maps of this other "
+                    "run (e.g. the baseline's workdir) beside this run's (runs the run's "
+                    "attention_maps evaluators; --evals=attention_maps adds one to a run "
+                    "without).")
 flags.DEFINE_bool("allow_platform_mismatch", False, "Evaluate a run whose config targets "
                   "another backend (config.platform), or uses splash attention off TPU, anyway.")
 cli.define_multihost_flags()
@@ -92,6 +103,7 @@ def main(argv):
                                   analysis_examples=FLAGS.analysis_examples,
                                   tasks=tuple(FLAGS.tasks), limit=FLAGS.limit,
                                   data_dir=FLAGS.data_dir, photos=FLAGS.photos,
+                                  compare=FLAGS.compare,
                                   heads=(None if FLAGS.heads is None
                                          else offline.parse_heads(FLAGS.heads)))
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.

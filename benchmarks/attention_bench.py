@@ -10,8 +10,9 @@ the output's sum with respect to q, k, v) of:
   lap-k0/<impl>    laplacian_attention with k=0 (must cost exactly what dpa costs)
   explicit         laplacian_attention(implementation='explicit'): einsum + float32 softmax
   op:<name>/<impl> laplacian_attention with every head on a laplax.heads operator
-                   (--operators 'mix(laplacian)' 'heat(2)' ...; mix heads get their initial
-                   coefficients as arrays, as a model passes its parameters)
+                   (--operators 'mix(laplacian)' 'heat(2)' uniform centering identity auto
+                   ...; mix heads get their initial coefficients as arrays, as a model passes
+                   its parameters; 'auto' gate heads per-example coefficients)
 
 for each implementation in --impls (default 'xla'; 'xla,cudnn' when a GPU is present, where
 cuDNN needs bfloat16 or float16). Prints each time and the ratios lap / dpa, explicit / dpa and,
@@ -39,6 +40,16 @@ from laplax.attention import laplacian_attention
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def _coefficients(op, q):
+  """What a model passes as mix=(a, b): a mix head's (H,) parameters at their start, a gate
+  head's per-example (B, H) coefficients at g = 1/2 (as drawn while it trains); else None."""
+  if op.learned:
+    return jnp.full(q.shape[2], op.a), jnp.full(q.shape[2], op.b)
+  if op.gated:
+    return jnp.full(q.shape[:1] + q.shape[2:3], 0.5), jnp.zeros(q.shape[:1] + q.shape[2:3])
+  return None
+
+
 def attention_fns(impls, lap_k: int, causal: bool, operators=()) -> dict:
   """{variant name: f(q, k, v) -> (B, T, Hq, D)} for the requested implementations."""
   fns = {}
@@ -46,8 +57,7 @@ def attention_fns(impls, lap_k: int, causal: bool, operators=()) -> dict:
     for name in operators:
       op = heads.parse_operator(name)
       fns[f"op:{op.name}/{impl}"] = lambda q, k, v, impl=impl, op=op: laplacian_attention(
-          q, k, v, op, is_causal=causal, implementation=impl,
-          mix=(jnp.full(q.shape[2], op.a), jnp.full(q.shape[2], op.b)) if op.learned else None)
+          q, k, v, op, is_causal=causal, implementation=impl, mix=_coefficients(op, q))
     fns[f"dpa/{impl}"] = lambda q, k, v, impl=impl: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=impl)
     fns[f"lap/{impl}"] = lambda q, k, v, impl=impl: laplacian_attention(

@@ -2,6 +2,10 @@ r"""Train-step time of one ViT with every head Laplacian (k=H) against the basel
 
   python -m benchmarks.vit_step_bench --preset=tiny --patch=4 --image-size=28 --channels=1 \
       --batch=128 --repetitions=60 --control
+  python -m benchmarks.vit_step_bench --patch=7 --heads auto centering   # more head specs
+
+`--heads` adds variants by laplax.heads spec ('auto': the gate phase of laplax.train.auto_heads,
+also timed against k=H, the cost of a frozen mask); the trainer's dropout key draws the gates.
 
 Both variants are the same model, optimiser and sharded jitted step as the classification
 trainer (laplax.train.trainer with laplax.tasks.classification), differing only in `laplacian_heads`. They are compiled
@@ -112,6 +116,7 @@ def run(args) -> dict:
     if not 0 < k <= heads:
       raise ValueError(f"--k={k}: use 1..{heads} Laplacian heads (the model has {heads})")
   specs = {"k=0": 0, **{f"k={k}": k for k in ks}}
+  specs.update({spec: spec for spec in args.heads})  # laplax.heads specs: 'auto', 'centering'
   if args.control:
     specs["k=0 (control)"] = 0
 
@@ -149,6 +154,10 @@ def run(args) -> dict:
     met = "met" if stats["ratio"] <= args.target else "NOT met"
     print(common.format_ratio(f"time ratio {name} / k=0", stats) +
           f"   (target <= {args.target:.2f}: {met})")
+    if name in args.heads and f"k={heads}" in specs:  # e.g. an 'auto' phase vs all-Laplacian
+      stats = result["ratios"][f"{name} / k={heads}"] = common.ratio_stats(
+          times[name], times[f"k={heads}"], seed=args.seed)
+      print(common.format_ratio(f"time ratio {name} / k={heads}", stats))
   if args.control:
     result["control_ratio"] = common.ratio_stats(times["k=0 (control)"], times["k=0"],
                                                  seed=args.seed)
@@ -197,6 +206,9 @@ def parse_args(argv=None):
   p.add_argument("--num-classes", type=int, default=10)
   p.add_argument("--batch", type=int, default=128)
   p.add_argument("--k", default="", help="Laplacian heads per layer, e.g. '2,4' (default: all)")
+  p.add_argument("--heads", nargs="*", default=[],
+                 help="more variants by laplax.heads spec, e.g. 'auto' (the gate phase) "
+                      "'centering' 'identity'")
   p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype")
   p.add_argument("--attention-impl", default=None, choices=[None, "xla", "cudnn", "explicit"])
   p.add_argument("--scan-layers", action="store_true")

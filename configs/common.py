@@ -70,22 +70,27 @@ def evaluator(type_: str, **keys) -> ml_collections.ConfigDict:
 
 def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections.ConfigDict:
   """Val accuracy (every `every` steps and at the end), test accuracy at the end (`test`), and
-  the per-layer geometry for eval.py --analyze."""
+  for eval.py --analyze the per-layer geometry, the mechanism measurements and the attention
+  maps."""
   e = ml_collections.ConfigDict({"val": evaluator("accuracy", split="val", every=every)})
   if test:
     e.test = evaluator("accuracy", split="test")
-  e.geometry = evaluator("vit_geometry", split="test" if test else "val", final=False,
-                         analysis=True)
+  split = "test" if test else "val"
+  e.geometry = evaluator("vit_geometry", split=split, final=False, analysis=True)
+  e.mechanism = evaluator("mechanism", split=split, final=False, analysis=True)
+  e.attention = evaluator("attention_maps", split=split, final=False, analysis=True)
   return e
 
 
 def lm_evals(*, every: int) -> ml_collections.ConfigDict:
-  """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks and
-  the geometry for eval.py (--tasks, --analyze)."""
+  """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks, the
+  geometry and the mechanism measurements for eval.py (--tasks, --analyze)."""
   return ml_collections.ConfigDict({
       "val": evaluator("bpb", every=every),
       "lm_tasks": evaluator("lm_tasks", final=False),
-      "geometry": evaluator("lm_geometry", final=False, analysis=True)})
+      "geometry": evaluator("lm_geometry", final=False, analysis=True),
+      "mechanism": evaluator("mechanism", final=False, analysis=True, examples=256,
+                             batch_size=8)})
 
 
 def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,

@@ -61,4 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
   # it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100 ('ade20k_patch': the former
   # per-patch probe at 'size' px).
   c.evals.spectra = common.evaluator("dino_spectra", final=False, analysis=True)
+  # eval.py --analyze: the teacher's mechanism measurements and class-token attention maps
+  # (`eval.py --evals=attention --compare=BASELINE_WORKDIR`: side by side).
+  c.evals.mechanism = common.evaluator("mechanism", final=False, analysis=True)
+  c.evals.attention = common.evaluator("attention_maps", final=False, analysis=True)
   return c

@@ -42,4 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
   data.words_from = (str(common.SHARED / "text"),)
   c = common.chat_stage(base, "lm_mid", data=data, lr_scale=1.0, warmdown_fraction=0.2)
   c.evals.val.every = 50
+  # nanochat's chat_eval after mid-training too (eval.py --evals=chat; configs/study_chat.py
+  # runs it): the SFT stage's benchmarks.
+  c.evals.chat = common.evaluator(
+      "chat", final=False, tasks=("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval",
+                                  "spelling_bee"), limit=0, data_dir=str(common.SHARED))
   return c

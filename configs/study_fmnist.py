@@ -23,6 +23,14 @@ steps in 14.1 min until the XLA:CPU flags of laplax.cli.configure_xla made its s
 faster; the time saved went into 250 more steps (the margin over 87 % grew from 0.56 to 0.87
 point). Checkpoints every 250 steps, all 6 kept: the report's learning curve (test accuracy and
 the paired difference at steps 250 ... 1500).
+
+The report also has the paper's per-image spectra next to the pooled ones, the mechanism
+measurements at init and after training (each cell's `mechanism` evaluator; paired intervals)
+and the baseline's and k = 4's class-token attention maps (benchmarks/README.md has the
+2026-12-02 numbers: per image no spectral direction excludes 0; the Laplacian models' inputs
+are smoother on their attention graphs after training, their heads move the sequence mean far
+less; W_O W_V's sign does not separate Laplacian from ordinary heads). Those evaluators cost
+about 4 % of the study's CPU time.
 """
 
 from configs import common

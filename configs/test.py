@@ -191,6 +191,7 @@ def _chat_stage(module) -> ml_collections.ConfigDict:
 def chat_mid() -> ml_collections.ConfigDict:
   c = _chat_stage(lm_mid)
   c.optim.warmdown_fraction, c.optim.lr_scale = 0.2, 1.0
+  del c.evals["chat"]
   return c
 
 
@@ -224,6 +225,9 @@ def study_chat() -> ml_collections.ConfigDict:
   sft.evals.chat = common.evaluator(
       "chat", final=False, tasks=("arc_easy", "gsm8k", "spelling_bee"), limit=2,
       data_dir=str(common.SHARED), max_new_tokens=8, batch_size=2)
+  # After mid-training too (nanochat's order); one categorical task keeps it to one forward.
+  mid.evals.chat = common.evaluator("chat", final=False, tasks=("arc_easy",), limit=2,
+                                    data_dir=str(common.SHARED), batch_size=2)
   c.study.stages = ml_collections.ConfigDict({"mid": mid, "sft": sft})
   c.study.stage_order = ("mid", "sft")
   return c

@@ -12,6 +12,14 @@ the same fused kernel t times, each pass over the previous pass's output as valu
 k, so the same P; never a T x T matrix). Passes after the first run only the heads that still
 step. Cached decoding caches each step's output at the decoded positions (`values_for_pass`).
 
+Controls (laplax.heads: 'uniform' U V, 'centering' (I - U) V, 'identity' V) need no softmax: U V
+is the mean of the values over the keys the mask allows (`uniform_mean`: a sum, or for causal
+attention a cumulative sum read at each query's position, never a T x T matrix). The fused
+kernel runs only if some head needs P, and on a static row only over the heads that do when
+they are contiguous (else over all heads, the controls' share discarded); a layer of controls
+only runs none. 'gate' heads ('auto(...)', laplax.train.auto_heads) are a V + b P V with
+a = 1 - g, b = 2 g - 1 from a hard-concrete gate g per example and head (`gate_values`).
+
 Implementations (`implementation=`, the modules' `attention_impl`, config `model.attention_impl`):
 'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16
 self-attention without a mask, XLA otherwise (and always for cached decoding); 'xla' / 'cudnn'
@@ -44,6 +52,8 @@ from laplax.kernels import splash as splash_lib
 
 Array = jax.Array
 IMPLEMENTATIONS = (None, "auto", "xla", "cudnn", "splash", "explicit")
+# The collection MultiHeadAttention sows its analysis into (P, per-head outputs) when mutable.
+ANALYSIS = "attention"
 _HALF = (jnp.bfloat16, jnp.float16)
 
 
@@ -78,27 +88,28 @@ class _Ops:
         raise ValueError("a traced row of operator codes needs its palette")
       self.row = None
       take = lambda values, dtype: jnp.asarray(np.asarray(values, dtype))[heads]
-      self.a = take([op.a for op in palette], np.float32)
-      self.b = take([op.b for op in palette], np.float32)
-      self.steps = take([op.steps for op in palette], np.int32)
-      self.learned = take([op.learned for op in palette], bool)
-      self.plain = take([op == heads_lib.ATTENTION for op in palette], bool)
-      self.any_other = len(palette) > 1
-      self.basic = set(palette) <= {heads_lib.ATTENTION, heads_lib.LAPLACIAN}
-      self.max_steps = max(op.steps for op in palette)
-      self.any_learned = any(op.learned for op in palette)
+      ops = palette
     else:
       row = heads_lib.head_row(heads, num_heads)
-      self.row = row
-      self.a = np.asarray([op.a for op in row], np.float64)  # cast to the working dtype
-      self.b = np.asarray([op.b for op in row], np.float64)
-      self.steps = np.asarray([op.steps for op in row], np.int32)
-      self.learned = np.asarray([op.learned for op in row], bool)
-      self.plain = np.asarray([op == heads_lib.ATTENTION for op in row], bool)
-      self.any_other = not self.plain.all()
-      self.basic = heads_lib.is_basic([row])
-      self.max_steps = int(self.steps.max())
-      self.any_learned = bool(self.learned.any())
+      self.row = ops = row
+      take = lambda values, dtype: np.asarray(values, dtype)
+    # a, b cast to the working dtype later (float64 numbers when static)
+    self.a = take([op.a for op in ops], np.float32 if self.row is None else np.float64)
+    self.b = take([op.b for op in ops], np.float32 if self.row is None else np.float64)
+    self.steps = take([op.steps for op in ops], np.int32)
+    self.learned = take([op.learned for op in ops], bool)
+    self.gated = take([op.gated for op in ops], bool)
+    self.plain = take([op == heads_lib.ATTENTION for op in ops], bool)
+    self.softmax = take([op.matrix == "softmax" for op in ops], bool)  # M = P
+    self.mean = take([op.matrix == "mean" for op in ops], bool)  # M = U (the controls)
+    # What the palette could hold (traced) or the row holds (static): decides what runs.
+    self.any_other = any(op != heads_lib.ATTENTION for op in ops)
+    self.basic = set(ops) <= {heads_lib.ATTENTION, heads_lib.LAPLACIAN}
+    self.max_steps = max(op.steps for op in ops)
+    self.any_learned = any(op.learned for op in ops)
+    self.any_gated = any(op.gated for op in ops)
+    self.any_softmax = any(op.matrix == "softmax" for op in ops)
+    self.any_mean = any(op.matrix == "mean" for op in ops)
 
 
 def query_positions(batch: int, t: int, s: int, query_offset) -> Array:
@@ -133,6 +144,52 @@ def _explicit_attention(q, k, v, mask, scale, f32_out: bool = False) -> tuple[Ar
   return out, probs
 
 
+def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array | None,
+                 t: int, num_heads: int) -> Array:
+  """U V without a softmax: per query, the float32 mean of the values over the keys it may
+  attend to (B, T, Hq, D); a query that may attend to none gets 0.
+
+  v (B, S, Hkv, D); mask as laplacian_attention's (broadcastable to (B, Hq, T, S)); positions
+  (B, T) the queries' key positions (None: self-attention, query t at key t). Costs a sum or,
+  causal, a cumulative sum over the keys (the running mean over s <= t); only a mask that
+  differs between queries needs the (T, S) matrix it is (one einsum with it, normalised)."""
+  b, s, hkv, d = v.shape
+  v32 = v.astype(jnp.float32)
+  groups = num_heads // hkv
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (B|1, Hq|1, T|1, S)
+  if mask is not None and mask.shape[2] != 1:  # a (query, key) mask: its own matrix
+    m = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, s))
+    if is_causal:
+      pos = positions if positions is not None else query_positions(b, t, s, 0)
+      m = jnp.logical_and(m, pos[:, None, :, None] >= jnp.arange(s)[None, None, None, :])
+    w = m.astype(jnp.float32)
+    w = jnp.broadcast_to(w / jnp.maximum(w.sum(-1, keepdims=True), 1.0),
+                         (b,) + w.shape[1:])
+    if w.shape[1] == 1:
+      return jnp.repeat(jnp.einsum("bts,bshd->bthd", w[:, 0], v32), groups, axis=2)
+    return jnp.einsum("bhts,bshd->bthd", w, jnp.repeat(v32, groups, axis=2))
+  # Key weights (B|1, S, Hm): 1 where a key may be attended to; Hm = 1, or Hq for a per-head
+  # key mask (then the values are expanded to the query heads first).
+  w = (jnp.ones((1, s, 1), jnp.float32) if mask is None
+       else jnp.swapaxes(mask[:, :, 0, :], 1, 2).astype(jnp.float32))
+  if w.shape[2] > 1:
+    v32, groups = jnp.repeat(v32, groups, axis=2), 1
+  wv = w[..., None] * v32  # (B, S, heads, D)
+  if not is_causal:
+    out = wv.sum(axis=1, keepdims=True) / jnp.maximum(w.sum(axis=1), 1.0)[:, None, :, None]
+    out = jnp.broadcast_to(out, (b, t) + out.shape[2:])
+  else:  # the running mean over s <= t: cumulative sums, read at each query's position
+    sums, counts = jnp.cumsum(wv, axis=1), jnp.cumsum(w, axis=1)
+    if positions is not None:
+      sums = jnp.take_along_axis(sums, positions[:, :, None, None], axis=1)
+      counts = jnp.take_along_axis(jnp.broadcast_to(counts, (b,) + counts.shape[1:]),
+                                   positions[:, :, None], axis=1)
+    out = sums / jnp.maximum(counts, 1.0)[..., None]
+  return jnp.repeat(out, groups, axis=2) if groups > 1 else out
+
+
 def laplacian_attention(
     q: Array,
     k: Array,
@@ -165,12 +222,14 @@ def laplacian_attention(
     query_offset: int or (B,) int array, position of query 0 along the key axis.
     implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
       'splash' needs self-attention (T == S, no offset) and no mask.
-    return_probs: also return P (B, Hq, T, S) (forces the explicit path).
+    return_probs: also return P (B, Hq, T, S) (forces the explicit path; a control head's P is
+      the softmax it does not use).
     exact_laplacian: in layers with non-attention heads and bf16/fp16 inputs, keep P V in
       float32 and combine in float32 (False: the native-dtype path, kept to measure its cost).
     palette: the operators a traced int row indexes (`heads.palette`).
-    mix: (a, b), each (Hq,): the learned coefficients of the 'mix' heads (other heads ignore
-      theirs). Required when the row has mix heads.
+    mix: (a, b), each (Hq,) or (B, Hq): the coefficients of the 'mix' heads (learned) and the
+      'gate' heads (from their gates, per example while training); other heads ignore theirs.
+      Required when the row has mix or gate heads.
     values_for_pass: multi-step operators (heat) when T < S: called as f(i, y_i) with pass i's
       output at the T query positions (B, T, Hq, D), returns y_i at all S key positions (a KV
       cache of the earlier steps). Not needed for self-attention.
@@ -187,8 +246,9 @@ def laplacian_attention(
   if t > s:
     raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
   ops = _Ops(laplacian_heads, num_heads, palette)
-  if ops.any_learned and mix is None:
-    raise ValueError("the layer has 'mix' heads: pass their coefficients as mix=(a, b)")
+  if (ops.any_learned or ops.any_gated) and mix is None:
+    raise ValueError("the layer has 'mix' or 'gate' heads: pass their coefficients as "
+                     "mix=(a, b)")
   has_lap = ops.any_other
   scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
   aligned = t == s and query_offset is None
@@ -242,15 +302,16 @@ def laplacian_attention(
         qh, kh, vh, mask=_full_mask(pass_mask, is_causal, positions, b, t, s), scale=scale,
         implementation=impl)
 
-  out = attend(q, k, v)
   if not has_lap:
-    out = out.astype(out_dtype)
+    out = attend(q, k, v).astype(out_dtype)
     return (out, probs) if return_probs else out
+  groups = num_heads // num_kv_heads
   v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
-  v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
-  work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
-  v_self, out = v_self.astype(work), out.astype(work)
+  v_self = jnp.repeat(v_self, groups, axis=2)
   if ops.basic:  # the paper's two operators: one select, no coefficients
+    out = attend(q, k, v)
+    work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
+    v_self, out = v_self.astype(work), out.astype(work)
     lap = ~ops.plain
     # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
     if ops.row is not None and lap.all():  # every head: no select for XLA to carry
@@ -260,17 +321,48 @@ def laplacian_attention(
     out = out.astype(out_dtype)
     return (out, probs) if return_probs else out
 
-  # The general recurrence y_i = a y_{i-1} + b P y_{i-1} (laplax.heads.Operator).
-  coef_a, coef_b = jnp.asarray(ops.a, work), jnp.asarray(ops.b, work)
-  if ops.any_learned:
-    mix_a, mix_b = (jnp.asarray(c).astype(work).reshape(num_heads) for c in mix)
-    coef_a = jnp.where(ops.learned, mix_a, coef_a)
-    coef_b = jnp.where(ops.learned, mix_b, coef_b)
-  combine = lambda y, o, idx: coef_a[idx][:, None] * y + coef_b[idx][:, None] * o
+  # The general recurrence y_i = a y_{i-1} + b M y_{i-1} (laplax.heads.Operator), M = P or U.
+  work = jnp.float32 if (f32 or jnp.dtype(q.dtype) == jnp.float32) else q.dtype
+  v_self = v_self.astype(work)
   every = slice(None)
+  # Step 1's M V for every head: P V (softmax heads), U V (controls: no softmax), 0 (identity).
+  # The fused kernel runs only when some head needs P, and on a static row only over the
+  # heads that do when they are contiguous (a slice, never a gather).
+  softmax_heads = every
+  if ops.row is not None and not explicit:
+    idx = np.flatnonzero(ops.softmax)
+    if 0 < idx.size < num_heads and idx.size == idx[-1] - idx[0] + 1:
+      softmax_heads = slice(int(idx[0]), int(idx[-1]) + 1)
+  fill = (uniform_mean(v, mask, is_causal, positions, t, num_heads).astype(work)
+          if ops.any_mean else jnp.zeros_like(v_self))
+  if not (ops.any_softmax or return_probs):
+    out = fill
+  elif softmax_heads is every:
+    out = attend(q, k, v).astype(work)
+    if ops.row is None or not ops.softmax.all():
+      out = jnp.where(jnp.asarray(ops.softmax)[:, None], out, fill)
+  else:
+    sl = softmax_heads
+    if sl.start % groups == 0 and sl.stop % groups == 0:  # whole kv groups: GQA kept
+      kv = slice(sl.start // groups, sl.stop // groups)
+      pv = attend(q[:, :, sl], k[:, :, kv], v[:, :, kv], sl)
+    else:
+      pv = attend(q[:, :, sl], jnp.repeat(k, groups, axis=2)[:, :, sl],
+                  jnp.repeat(v, groups, axis=2)[:, :, sl], sl)
+    out = jnp.concatenate([fill[:, :, :sl.start], pv.astype(work), fill[:, :, sl.stop:]],
+                          axis=2)
+  # Per-head coefficients (1 | B, 1, Hq, 1): static, or from `mix` for mix and gate heads
+  # (a gate's are per example while it trains).
+  coef_a, coef_b = jnp.asarray(ops.a, work)[None], jnp.asarray(ops.b, work)[None]
+  if ops.any_learned or ops.any_gated:
+    mix_a, mix_b = (jnp.asarray(c).astype(work).reshape(-1, num_heads) for c in mix)
+    takes = ops.learned | ops.gated
+    coef_a, coef_b = jnp.where(takes, mix_a, coef_a), jnp.where(takes, mix_b, coef_b)
+  coef_a, coef_b = coef_a[:, None, :, None], coef_b[:, None, :, None]
+  combine = lambda y, o, idx: coef_a[:, :, idx] * y + coef_b[:, :, idx] * o
   y = combine(v_self, out, every)
   if ops.max_steps > 1:
-    k_heads = jnp.repeat(k, num_heads // num_kv_heads, axis=2)
+    k_heads = jnp.repeat(k, groups, axis=2)
   for i in range(2, ops.max_steps + 1):
     keys_y = y if values_for_pass is None else values_for_pass(i - 1, y)
     if ops.row is not None:  # static: only the heads that still step
@@ -314,6 +406,26 @@ def apply_rope(x: Array, positions: Array, theta: float = 10000.0,
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
+# Hard-concrete gates (Louizos, Welling & Kingma 2018, "Learning sparse neural networks through
+# L0 regularization"): temperature 2/3, stretched to (-0.1, 1.1) and clipped to [0, 1], so a
+# sample is exactly 0 or 1 about a third of the time at logit 0 (more as |logit| grows).
+GATE_TEMPERATURE = 2.0 / 3.0
+GATE_STRETCH = (-0.1, 1.1)
+
+
+def gate_values(logit: Array, rng: Array | None, batch: int) -> Array:
+  """Gate values g in [0, 1] of a layer's gate heads, (B, H) float32 when drawn (`rng`: one
+  hard-concrete sample per example and head; differentiable in `logit`), else (1, H): 1 where
+  logit >= 0 (P(g > 1/2) >= 1/2: the head stays attention when frozen), 0 elsewhere."""
+  logit = jnp.asarray(logit, jnp.float32)
+  if rng is None:
+    return (logit >= 0).astype(jnp.float32)[None]
+  u = jax.random.uniform(rng, (batch,) + logit.shape, jnp.float32, 1e-6, 1.0 - 1e-6)
+  s = jax.nn.sigmoid((jnp.log(u) - jnp.log1p(-u) + logit) / GATE_TEMPERATURE)
+  low, high = GATE_STRETCH
+  return jnp.clip(s * (high - low) + low, 0.0, 1.0)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with qkv / out projections, optional QK-norm, RoPE, GQA and a KV cache.
 
@@ -325,7 +437,15 @@ class MultiHeadAttention(nn.Module):
   'embed'): identical trees for baseline, Laplacian and heat models. A layer with 'mix' heads
   (in a scanned model: a model with mix heads anywhere) adds `mix_a` and `mix_b`, float32
   (heads,) with logical axis ('heads',), initialised at each head's operator (a, b); heads that
-  are not mix ignore theirs. Optimisers find them by these names (laplax.train.optim).
+  are not mix ignore theirs. A layer with 'gate' heads adds `gate_logit` (heads,), zeros (the
+  gates of an 'auto(...)' phase, dropped when the mask is frozen). Optimisers find them by
+  these names (laplax.train.optim). The controls keep the baseline's tree.
+
+  Analysis: applied with `mutable=[ANALYSIS]` ('attention'), every layer also computes P
+  explicitly and sows 'probs' (B, H, T, S) float32 and 'head_outputs' (B, T, H, E) float32 (each
+  head's contribution to the output, o_h W_O_h, before the output bias) into that collection
+  (laplax.geometry.mechanism.collect reads them, scanned or not). Otherwise nothing changes: the
+  fused kernel runs and nothing is stored.
   """
 
   num_heads: int
@@ -384,11 +504,13 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None, head_mask: Array | None = None,
                positions: Array | None = None, decode: bool = False,
-               return_probs: bool = False):
+               return_probs: bool = False, gate_rng: Array | None = None):
     """x (B, T, E) -> (B, T, E) (and P (B, H, T, S) if `return_probs`).
 
     decode=True appends this call's keys/values to the 'cache' collection (initialise it by
     calling once with the full-length input and decode=True) and attends over the cache.
+    gate_rng: a key while training gate heads ('auto(...)'): each example draws its own gates
+    (`gate_values`); None: the deterministic gates (those the mask would be frozen to).
     """
     kv_heads = self.num_kv_heads or self.num_heads
     q = self._proj(x, self.num_heads, "query")
@@ -430,6 +552,15 @@ class MultiHeadAttention(nn.Module):
       mix = tuple(self.param(name, nn.with_logical_partitioning(
           lambda _, init: jnp.asarray(init, jnp.float32), ("heads",)), init)
           for name, init in (("mix_a", ops.a), ("mix_b", ops.b)))
+    if ops.any_gated:
+      logit = self.param("gate_logit", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("heads",)), (self.num_heads,), jnp.float32)
+      g = gate_values(logit, gate_rng, b)
+      gate_a, gate_b = 1.0 - g, 2.0 * g - 1.0  # g P V + (1 - g)(I - P) V
+      if mix is None:
+        mix = (gate_a, gate_b)
+      else:
+        mix = tuple(jnp.where(ops.gated, gv, mv) for gv, mv in zip((gate_a, gate_b), mix))
     values_for_pass = None
     if decode and ops.max_steps > 1:
       def values_for_pass(i, y):
@@ -441,18 +572,25 @@ class MultiHeadAttention(nn.Module):
         var.value = jax.lax.dynamic_update_slice(var.value, y.astype(var.value.dtype),
                                                  (0, start, 0, 0))
         return var.value
+    # Analysis (module docstring): only a caller that makes ANALYSIS mutable pays for P.
+    analysis = self.is_mutable_collection(ANALYSIS) and not self.is_initializing()
     out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
                               query_offset=query_offset, implementation=self.implementation,
-                              return_probs=return_probs, palette=self.palette or None, mix=mix,
+                              return_probs=return_probs or analysis,
+                              palette=self.palette or None, mix=mix,
                               values_for_pass=values_for_pass)
     probs = None
-    if return_probs:
+    if return_probs or analysis:
       out, probs = out
     out = checkpoint_name(out, "attn_out")
     kernel = self.param("out", nn.with_logical_partitioning(
         self.out_init, ("heads", "head_dim", "embed")),
         (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)
     y = jnp.einsum("bthd,hde->bte", out.astype(self.dtype), kernel.astype(self.dtype))
+    if analysis:
+      self.sow(ANALYSIS, "probs", probs)
+      self.sow(ANALYSIS, "head_outputs", jnp.einsum(
+          "bthd,hde->bthe", out.astype(jnp.float32), kernel.astype(jnp.float32)))
     if self.use_bias:
       y = y + self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                   ("embed",)),

@@ -12,7 +12,12 @@ tables that are looked up or added, not multiplied: the GPT's token 'embedding',
 sequence (the keys a query sees); d: query heads x head_dim. 12 L T d = 3 passes x 2 matmuls
 (Q K^T and P V) x 2 FLOPs per multiply-add x L T d. A heat(t) head (laplax.heads) runs the
 fused kernel t times (each pass recomputes Q K^T): L counts attention passes, each layer the
-mean of its heads' steps (`attention_passes`). Causal masks are not discounted (as PaLM
+mean of its heads' passes (`attention_passes`, Operator.passes). The controls ('uniform',
+'centering', 'identity') have no softmax: 0 passes (their mean over the keys is a (cumulative)
+sum, O(T d) per sequence and left out like the softmax; a mask over (query, key) pairs would make
+it a T x S matmul, not counted). Model FLOPs, not hardware FLOPs: a table whose softmax heads
+are not contiguous, or scanned layers whose palette mixes controls with softmax heads, run the
+fused kernel over every head of the layer and discard the controls' share. Causal masks are not discounted (as PaLM
 and nanochat count); norms, softmax, RoPE and the optimiser update are left out (a few % at
 these sizes), and so is rematerialisation (model FLOPs, not hardware FLOPs). A ViT's patch
 embedding is counted per token, its classifier per token too (a small overcount: it sees only
@@ -47,10 +52,10 @@ def matmul_params(params: Any, *, skip: frozenset[str] = NOT_MATMULS) -> int:
 
 
 def attention_passes(model) -> float:
-  """L: a model's attention layers weighted by their heads' mean number of fused passes (its
-  depth when every head is attention, Laplacian or mix)."""
+  """L: a model's attention layers weighted by their heads' mean number of fused softmax passes
+  (its depth when every head is attention, Laplacian, mix or gate; 0 for a control head)."""
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
-  return float(sum(np.mean([op.steps for op in row]) for row in table))
+  return float(sum(np.mean([op.passes for op in row]) for row in table))
 
 
 def transformer_flops(n_matmul: int, *, layers: float, seq_len: int, attn_dim: int,

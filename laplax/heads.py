@@ -1,15 +1,26 @@
 """Head operators and head specs: the one parser from user specs to static per-head operators.
 
-Every head h of a layer returns an operator applied to its values, always built from the same
-softmax matrix P (never materialised, see `laplax.attention`):
+Every head h of a layer returns an operator applied to its values, built from the softmax
+matrix P (never materialised, see `laplax.attention`) or, for the controls, from U, the uniform
+average over the keys the mask allows (U_ts = 1 / #{s allowed for t}: causal attention's running
+mean over s <= t), computed without a softmax:
   * 'attention'   P V                       (the ordinary head; also False / 0 / 'plain')
   * 'laplacian'   (I - P) V                 (the paper's head; also True / 1 / 'heat(1)')
   * 'mix(a,b)'    a_h V + b_h P V           learned per-head scalars, initialised at (a, b):
                   'mix' / 'mix(plain)' = (0, 1), 'mix(laplacian)' = (1, -1), or given numbers
   * 'heat(t)'     (I - P)^t V               t steps of the random-walk Laplacian, P applied t
                   times with the same probabilities (t fused attention passes)
-All four are one recurrence: y_0 = V, y_i = a y_{i-1} + b P y_{i-1}, output y_steps
-(`Operator.a, .b, .steps`).
+  Controls (what a Laplacian head would be without its softmax):
+  * 'uniform'     U V                       the mean of the values: what a Laplacian head
+                                            subtracts when P is uniform
+  * 'centering'   (I - U) V                 the values minus that mean
+  * 'identity'    V                         the values themselves (no mixing over tokens)
+  Chosen during training (laplax.train.auto_heads):
+  * 'auto(...)'   a 'gate' head g P V + (1 - g)(I - P) V with a learned gate g (hard-concrete,
+                  `gate_logit`) for a first phase of training, then frozen to 'attention' or
+                  'laplacian' per head (AutoSettings: the phase and how the mask is picked)
+All are one recurrence: y_0 = V, y_i = a y_{i-1} + b M y_{i-1}, output y_steps, with M = P or U
+(`Operator.a, .b, .steps, .matrix`).
 
 A layer spec says what each of its `num_heads` query heads computes:
   * an int k: the last k heads are Laplacian (the paper's convention; "ViT-B-12L" is k = 12);
@@ -35,12 +46,13 @@ ModelSpec = Union[LayerSpec, Sequence[LayerSpec]]
 
 @dataclasses.dataclass(frozen=True)
 class Operator:
-  """One head's operator: y_0 = V, y_i = a y_{i-1} + b P y_{i-1} for i = 1..steps.
+  """One head's operator: y_0 = V, y_i = a y_{i-1} + b M y_{i-1} for i = 1..steps, M = P (the
+  softmax) or U (the uniform mean over allowed keys), `matrix`.
 
   `learned` (mix heads): a and b are the initial values of the layer's `mix_a` / `mix_b`
-  parameters."""
+  parameters. `gated` (gate heads): a = 1 - g, b = 2 g - 1 from the layer's `gate_logit`."""
 
-  kind: str  # 'attention' | 'laplacian' | 'mix' | 'heat'
+  kind: str  # 'attention' | 'laplacian' | 'mix' | 'heat' | 'uniform' | 'centering' | ...
   a: float = 0.0
   b: float = 1.0
   steps: int = 1
@@ -48,6 +60,21 @@ class Operator:
   @property
   def learned(self) -> bool:
     return self.kind == "mix"
+
+  @property
+  def gated(self) -> bool:
+    return self.kind == "gate"
+
+  @property
+  def matrix(self) -> str | None:
+    """'softmax' (P), 'mean' (U: the controls 'uniform' and 'centering') or None ('identity':
+    no matrix)."""
+    return {"uniform": "mean", "centering": "mean", "identity": None}.get(self.kind, "softmax")
+
+  @property
+  def passes(self) -> int:
+    """Fused softmax-attention passes the head costs (laplax.flops): `steps`, 0 for controls."""
+    return self.steps if self.matrix == "softmax" else 0
 
   @property
   def name(self) -> str:
@@ -63,7 +90,8 @@ class Operator:
     """One character for head-table pictures: '.', 'L', 'm' (mix), or t (heat(t), t < 10)."""
     if self.kind == "heat":
       return str(self.steps) if self.steps < 10 else "H"
-    return {"attention": ".", "laplacian": "L", "mix": "m"}[self.kind]
+    return {"attention": ".", "laplacian": "L", "mix": "m", "uniform": "u", "centering": "c",
+            "identity": "i", "gate": "g"}[self.kind]
 
   def __repr__(self) -> str:
     return self.name
@@ -71,9 +99,16 @@ class Operator:
 
 ATTENTION = Operator("attention", 0.0, 1.0, 1)
 LAPLACIAN = Operator("laplacian", 1.0, -1.0, 1)
+UNIFORM = Operator("uniform", 0.0, 1.0, 1)
+CENTERING = Operator("centering", 1.0, -1.0, 1)
+IDENTITY = Operator("identity", 1.0, 0.0, 1)
+GATE = Operator("gate", 0.0, 1.0, 1)  # a, b come from the gate (as if g = 1 at the start)
+CONTROLS = (UNIFORM, CENTERING, IDENTITY)
 _NAMED = {"attention": ATTENTION, "plain": ATTENTION, "softmax": ATTENTION,
-          "laplacian": LAPLACIAN}
-_FORMS = "'attention', 'laplacian', 'mix', 'mix(plain)', 'mix(laplacian)', 'mix(a,b)', 'heat(t)'"
+          "laplacian": LAPLACIAN, "uniform": UNIFORM, "centering": CENTERING,
+          "identity": IDENTITY, "gate": GATE}
+_FORMS = ("'attention', 'laplacian', 'mix', 'mix(plain)', 'mix(laplacian)', 'mix(a,b)', "
+          "'heat(t)', 'uniform', 'centering', 'identity', 'auto(...)'")
 
 
 def mix(a: float, b: float) -> Operator:
@@ -103,6 +138,9 @@ def parse_operator(entry) -> Operator:
   text = entry.strip().lower().replace(" ", "")
   if text in _NAMED:
     return _NAMED[text]
+  if re.fullmatch(r"auto(\(.*\))?", text):
+    parse_auto(text)  # its settings are checked here, read by auto_settings
+    return GATE
   m = re.fullmatch(r"mix(?:\((.*)\))?", text)
   if m:
     arg = m.group(1)
@@ -125,6 +163,79 @@ def parse_operator(entry) -> Operator:
       raise ValueError(f"head operator {entry!r}: heat(t) takes 1 <= t <= 16 steps")
     return heat(t)
   raise ValueError(f"head operator {entry!r} is unknown: use one of {_FORMS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoSettings:
+  """'auto(steps=N | fraction=f, pick=gates | random)': gate heads train for the first N
+  optimiser steps (or the fraction f of the run; default 0.2), then every gate head is frozen
+  to 'attention' (its gate logit >= 0: P(g > 1/2) >= 1/2) or 'laplacian'. pick='random' (a
+  control) freezes instead a random mask with as many Laplacian heads as the gates chose,
+  drawn from the run's seed."""
+
+  steps: int | None = None
+  fraction: float | None = None
+  pick: str = "gates"
+
+  def freeze_step(self, total_steps: int) -> int:
+    """The step after whose update the mask is frozen (1 <= it <= total_steps)."""
+    n = self.steps if self.steps is not None else round(self.fraction * total_steps)
+    return int(min(max(n, 1), max(total_steps, 1)))
+
+  @property
+  def name(self) -> str:
+    phase = f"steps={self.steps}" if self.steps is not None else f"fraction={self.fraction:g}"
+    return f"auto({phase}" + (",pick=random" if self.pick == "random" else "") + ")"
+
+
+_AUTO_FORMS = ("'auto', 'auto(steps=N)', 'auto(fraction=f)', optionally with ',pick=random' "
+               "(e.g. 'auto(steps=300,pick=random)')")
+
+
+def parse_auto(text: str) -> AutoSettings:
+  """'auto' / 'auto(steps=300)' / 'auto(fraction=0.25,pick=random)' -> AutoSettings."""
+  text = text.strip().lower().replace(" ", "")
+  m = re.fullmatch(r"auto(?:\((.*)\))?", text)
+  if not m:
+    raise ValueError(f"{text!r} is not an auto spec: use {_AUTO_FORMS}")
+  kw: dict = {}
+  for part in filter(None, (m.group(1) or "").split(",")):
+    key, eq, value = part.partition("=")
+    try:
+      if not eq or key not in ("steps", "fraction", "pick") or key in kw:
+        raise ValueError
+      kw[key] = (int(value) if key == "steps" else float(value) if key == "fraction"
+                 else value)
+    except ValueError:
+      raise ValueError(f"laplacian_heads={text!r}: use {_AUTO_FORMS}") from None
+  if "steps" in kw and "fraction" in kw:
+    raise ValueError(f"laplacian_heads={text!r}: give steps or fraction, not both")
+  if "steps" in kw and kw["steps"] < 1:
+    raise ValueError(f"laplacian_heads={text!r}: steps must be >= 1")
+  if "fraction" in kw and not 0 < kw["fraction"] <= 1:
+    raise ValueError(f"laplacian_heads={text!r}: fraction must be in (0, 1]")
+  if kw.get("pick", "gates") not in ("gates", "random"):
+    raise ValueError(f"laplacian_heads={text!r}: pick is 'gates' (default) or 'random'")
+  if "steps" not in kw and "fraction" not in kw:
+    kw["fraction"] = 0.2
+  return AutoSettings(**kw)
+
+
+def auto_settings(spec) -> AutoSettings | None:
+  """The AutoSettings of a model spec with 'auto(...)' entries (all alike), else None."""
+  found = set()
+
+  def visit(entry):
+    if isinstance(entry, str) and entry.strip().lower().startswith("auto"):
+      found.add(parse_auto(entry))
+    elif isinstance(entry, (list, tuple, np.ndarray)):
+      for e in entry:
+        visit(e)
+  visit(spec)
+  if len(found) > 1:
+    raise ValueError(f"laplacian_heads={spec!r} has auto entries with different settings "
+                     f"({', '.join(sorted(s.name for s in found))}): one phase per model")
+  return next(iter(found)) if found else None
 
 
 Row = tuple[Operator, ...]
@@ -187,6 +298,9 @@ def spec_name(spec: ModelSpec) -> str:
   """Directory-safe name of a spec: 'k0', 'k4', 'k0-0-4-4', 'k1-0' (per-head bools), 'heat2',
   'mix-plain', 'mix0.5_-0.5', 'k0-heat2' (a per-layer list with an operator)."""
   def one(entry) -> str:
+    if isinstance(entry, str) and entry.strip().lower().startswith("auto"):
+      return re.sub(r"[^A-Za-z0-9.\-]+", "-", parse_auto(entry).name.replace("pick=", "")
+                    .replace("=", "")).strip("-")  # 'auto-steps300', 'auto-fraction0.2-random'
     if isinstance(entry, str):
       name = parse_operator(entry).name
       return re.sub(r"[^A-Za-z0-9.\-]+", "_",
@@ -219,8 +333,11 @@ def count_per_layer(table: Sequence[Sequence[Operator]]) -> tuple[int, ...]:
 
 def palette(table: Sequence[Sequence[Operator]]) -> tuple[tuple[Operator, ...], np.ndarray]:
   """A table as (distinct operators, (depth, heads) int32 codes into them): what a scanned
-  model carries as its per-layer input. Attention is always entry 0."""
-  ops = [ATTENTION]
+  model carries as its per-layer input. Attention is entry 0 when the table has it, and the
+  palette holds only operators the table uses (a scanned model of controls then never runs
+  the softmax kernel)."""
+  used = {op for row in table for op in row}
+  ops = [ATTENTION] if ATTENTION in used or not used else []
   for row in table:
     for op in row:
       if op not in ops:
@@ -233,9 +350,18 @@ def has_learned(table: Sequence[Sequence[Operator]]) -> bool:
   return any(op.learned for row in table for op in row)
 
 
+def has_gates(table: Sequence[Sequence[Operator]]) -> bool:
+  return any(op.gated for row in table for op in row)
+
+
 def describe(spec: ModelSpec, num_heads: int, depth: int) -> str:
-  """Short human name of a model spec: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heat(2)'."""
-  return describe_table(head_table(spec, num_heads, depth))
+  """Short human name of a model spec: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heat(2)',
+  'auto(steps=300)' (gate heads everywhere; else the table's name with the auto settings)."""
+  table = describe_table(head_table(spec, num_heads, depth))
+  auto = auto_settings(spec)
+  if auto is None:
+    return table
+  return auto.name if table == GATE.name else f"{table} {auto.name}"
 
 
 def describe_table(table: Sequence[Sequence[Operator]]) -> str:
@@ -265,7 +391,8 @@ def row_text(row: Sequence[Operator]) -> str:
 
 
 def parse_row_text(text: str) -> Row:
-  """`row_text`'s inverse (every non-basic operator name holds '(')."""
-  if "(" in text:
-    return tuple(parse_operator(e) for e in text.split(","))
-  return tuple(LAPLACIAN if c == "L" else ATTENTION for c in text)
+  """`row_text`'s inverse (a row of the paper's two operators is '.' and 'L' only)."""
+  if text and set(text) <= {".", "L"}:
+    return tuple(LAPLACIAN if c == "L" else ATTENTION for c in text)
+  # commas between names, not inside one ('mix(0.3,-0.7)')
+  return tuple(parse_operator(e) for e in re.split(r",(?![^(]*\))", text))

@@ -12,16 +12,19 @@ from laplax import heads
 from laplax.attention import MultiHeadAttention, laplacian_attention, resolve_implementation
 
 
-def apply_operators(p, v_self, v, row, mix=None, xp=np):
-  """Per head h: y_0 = v, y_i = a y_{i-1} + b P y_{i-1}, returned at the query positions.
-  p (B, H, T, S); v_self (B, T, H, D) values at the queries; v (B, S, H, D); multi-step heads
-  need T == S. `xp`: np (the float64 reference) or jnp (its differentiable mirror)."""
+def apply_operators(p, v_self, v, row, mix=None, xp=np, u=None):
+  """Per head h: y_0 = v, y_i = a y_{i-1} + b M y_{i-1}, returned at the query positions, M = P
+  or, for the controls, U (`op.matrix`; identity: none). p, u (B, H, T, S); v_self (B, T, H, D)
+  values at the queries; v (B, S, H, D); multi-step heads need T == S. `xp`: np (the float64
+  reference) or jnp (its differentiable mirror)."""
   outs = []
   for h, op in enumerate(row):
     a, b = (mix[0][h], mix[1][h]) if op.learned else (op.a, op.b)
+    m = {"softmax": p, "mean": u}.get(op.matrix)
     y_keys, y_self = v[:, :, h], v_self[:, :, h]
     for _ in range(op.steps):
-      y_self = a * y_self + b * xp.einsum("bts,bsd->btd", p[:, h], y_keys)
+      y_self = a * y_self + (0.0 if m is None else b * xp.einsum("bts,bsd->btd", m[:, h],
+                                                                  y_keys))
       y_keys = y_self
     outs.append(y_self)
   return xp.stack(outs, axis=2)
@@ -47,7 +50,8 @@ def reference(q, k, v, lap, mask=None, causal=False, offset=None, mix=None):
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   v_self = np.take_along_axis(v, pos[:, :, None, None], axis=1)
-  return apply_operators(p, v_self, v, heads.head_row(lap, hq), mix), p
+  u = allowed / np.maximum(allowed.sum(-1, keepdims=True), 1)  # the controls' uniform average
+  return apply_operators(p, v_self, v, heads.head_row(lap, hq), mix, u=u), p
 
 
 def _qkv(key, b, t, s, hq, hkv, d):
@@ -103,10 +107,11 @@ def reference_grads(q, k, v, w, lap, causal=False, offset=None, mix=None):
     kk, vv = jnp.repeat(k, g, 2), jnp.repeat(v, g, 2)
     pos = (s - t if offset is None else offset) + jnp.arange(t)
     logits = jnp.einsum("btnd,bsnd->bnts", q, kk) / np.sqrt(q.shape[-1])
-    if causal:
-      logits = jnp.where(pos[:, None] >= jnp.arange(s)[None], logits, -jnp.inf)
+    allowed = (pos[:, None] >= jnp.arange(s)[None]) if causal else jnp.ones((t, s), bool)
+    logits = jnp.where(allowed, logits, -jnp.inf)
+    u = jnp.broadcast_to(allowed / allowed.sum(-1, keepdims=True), logits.shape)
     return apply_operators(jax.nn.softmax(logits, -1), vv[:, pos], vv, row,
-                           coefficients or None, xp=jnp)
+                           coefficients or None, xp=jnp, u=u)
 
   with jax.enable_x64(True):
     args = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, *(mix or ()))]
@@ -229,7 +234,8 @@ def test_module_param_trees_identical_and_k0_module_equals_plain_attention():
 @pytest.mark.parametrize("lap,kv_heads", [
     (0, 4), (2, 4), (4, 2), ((True, False, True, False), 1),
     ("heat(2)", 4), (("attention", "mix(0.3,-0.7)", "heat(2)", "heat(3)"), 2),
-    (("heat(3)", "mix", "laplacian", "attention"), 1)])
+    (("heat(3)", "mix", "laplacian", "attention"), 1),
+    (("centering", "uniform", "identity", "attention"), 2), ("centering", 1)])
 def test_module_kv_cache_decoding_equals_full_forward(lap, kv_heads):
   """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass;
   heat(t) heads read their cached earlier steps (cache entries cached_step1..t-1)."""

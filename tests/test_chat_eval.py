@@ -196,6 +196,39 @@ def test_chatcore_formula():
   assert chat_eval.chatcore(results, ["arc_easy", "humaneval"]) is None
 
 
+def test_five_task_mean_is_the_papers_plain_mean(tok):
+  # Planted answers: letter A always, '#### 5' always, the sandbox passes the first program.
+  mc = lambda golds: [chat_tasks.mc_conversation(f"Q{i}?", ["w", "x", "y", "z"], g)
+                      for i, g in enumerate(golds)]
+  gsm = [chat_tasks.gsm8k_conversation({"question": f"q{i}", "answer": f"#### {a}"})
+         for i, a in enumerate((5, 6, 5, 7))]
+  code = {"messages": [{"role": "user", "content": "def f():\n"},
+                       {"role": "assistant", "content": "..."}],
+          "entry_point": "f", "test": "def check(c): pass"}
+  items = {"arc_easy": mc([0, 0, 1, 2]), "arc_challenge": mc([1, 1, 0, 3]),
+           "mmlu": mc([0, 0, 0, 0]), "gsm8k": gsm, "humaneval": [code, code]}
+  answer = tok.encode("#### 5")
+  runs = iter([True, False])
+  results = chat_eval.run_chat_eval(
+      list(items), items, tok, logits_fn=lambda ps, cs: [np.eye(len(c))[0] for c in cs],
+      generate_fn=lambda ps: [answer] * len(ps), run_fn=lambda program: next(runs),
+      log=lambda m: None)
+  accs = [0.5, 0.25, 1.0, 0.5, 0.5]
+  assert [results[t]["accuracy"] for t in items] == accs
+  mean = results["five_task_mean"]
+  assert mean["accuracy"] == pytest.approx(np.mean(accs)) and mean["num_items"] == 18
+  assert mean["tasks"] == list(chat_eval.lm_tasks.PAPER_TASKS)
+  assert mean["chance"] == pytest.approx((0.25 * 3 + 0 + 0) / 5)
+  assert results["chatcore"]["chatcore"] == pytest.approx(
+      (0.25 / 0.75 + 0 + 1.0 + 0.5 + 0.5) / 5)  # chance-centred: a different number
+  del items["humaneval"]
+  assert chat_eval.lm_tasks.five_task_mean({t: results[t] for t in items}) is None
+  # lm_tasks' keys: the multiple-choice tasks in one mode
+  keys = ["arc_easy/letter", "arc_challenge/letter", "mmlu/letter", "gsm8k", "humaneval"]
+  renamed = dict(zip(keys, (results[t] for t in chat_eval.lm_tasks.PAPER_TASKS)))
+  assert chat_eval.lm_tasks.five_task_mean(renamed, keys)["accuracy"] == mean["accuracy"]
+
+
 def test_chat_evaluator_end_to_end_on_a_mesh(tok, shared_data):
   model, params = _random_gpt(tok.vocab_size + 3)
   words = chat_tasks.words_from_text([CORPUS])

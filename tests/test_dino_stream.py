@@ -300,3 +300,51 @@ def test_streamed_dino_run_resumes_exactly(tmp_path, data_dir):
   assert max(got) == 6 and all(math.isfinite(v) for v in want.values())
   for step in (4, 5, 6):
     np.testing.assert_allclose(got[step], want[step], rtol=1e-6, err_msg=f"step {step}")
+
+
+def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
+  """dino_spectra on a streamed run: global batches sharded over 8 devices, float32 sums on the
+  devices, the last batch padded -> the in-memory float64 path's numbers on the same images;
+  the photo PCA and attention maps of a streamed run at twice its crop size."""
+  import types
+  import flax.linen as nn
+  import jax
+  from laplax import sharding
+  from laplax.evals import inputs
+  from laplax.geometry import dino as dino_geometry
+  from laplax.train import evaluator as evaluator_lib
+  from laplax.train import task as task_lib
+  c = _streamed_config(data_dir)
+  c.data.eval_split = "train"  # the planted set's one split
+  c.evals = {"spectra": common.evaluator("dino_spectra", examples=20, batch_size=8),
+             "photos": common.evaluator("photo_pca", photos="builtin", size=64),
+             "attention": common.evaluator("attention_maps", photos="builtin", size=64)}
+  task = task_lib.for_config(c)
+  task.load_data(tmp_path, lambda m: None)
+  model = task.build_model()
+  params = nn.unbox(jax.jit(task.init_params, static_argnums=0)(model, jax.random.key(0)))
+  mesh = sharding.make_mesh({"data": -1})
+  ctx = evaluator_lib.Context(task, model, mesh, sharding.rules_from_config(None), tmp_path,
+                              lambda m: None)
+  evaluator_lib.check(c, task)
+  evs = evaluator_lib.build(c, ctx)
+  weights = types.SimpleNamespace(params=params, extra={"teacher": params})
+  got = evs["spectra"].run(weights, 6)
+  assert len(evs["photos"].run(weights, 6)["names"]) == 9
+  maps = evs["attention"].run(weights, 6)
+  assert maps["num_images"] == 9 and (tmp_path / "pca_photos.png").stat().st_size > 0
+  assert len(maps["runs"]["dino_tiny"]["cls_entropy"]) == 2  # one per head
+  resize, crop = inputs.stream_crop(task)
+  assert (resize, crop) == (37, 32)
+  batch = next(iter(streaming.eval_dataset(inputs.stream_source(task), batch_size=20,
+                                           resize=resize, crop=crop, limit=20)))
+  info = task.info()
+  want = dino_geometry.patch_spectra(model, params, batch["image"], base_grid=(4, 4),
+                                     mean=info.mean, std=info.std, batch_size=20)
+  assert got["num_images"] == want["num_images"] == 20 and got["num_tokens"] == 20 * 16
+  for g, w in zip(got["layers"], want["layers"]):
+    assert g["components_99"] == w["components_99"]
+    assert g["per_sequence_num_sequences"] == w["per_sequence_num_sequences"] == 20
+    for key in ("effective_rank", "per_sequence_components_99", "per_sequence_effective_rank"):
+      assert g[key] == pytest.approx(w[key], rel=1e-4), key
+  assert (tmp_path / "analysis" / "spectra.json").exists()

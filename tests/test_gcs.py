@@ -184,7 +184,7 @@ _LOSER = """
     try:
       with gcs.hold({lock!r}, {{"pid": 1, "host": "loser"}}, lease_s=1.5):
         print("held", flush=True)
-        time.sleep(60)
+        time.sleep(600)  # a signal the main thread missed would time the test out
     except KeyboardInterrupt:
       sys.exit(130)
 """

@@ -388,3 +388,82 @@ def test_bad_inputs_raise_clear_errors():
     geometry.cdnv(np.ones((0, 4)), np.zeros((0,), int))
   with pytest.raises(ValueError, match="classifier"):
     geometry.neural_collapse(np.eye(4), np.array([0, 1, 2, 3]), classifier=np.ones((4, 3)))
+
+
+# --- Per-sequence spectra (laplax.geometry.spectra) ----------------------------------------
+
+def _planted_sequence(rng, planted, T, offset):
+  """T tokens whose centred covariance (divided by T) is exactly diag(planted), rotated."""
+  d = len(planted)
+  raw = rng.normal(size=(T, d))
+  z, _ = np.linalg.qr(raw - raw.mean(0))
+  rotation, _ = np.linalg.qr(rng.normal(size=(d, d)))
+  return (np.sqrt(T) * z * np.sqrt(planted)) @ rotation.T + offset
+
+
+def _numpy_per_sequence(tokens):
+  """Each sequence's own spectrum summarised with NumPy (float64), then averaged."""
+  rows = []
+  for x in tokens:
+    eig = np.clip(np.sort(np.linalg.eigvalsh(np.cov(x, rowvar=False, bias=True)))[::-1], 0, None)
+    if eig.sum() == 0:
+      continue
+    frac = np.cumsum(eig) / eig.sum()
+    p = eig[eig > 0] / eig.sum()
+    rows.append([np.sum(frac < f) + 1 for f in (0.9, 0.95, 0.99)]
+                + [np.exp(-np.sum(p * np.log(p)))])
+  return np.mean(rows, 0), np.std(rows, 0), len(rows)
+
+
+def test_per_sequence_spectra_planted_and_against_numpy():
+  from laplax.geometry import spectra
+  rng = np.random.default_rng(11)
+  d, T = 12, 40
+  a = 8.0 * 0.5 ** np.arange(d)  # 90 / 95 / 99 % -> 4, 5, 7 components
+  b = 8.0 * 0.25 ** np.arange(d)  # -> 2, 3, 4
+  tokens = np.stack([_planted_sequence(rng, a, T, 3.0), _planted_sequence(rng, b, T, -1.0)] * 3)
+  out = spectra.per_sequence_spectra(tokens, batch_size=3)
+  assert (out["components_90"], out["components_95"], out["components_99"]) == (3, 4, 5.5)
+  assert out["components_99_std"] == pytest.approx(1.5)
+  assert out["num_sequences"] == 6 and out["num_degenerate"] == 0
+  assert out["rank_bound"] == 12 and out["length"] == 40
+  # Fewer tokens than dimensions (the (T, T) Gram branch), and a degenerate sequence.
+  x = rng.normal(size=(7, 5, 9)) * np.linspace(2, 0.2, 9) + 4.0
+  x[2] = 1.5  # every token equal: no spectrum, counted apart
+  out = spectra.per_sequence_spectra(x)
+  mean, std, n = _numpy_per_sequence(x)
+  got = [out[k] for k in ("components_90", "components_95", "components_99", "effective_rank")]
+  np.testing.assert_allclose(got, mean, rtol=1e-12)
+  np.testing.assert_allclose(out["effective_rank_std"], std[3], rtol=1e-9)
+  assert out["num_sequences"] == n == 6 and out["num_degenerate"] == 1
+  assert out["rank_bound"] == 4  # min(T - 1, d)
+  # The device path: float32 sums of one batch, with a validity mask, added in float64.
+  sums = jax.jit(spectra.sequence_sums)(jnp.asarray(x, jnp.float32),
+                                        jnp.array([1, 1, 1, 1, 1, 0, 1], bool))
+  with jax.enable_x64(True):
+    acc = spectra.SequenceSpectrumStats.init(dtype=np.float64).add(sums)
+    got = jax.device_get(acc.finalize())
+  mean, _, _ = _numpy_per_sequence(np.delete(x, 5, axis=0))
+  np.testing.assert_allclose([got["components_99"], got["effective_rank"]], mean[2:],
+                             rtol=1e-5)
+  assert got["num_sequences"] == 5 and got["num_degenerate"] == 1
+  with pytest.raises(ValueError, match="expected \\(N >= 1, T, d\\)"):
+    spectra.per_sequence_spectra(x[0])
+
+
+def test_covariance_moments_merge_equals_streaming_update():
+  rng = np.random.default_rng(12)
+  x = rng.normal(size=(60, 5)) * 3 + 100.0
+  with jax.enable_x64(True):
+    direct = finalize(feed(stats.CovarianceStats.init(5, dtype=np.float64), x,
+                           sizes=(20, 25, 15)))
+    acc = stats.CovarianceStats.init(5, dtype=np.float64, shift=x[:20].mean(0))
+    for part in (x[40:], x[:17], x[17:40]):  # any order, uneven parts
+      m = part.mean(0)
+      acc = acc.add_moments(len(part), m, (part - m).T @ (part - m))
+    merged = finalize(acc)
+  # (the unshifted streaming sums lose ~1e-10 to the offset's cancellation; the merge does not)
+  np.testing.assert_allclose(merged["covariance"], direct["covariance"], rtol=1e-8)
+  np.testing.assert_allclose(merged["covariance"], np.cov(x, rowvar=False, bias=True),
+                             rtol=1e-12)
+  assert merged["count"] == 60

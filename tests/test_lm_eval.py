@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from conftest import make_config
@@ -37,7 +38,13 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   assert res["geometry"]["collapse"] == saved["geometry"]["collapse"]
   assert set(res["lm_tasks"]) == {"arc_easy/letter", "arc_easy/loglik", "arc_challenge/letter",
                                "arc_challenge/loglik", "mmlu/letter", "mmlu/loglik", "gsm8k",
-                               "humaneval", "lambada"}
+                               "humaneval", "lambada", "five_task_mean/letter",
+                               "five_task_mean/loglik"}
+  for mode in ("letter", "loglik"):  # the paper's plain mean of its five tasks
+    five = [res["lm_tasks"][k]["accuracy"] for k in (f"arc_easy/{mode}", f"arc_challenge/{mode}",
+                                                     f"mmlu/{mode}", "gsm8k", "humaneval")]
+    mean = res["lm_tasks"].pop(f"five_task_mean/{mode}")
+    assert mean["accuracy"] == pytest.approx(np.mean(five)) and mean["num_items"] == 10
   for key, r in res["lm_tasks"].items():
     assert r["num_items"] == 2 and 0.0 <= r["accuracy"] <= 1.0
     assert r["chance"] == (0.25 if key.split("/")[0] in ("arc_easy", "arc_challenge", "mmlu")
@@ -47,6 +54,10 @@ def test_eval_lm_tasks_and_geometry(lm_run, shared_data, tmp_path):
   assert len(geo["layers"]) == 3  # embedding + 2 blocks
   assert geo["collapse"]["num_classes"] >= 2
   assert (tmp_path / "out" / "analysis" / "spectrum.png").exists()
+  # The mechanism of the GPT's 2 blocks on the same 16 windows (causal P).
+  mech = res["mechanism"]
+  assert mech["num_sequences"] == 16 and len(mech["layers"]) == 2
+  assert all(0 < row["attention_entropy"] < np.log(32) for row in mech["layers"])
 
 
 def test_eval_lm_errors(lm_run, tmp_path):
@@ -59,6 +70,12 @@ def test_eval_lm_errors(lm_run, tmp_path):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(photos="builtin"))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
     offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("nope",)))
+  # An evaluator type the run's config lacks runs with its defaults, if it fits the task.
+  with pytest.raises(ValueError, match="attention_maps measures classification, dino runs; "
+                                       "this is a 'lm' run"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(evals=("attention_maps",)))
+  with pytest.raises(ValueError, match="--compare is for attention_maps evaluators"):
+    offline.evaluate_workdir(lm_run, tmp_path, EvalOptions(compare=str(lm_run)))
 
 
 def test_an_lm_export_evaluates_as_its_workdir(lm_run, tmp_path):

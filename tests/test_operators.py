@@ -27,10 +27,26 @@ CASES = [  # (B, T, Hq, Hkv, D, causal, spec, mask)
     (2, 6, 4, 1, 8, False, "heat(2)", True),                  # MQA + key padding
     (2, 6, 4, 2, 8, True, ("mix", "mix(laplacian)", "attention", "laplacian"), False),
     (2, 5, 4, 4, 8, False, ("heat(2)", "attention", "attention", "attention"), True),
+    # Controls (no softmax): alone, next to softmax heads in a slice that keeps the kv groups
+    # or not, and with masks over keys, over (query, key) pairs and per head.
+    (2, 7, 4, 4, 8, False, ("uniform", "centering", "identity", "attention"), False),
+    (2, 9, 4, 2, 8, True, ("centering", "attention", "laplacian", "uniform"), True),
+    (2, 6, 4, 2, 8, True, ("attention", "heat(2)", "centering", "identity"), "pairs"),
+    (2, 6, 4, 1, 8, False, "centering", True),
+    (2, 7, 4, 2, 8, False, ("uniform", "centering", "uniform", "identity"), "pairs"),
+    (2, 5, 4, 2, 8, True, ("uniform", "uniform", "mix", "centering"), "heads"),
 ]
 
 
-def _mask(b, s):
+def _mask(b, s, kind=True, hq=4):
+  """True: key padding (B, 1, 1, S); 'pairs': a (B, 1, S, S) mask (the diagonal always
+  allowed); 'heads': key padding per query head (B, Hq, 1, S)."""
+  if kind == "pairs":
+    rng = np.random.default_rng(s)
+    return (rng.random((b, 1, s, s)) < 0.6) | np.eye(s, dtype=bool)[None, None]
+  if kind == "heads":
+    lengths = np.array([[s - (i + h) % 3 for h in range(hq)] for i in range(b)])
+    return np.arange(s)[None, None, :] < lengths[:, :, None]
   lengths = np.array([s - 1 - i for i in range(b)])
   return (np.arange(s)[None, :] < lengths[:, None])[:, None, None, :]
 
@@ -45,7 +61,9 @@ def _mix(spec, hq):
 def test_operators_match_float64_reference(case, impl):
   b, t, hq, hkv, d, causal, spec, use_mask = case
   q, k, v = _qkv(jax.random.key(t * hkv), b, t, t, hq, hkv, d)
-  mask = _mask(b, t) if use_mask else None
+  mask = _mask(b, t, use_mask, hq) if use_mask else None
+  if use_mask == "heads":
+    mask = mask[:, :, None, :]
   mix = _mix(spec, hq)
   out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=causal, implementation=impl,
                             mix=None if mix is None else tuple(map(jnp.asarray, mix)))
@@ -68,6 +86,95 @@ def test_operator_gradients_match_float64_reference(causal, impl):
     np.testing.assert_allclose(np.asarray(got), exp, atol=1e-4, rtol=1e-4)
   # only the mix head's coefficients get a gradient
   assert np.all(np.asarray(ours[3])[[0, 2, 3]] == 0) and np.asarray(ours[3])[1] != 0
+
+
+CONTROLS = ("centering", "uniform", "identity", "laplacian")
+
+
+@pytest.mark.parametrize("impl", ["xla", "explicit"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_control_gradients_match_float64_reference(causal, impl):
+  """d/d(q, k, v) with the controls next to a Laplacian head; the controls read no q or k."""
+  q, k, v = _qkv(jax.random.key(12), 2, 6, 6, 4, 2, 8)
+  w = jax.random.normal(jax.random.key(13), (2, 6, 4, 8))
+  ours = jax.grad(lambda q, k, v: jnp.sum(w * laplacian_attention(
+      q, k, v, CONTROLS, is_causal=causal, implementation=impl)), argnums=(0, 1, 2))(q, k, v)
+  for got, exp in zip(ours, reference_grads(q, k, v, w, CONTROLS, causal)):
+    np.testing.assert_allclose(np.asarray(got), exp, atol=1e-4, rtol=1e-4)
+  dq = np.asarray(ours[0])
+  # (a causal first query sees one key: its softmax has no gradient)
+  assert np.all(dq[:, :, :3] == 0) and np.all(dq[:, 1:, 3] != 0)
+  assert np.all(np.asarray(ours[1])[:, :, 0] == 0)  # kv head 0 serves two control heads
+
+
+def test_softmax_kernel_runs_only_for_the_heads_that_need_it(monkeypatch):
+  """Static rows: no fused pass without a softmax head; contiguous softmax heads get a slice
+  of the heads (their kv groups kept under GQA), and their outputs are those of the full
+  pass. A scanned table of controls only (its palette) runs no pass either."""
+  import laplax.attention as attention_lib
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def counting(q, k, v, *args, **kw):
+    calls.append((q.shape[2], k.shape[2]))
+    return real(q, k, v, *args, **kw)
+
+  monkeypatch.setattr(attention_lib.jax.nn, "dot_product_attention", counting)
+  q, k, v = _qkv(jax.random.key(14), 2, 6, 6, 4, 2, 8)
+  laplacian_attention(q, k, v, ("centering", "identity", "uniform", "centering"), is_causal=True)
+  palette, codes = heads.palette(heads.head_table(["centering", "uniform"], 4, 2))
+  assert heads.ATTENTION not in palette
+  laplacian_attention(q, k, v, jnp.asarray(codes[1]), palette=palette, is_causal=True)
+  assert calls == []
+  row = ("centering", "uniform", "attention", "laplacian")
+  got = laplacian_attention(q, k, v, row, is_causal=True)
+  assert calls == [(2, 1)]  # heads 2..3 read kv head 1 only
+  laplacian_attention(q, k, v, ("centering", "attention", "laplacian", "uniform"))
+  assert calls[-1] == (2, 2)  # heads 1..2 straddle both kv groups: keys expanded
+  full = laplacian_attention(q, k, v, ("attention", "attention", "attention", "laplacian"),
+                             is_causal=True)
+  np.testing.assert_array_equal(np.asarray(got)[:, :, 2:], np.asarray(full)[:, :, 2:])
+  want, _ = reference(q, k, v, row, causal=True)
+  np.testing.assert_allclose(np.asarray(got), want, atol=3e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla", "explicit"])
+def test_bf16_controls_close_to_float32_twins(impl):
+  """bf16 controls: the mean in float32, rounded once; identity returns V bit for bit."""
+  q, k, v = _diagonal_heavy(jax.random.key(15))
+  spec = ("uniform", "centering", "identity", "laplacian")
+  for causal in (False, True):
+    out = laplacian_attention(q, k, v, spec, is_causal=causal, implementation=impl)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out[:, :, 2]), np.asarray(v[:, :, 2]))
+    f32 = laplacian_attention(*(x.astype(jnp.float32) for x in (q, k, v)), spec,
+                              is_causal=causal, implementation=impl)
+    want, _ = reference(q, k, v, spec, causal=causal)
+    for h in (0, 1):  # one bf16 rounding of the float64 answer: half an ulp, 2^-9 relative
+      assert _rel(np.asarray(out, np.float64)[:, :, h], want[:, :, h]) < 2 ** -8, (causal, h)
+      assert _rel(np.asarray(out, np.float64)[:, :, h], np.asarray(f32, np.float64)[:, :, h]) \
+          < 2 ** -8
+
+
+def test_control_specs_per_layer_and_per_head_and_their_names():
+  table = heads.head_table((0, "centering", 4, ("uniform", "identity", "attention", "laplacian")),
+                           4, 4)
+  assert heads.describe_table(table) == "heads=..../cccc/LLLL/ui.L"
+  assert [heads.parse_row_text(heads.row_text(r)) for r in table] == list(table)
+  row = heads.head_row(("mix(0.3,-0.7)", "centering", "attention", "heat(2)"), 4)
+  assert heads.parse_row_text(heads.row_text(row)) == row  # commas inside a name
+  assert heads.parse_row_text("identity") == (heads.IDENTITY,)  # one head, no comma
+  assert heads.describe("centering", 4, 2) == "centering" and heads.spec_name("identity") == \
+      "identity"
+  assert heads.laplacian_mask(table).sum() == 4 + 4 + 3  # 1 = not plain attention
+
+
+def test_flops_count_no_softmax_pass_for_controls():
+  from types import SimpleNamespace
+  from laplax import flops
+  model = SimpleNamespace(num_heads=4, depth=3, laplacian_heads=[
+      "centering", ("attention", "uniform", "heat(2)", "identity"), "auto(steps=2)"])
+  assert flops.attention_passes(model) == 0 + (1 + 0 + 2 + 0) / 4 + 1
 
 
 def test_traced_palette_row_equals_static_row():
@@ -137,11 +244,13 @@ def test_operator_errors_are_one_clear_line():
 def test_parameter_trees_heat_equals_baseline_mix_adds_named_coefficients():
   x = jax.random.normal(jax.random.key(9), (2, 6, 32))
   trees = {}
-  for spec in (0, 4, "heat(2)", ("mix(laplacian)", "mix", "heat(2)", "attention")):
+  for spec in (0, 4, "heat(2)", ("mix(laplacian)", "mix", "heat(2)", "attention"), "centering",
+               ("uniform", "identity", "attention", "laplacian")):
     mod = MultiHeadAttention(num_heads=4, head_dim=8, laplacian_heads=spec, qk_norm="layer")
     trees[str(spec)] = nn.unbox(mod.init(jax.random.key(0), x)["params"])
   shapes = {k: jax.tree.map(lambda a: a.shape, t) for k, t in trees.items()}
-  assert shapes["0"] == shapes["4"] == shapes["heat(2)"]
+  assert shapes["0"] == shapes["4"] == shapes["heat(2)"] == shapes["centering"] == \
+      shapes[str(("uniform", "identity", "attention", "laplacian"))]
   mixed = dict(shapes[str(("mix(laplacian)", "mix", "heat(2)", "attention"))])
   assert mixed.pop("mix_a") == mixed.pop("mix_b") == (4,) and mixed == shapes["0"]
   p = trees[str(("mix(laplacian)", "mix", "heat(2)", "attention"))]
@@ -155,14 +264,15 @@ def test_parameter_trees_heat_equals_baseline_mix_adds_named_coefficients():
 
 @pytest.mark.slow  # compiles two ViTs and their gradients
 def test_vit_scanned_equals_unrolled_with_operators():
+  """A palette without plain attention (controls in it): scanned == unrolled, gradients too."""
   kw = dict(num_classes=3, patch_size=4, hidden_dim=32, depth=2, num_heads=4, mlp_dim=32,
-            laplacian_heads=["mix(laplacian)", ("heat(2)", "mix", "attention", "laplacian")])
+            laplacian_heads=["mix(laplacian)", ("heat(2)", "mix", "centering", "uniform")])
   model, scanned = vit.ViT(**kw), vit.ViT(**kw, scan_layers=True)
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   params = nn.unbox(model.init(jax.random.key(1), images)["params"])
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), params["block0"], params["block1"])
   sparams = {k: v for k, v in params.items() if not k.startswith("block")} | {"blocks": stacked}
-  np.testing.assert_array_equal(stacked["attn"]["mix_a"], [[1] * 4, [1, 0, 0, 1]])
+  np.testing.assert_array_equal(stacked["attn"]["mix_a"], [[1] * 4, [1, 0, 1, 0]])
   fwd = lambda m, p: m.apply({"params": p}, images)
   np.testing.assert_allclose(fwd(model, params), fwd(scanned, sparams), atol=2e-5)
   ga = jax.grad(lambda p: fwd(model, p).sum())(params)
@@ -209,7 +319,7 @@ def test_export_records_operators_and_learned_coefficients():
 @pytest.mark.slow  # compiles GPTs with scanned and unrolled heat / mix layers, and generates
 def test_gpt_scanned_operators_generate_like_unrolled():
   cfg = dict(vocab_size=64, depth=2, width=64, head_dim=16, num_kv_heads=2,
-             laplacian_heads=["mix", ("heat(2)", "mix(laplacian)", "attention", "laplacian")])
+             laplacian_heads=["mix", ("heat(2)", "mix(laplacian)", "uniform", "laplacian")])
   model, scanned = gpt.GPT(cfg), gpt.GPT({**cfg, "scan_layers": True})
   tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 64)
   params = nn.unbox(model.init(jax.random.key(0), tokens)["params"])

@@ -89,3 +89,17 @@ def test_splash_operators_match_float64_reference():
   got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2))(q, k, v)
   for g, e in zip(got, reference_grads(q, k, v, w, spec, True, mix=mix)):
     np.testing.assert_allclose(np.asarray(g), e, atol=5e-5, rtol=1e-4)
+
+
+def test_splash_controls_match_float64_reference():
+  """Controls next to a slice of softmax heads that straddles the kv groups (keys expanded):
+  one splash pass over heads 1..2, the running mean elsewhere; forward and gradients."""
+  spec = ("centering", "attention", "laplacian", "uniform")
+  q, k, v = _qkv(jax.random.key(9), 1, 17, 17, 4, 2, 8)
+  fn = lambda q, k, v: laplacian_attention(q, k, v, spec, is_causal=True, implementation="splash")
+  want, _ = reference(q, k, v, spec, causal=True)
+  np.testing.assert_allclose(np.asarray(fn(q, k, v)), want, atol=2e-5, rtol=1e-5)
+  w = jax.random.normal(jax.random.key(10), q.shape)
+  got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2))(q, k, v)
+  for g, e in zip(got, reference_grads(q, k, v, w, spec, True)):
+    np.testing.assert_allclose(np.asarray(g), e, atol=5e-5, rtol=1e-4)

@@ -47,8 +47,26 @@ def test_report_has_every_section_and_plot(finished_study):
     final = json.loads((workdir / "cells" / cell / "results.json").read_text())["test"]
     assert sorted(curve) == [6, 12]  # the test evaluator runs at every checkpoint step
     assert curve[12] == final["accuracy"]
+  # The paper's spectra (per image) beside the pooled ones; the mechanism before and after
+  # training with paired intervals; the attention maps of baseline and Laplacian side by side.
+  for section in ("## Spectral decay per image (the paper's) and pooled",
+                  "## Mechanism, before and after training", "## Attention maps",
+                  "| W_O W_V eigenvalues with Re < 0 (share), trained |",
+                  "| head output share moving the sequence mean, at init |",
+                  "components for 99 % of an image's patch-token variance (per image) (paper: "
+                  "shrinks)", "| components for 99 %, pooled over images |"):
+    assert section in text, section
+  for cell in ("k0_s0", "k1-0_s1"):
+    init = json.loads((workdir / "cells" / cell / "init_eval.json").read_text())["mechanism"]
+    final = json.loads((workdir / "cells" / cell / "results.json").read_text())["mechanism"]
+    assert len(init["layers"]) == len(final["layers"]) == 2  # one row per block
+    assert init["weights"]["by_kind"].keys() == ({"attention"} if cell == "k0_s0"
+                                                 else {"attention", "laplacian"})
+    assert init["layers"][0]["eigenvalues_real"] != final["layers"][0]["eigenvalues_real"]
+  lap = json.loads((workdir / "summary.json").read_text())["rows"][1]
+  assert "final/dirichlet_energy_centred" in lap["paired_difference"]
   for png in ("accuracy.png", "learning_curve.png", "variance.png", "collapse.png",
-              "smoothing.png"):
+              "smoothing.png", "per_sequence.png", "mechanism.png", "attention_maps.png"):
     assert f"({png})" in text
     assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   summary = json.loads((workdir / "summary.json").read_text())
@@ -107,6 +125,13 @@ def test_eval_export_and_analysis(finished_study, tmp_path):
   assert res["test"]["accuracy"] == pytest.approx(trained["test"]["accuracy"])
   assert (tmp_path / "out" / "analysis" / "geometry.json").exists()
   assert (tmp_path / "out" / "analysis" / "variance.png").exists()
+  assert (tmp_path / "out" / "analysis" / "mechanism_step12.json").exists()
+  # The attention maps beside the baseline's (--compare); the run's config has its evaluator.
+  maps = offline.evaluate_workdir(cell, tmp_path / "maps", EvalOptions(
+      evals=("attention",), compare=str(workdir / "cells" / "k0_s0")), log=lambda m: None)
+  assert list(maps["attention"]["runs"]) == ["k0_s0", "k1-0_s0"]
+  assert maps["attention"]["runs"]["k1-0_s0"]["head_kinds"] == ["laplacian", "attention"]
+  assert (tmp_path / "maps" / "analysis" / "attention_maps.png").stat().st_size > 0
   # From the export:
   again = offline.evaluate_workdir(tmp_path / "out", tmp_path / "out2", log=lambda m: None)
   assert again["test"]["accuracy"] == pytest.approx(res["test"]["accuracy"])

@@ -44,9 +44,11 @@ def test_dino_study_report_and_rerun(finished_dino_study):
                   "## PCA of patch features", "![pca](pca.png)", "![pca](pca_photos.png)",
                   "horse segmentation probe fg IoU", "horse PCA-mask fg IoU",
                   "fashion_mnist: k-NN top-1, k = 20 (%)", "fashion_mnist: linear probe",
-                  "components for 99 % variance"):
+                  "components for 99 % of an image's variance",
+                  "components for 99 %, pooled over images", "## Attention maps",
+                  "![attention maps](attention_maps.png)"):
     assert heading in text, heading
-  for name in ("spectrum.png", "pca.png", "pca_photos.png"):
+  for name in ("spectrum.png", "pca.png", "pca_photos.png", "attention_maps.png"):
     assert (workdir / name).stat().st_size > 0
   for cell in ("k0_s0", "k1_s0"):  # every run draws its own pictures too
     assert (workdir / "cells" / cell / "pca_photos.png").stat().st_size > 0
@@ -89,13 +91,19 @@ def test_patch_spectra_match_numpy(finished_dino_study):
   x = (images.astype(np.float32) / 255.0 - np.float32(info.mean)) / np.float32(info.std)
   hidden = np.asarray(dino_geometry.make_tokens_fn(model, grid)(teacher, x), np.float64)
   assert hidden.shape == (2, n, 16, 32)
+  count = lambda eig, f: int(np.sum(np.cumsum(eig) / eig.sum() < f) + 1)
   for layer, got in zip(hidden, stored["layers"]):
     tokens = layer.reshape(-1, 32)
     eig = np.sort(np.linalg.eigvalsh(np.cov(tokens, rowvar=False, bias=True)))[::-1]
-    frac = np.cumsum(eig) / eig.sum()
-    assert got["components_99"] == int(np.sum(frac < 0.99) + 1)
+    assert got["components_99"] == count(eig, 0.99)
     p = eig[eig > 0] / eig.sum()
     assert got["effective_rank"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-4)
+    # Per image: each image's 16 patch tokens, its own covariance (rank <= 15).
+    per_image = [count(np.clip(np.sort(np.linalg.eigvalsh(np.cov(x, rowvar=False,
+                                                                  bias=True)))[::-1], 0, None),
+                       0.99) for x in layer]
+    assert got["per_sequence_components_99"] == pytest.approx(np.mean(per_image))
+    assert got["per_sequence_rank_bound"] == 15 and got["per_sequence_num_sequences"] == n
   with pytest.raises(ValueError, match="expected \\(N >= 1"):
     dino_geometry.patch_spectra(model, teacher, images[0], base_grid=grid, mean=info.mean,
                                 std=info.std)
@@ -117,6 +125,10 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   assert res["photos"] == trained["photos"]
   assert len(res["photos"]["names"]) == 9
   assert (tmp_path / "out" / "pca_photos.png").stat().st_size > 0
+  # The teacher's mechanism and attention maps (laplax.evals.inputs: DINO's backbone).
+  assert len(res["mechanism"]["layers"]) == 1 and res["mechanism"]["num_sequences"] == 48
+  assert list(res["attention"]["runs"]) == ["k0_s0"]
+  assert (tmp_path / "out" / "analysis" / "attention_maps.png").stat().st_size > 0
   spectra = json.loads((tmp_path / "out" / "analysis" / "spectra.json").read_text())
   assert spectra == res["spectra"] == trained["spectra"]
   assert spectra == json.loads((cell / "analysis" / "spectra.json").read_text())

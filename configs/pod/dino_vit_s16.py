@@ -40,11 +40,18 @@ and linear probe, streamed with banks sharded over hosts (evals.probes: dino_str
 final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 + CenterCrop 224 (lines
 33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
 1024 / 256 cosine per epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244,
-256-270); the values are laplax.evals.dino.STREAM_PROTOCOL's defaults. The in-memory spectra
-are refused for streamed runs.
+256-270); the values are laplax.evals.dino.STREAM_PROTOCOL's defaults. Geometry (final):
+the patch-token spectra, pooled and per image (the paper's "within an image"), of the first
+10,000 validation images at 224 px (evals.spectra: streamed, sums on the chips), and at 448 px
+(a 28 x 28 patch grid; the position table resized) the PCA picture of the packaged photos
+(evals.photos) and the last block's class-token attention maps per head, DINO's figure
+(evals.attention; `eval.py --evals=attention --compare=BASELINE_WORKDIR` draws the baseline's
+beside it). With --analyze also the mechanism measurements on 500 validation images.
 
 Fit check (aot.json; 44.0M student parameters, backbone + head; 1.166e14 model FLOPs per step):
-v5e:4x4 peak 2.49 GiB per chip of 16 (16 %), remat 'full'.
+v5e:4x4 peak 2.49 GiB per chip of 16 (16 %), remat 'full'. The geometry evaluators
+(benchmarks/eval_aot.py): streamed spectra 3.41 GiB per chip, 448 px attention maps 2.17 GiB
+and the mechanism 2.43 GiB on one chip, 448 px photo features 0.06 GiB.
 """
 
 import ml_collections
@@ -85,4 +92,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.evals.probes = common.evaluator("dino_stream_probes", knn_ks=(10, 20, 100, 200),
                                     knn_temperature=0.07, resize=256, crop=224, linear_epochs=100,
                                     linear_batch_size=1024, linear_lr=1e-3, last_layers=4)
+  c.evals.spectra = common.evaluator("dino_spectra", examples=10_000, batch_size=1024,
+                                     analysis=True)
+  c.evals.photos = common.evaluator("photo_pca", photos="builtin", size=448)
+  c.evals.attention = common.evaluator("attention_maps", photos="builtin", size=448,
+                                       analysis=True)
+  c.evals.mechanism = common.evaluator("mechanism", split="val", examples=500, final=False,
+                                       analysis=True)
   return c

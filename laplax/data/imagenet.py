@@ -15,9 +15,11 @@ shard per class), validation in file-name order. The trainer reads in a seeded r
 note that `data.train_subset` (the first N records) then takes whole classes.
 
 Resumable: the plan (which inputs go into which shard) is fixed before anything is written, each
-shard appears whole (a local rename; on gs:// an object appears at close) and is recorded in
-`.laplax-prepare/`; a rerun of the same command skips the recorded shards. dataset_info.json is
-written last, so an interrupted preparation never looks prepared (the reader names it as
+shard appears whole (a local rename; on gs:// the upload of a file written in this machine's
+temporary directory: an object appears at close) and is recorded in `.laplax-prepare/`; a rerun
+of the same command skips the recorded shards and removes a killed run's temporary files (for
+gs:// in that temporary directory, where a kill -9 leaves them). dataset_info.json is written
+last, so an interrupted preparation never looks prepared (the reader names it as
 unfinished: `unfinished`). Memory stays flat: one record at a time per worker (the listing of
 the inputs is the only thing that grows with the data set: about 100 bytes per file).
 """
@@ -25,6 +27,7 @@ the inputs is the only thing that grows with the data set: about 100 bytes per f
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -338,8 +341,7 @@ def _write_shard(shard: Shard, directory: str, name: str, class_names: Sequence[
   out = as_path(directory)
   local = not _remote(out)
   final = out / shard.filename(name)
-  tmp_dir = os.fspath(out) if local else None
-  fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp", dir=tmp_dir)
+  fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp", dir=_staging(out))
   os.close(fd)
   spec = features(class_names)
   records = 0
@@ -376,6 +378,18 @@ def _umask() -> int:
 
 def _remote(path) -> bool:
   return "://" in os.fspath(path)
+
+
+def _staging(directory: epath.Path) -> str:
+  """Where shards are written before they take their place: the directory itself (then a
+  rename), or for gs:// a folder of this machine's temporary directory named after it (then
+  an upload), so that a rerun finds and removes what a killed run left there."""
+  if not _remote(directory):
+    return os.fspath(directory)
+  key = hashlib.sha256(os.fspath(directory).encode()).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), f"laplax-prepare-{key}")
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
 def _write_json(path: epath.Path, value: Any) -> None:
@@ -442,9 +456,8 @@ def prepare(source: str | os.PathLike[str], out: str | os.PathLike[str], *, name
   else:
     progress.mkdir(parents=True, exist_ok=True)
     _write_json(plan_file, the_plan)
-  if not _remote(directory):  # a killed run's temporary files
-    for stale in directory.glob(".*.tmp*"):
-      stale.unlink(missing_ok=True)
+  for stale in epath.Path(_staging(directory)).glob(".*.tmp*"):  # a killed run's
+    stale.unlink(missing_ok=True)
   done = _recorded(progress)
   todo = [s for s in shards if s.filename(name) not in done]
   total_bytes = sum(s.nbytes for s in todo)
@@ -473,6 +486,9 @@ def prepare(source: str | os.PathLike[str], out: str | os.PathLike[str], *, name
     if workers > 1:
       pool.shutdown(wait=True, cancel_futures=True)
   _finish(directory, name, class_names, shards)
+  if _remote(directory):
+    with contextlib.suppress(OSError):
+      os.rmdir(_staging(directory))
   log(f"{name} {VERSION} prepared in {directory} ({time.time() - t0:.0f} s)")
   return directory
 

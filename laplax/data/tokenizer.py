@@ -178,6 +178,9 @@ class Tokenizer:
 
   def save(self, path: str | os.PathLike[str]) -> None:
     path = as_path(path)
+    if "://" in os.fspath(path):  # an object store: an object appears whole (a rename there is
+      path.write_text(self.to_json())  # a copy and a delete, and not atomic)
+      return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
     tmp.write_text(self.to_json())

@@ -16,7 +16,9 @@ SpellingBee's generated test rows); the prompt is render_for_completion (the con
 ChatCORE = the mean over tasks of (accuracy - baseline) / (1 - baseline), baselines 0.25 for
 ARC-E, ARC-C, MMLU (nanochat's fixed values; `chance` in a result is the items' own mean
 1 / choices) and 0 for the others; reported when every task of the configuration ran, with the
-list of tasks it averages (nanochat's needs all six).
+list of tasks it averages (nanochat's needs all six). `five_task_mean` = the paper's headline
+(30.06 %): the plain mean of the ARC-E, ARC-C, MMLU, GSM8K and HumanEval accuracies
+(lm_tasks.five_task_mean), reported when those five ran.
 
 Scoring goes through two callables, so tests can plant answers:
   logits_fn(prompts [[int]], columns [[int]]) -> [float (k_i,)]  last-position logits of ids
@@ -209,7 +211,8 @@ def run_chat_eval(names: Sequence[str], items: Mapping[str, Sequence[Conversatio
                   tokenizer: Tokenizer, *, logits_fn: LogitsFn, generate_fn: GenerateFn,
                   run_fn: RunFn | None = None, log=print) -> dict[str, Any]:
   """Scores the loaded items of each task -> {task: {'accuracy', 'chance', 'num_items',
-  'correct'}, 'chatcore': {...}} ('chatcore' only when every task ran)."""
+  'correct'}, 'five_task_mean': {...}, 'chatcore': {...}} ('five_task_mean' only when the
+  paper's five ran, 'chatcore' only when every task ran)."""
   results: dict[str, Any] = {}
   for name in names:
     its = items[name]
@@ -222,6 +225,11 @@ def run_chat_eval(names: Sequence[str], items: Mapping[str, Sequence[Conversatio
                      "correct": correct}
     log(f"[chat] {name}: accuracy {results[name]['accuracy']:.4f} (chance "
         f"{results[name]['chance']:.2f}, {len(correct)} items)")
+  mean = lm_tasks.five_task_mean(results)
+  if mean is not None:
+    results[lm_tasks.PAPER_MEAN] = mean
+    log(f"[chat] five-task mean (the paper's) {mean['accuracy']:.4f} over "
+        f"{', '.join(mean['tasks'])}")
   core = chatcore(results, names)
   if core is not None:
     results["chatcore"] = core

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from laplax import multihost
+from laplax.data import pipeline
 from laplax.evals import accuracy
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
@@ -86,20 +87,21 @@ class VitGeometry(Evaluator):
   def run(self, weights, step) -> dict[str, Any]:
     task, n, split = self.ctx.task, self.config.examples, self.config.split
     info, params = task.data["info"], weights.params
-    if task.streaming:  # the first n examples, decoded as evaluation sees them
+    if task.streaming:  # the first n examples, decoded as evaluation sees them, batch by batch
       # Each host streams its block of every batch: all of them, in order, on every host.
-      batches = [multihost.gather_rows(b) for b in task.eval_stream(split, min(n, 250),
-                                                                    limit=n)]
-      mask = np.concatenate([b["mask"] for b in batches])
-      images = np.concatenate([b["image"] for b in batches])[mask]
-      labels = np.concatenate([b["label"] for b in batches])[mask]
-      params = task.params_for_eval(self.ctx.model, params)
+      stream = task.eval_stream(split, min(n, 250), limit=n)
+      batches = ({**b, "image": pipeline.normalize(np.asarray(b["image"]), mean=info.mean,
+                                                   std=info.std)}
+                 for b in map(multihost.gather_rows, stream))
+      geo = vit_geometry.analyze_batches(
+          self.ctx.model, multihost.fetch(task.params_for_eval(self.ctx.model, params)),
+          batches, num_classes=info.num_classes)
     else:
       images, labels = task.data[split]
-    n = min(n, len(labels))
-    geo = vit_geometry.analyze_vit(self.ctx.model, multihost.fetch(params), images[:n],
-                                   labels[:n], num_classes=info.num_classes, batch_size=250,
-                                   mean=info.mean, std=info.std)
+      n = min(n, len(labels))
+      geo = vit_geometry.analyze_vit(self.ctx.model, multihost.fetch(params), images[:n],
+                                     labels[:n], num_classes=info.num_classes, batch_size=250,
+                                     mean=info.mean, std=info.std)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))

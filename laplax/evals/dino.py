@@ -7,7 +7,7 @@
   evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016'}  DINOv2's linear protocol
   evals.ade20k = {'type': 'ade20k_patch', 'dir': ..., 'size': 224}  the former per-patch probe
   evals.photos = {'type': 'photo_pca', 'photos': 'builtin'}      PCA picture (pca_photos.png)
-  evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}
+  evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}   also streamed
 
 Each section's keys and defaults are its class's `defaults`. Features come from the teacher's
 backbone at the global-crop grid (laplax.evals.features).
@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
+from laplax import sharding
 from laplax.data import ade20k_stream, builders, streaming
 from laplax.data import photos as photos_lib
 from laplax.data.images import cache_dir
 from laplax.evals import ade20k_probe, dino_linear, knn as knn_lib
 from laplax.evals import features as features_lib
+from laplax.evals import inputs
 from laplax.evals import stream_features
 from laplax.evals import probes
 from laplax.geometry import dino as dino_geometry
@@ -371,28 +375,67 @@ class PhotoPca(_TeacherEvaluator):
 
 
 class Spectra(Evaluator):
-  """Per-layer spectral decay of the teacher's patch tokens on the first `examples` test images
-  (laplax.geometry.dino); writes analysis/spectra.json and analysis/spectrum.png ->
+  """Per-layer spectral decay of the teacher's patch tokens, pooled and per image
+  (laplax.geometry.dino), on the first `examples` test images; for a streamed run (pod:
+  data.tfds_name) the first `examples` records of data.eval_split, decoded with `resize` /
+  `crop` (0: DINO's evaluation transform at the global-crop size, Resize(size * 256 / 224) +
+  CenterCrop(size)) and measured on the devices in global batches of `batch_size` (memory does
+  not grow with `examples`). Writes analysis/spectra.json and analysis/spectrum.png ->
   {'layers': [...], ...}."""
 
   type = "dino_spectra"
-  defaults = {"examples": 2000}
+  defaults = {"examples": 2000, "batch_size": 250, "resize": 0, "crop": 0}
 
   @classmethod
   def check(cls, config, task) -> None:
-    _check_in_memory(cls.type, task)
-    if not isinstance(config.examples, int) or config.examples < 1:
-      raise ValueError(f"examples={config.examples} must be a positive integer")
+    for key in ("examples", "batch_size"):
+      if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1:
+        raise ValueError(f"{key}={config[key]!r} must be a positive integer")
+    if getattr(task, "streaming", False):
+      resize, crop = _stream_crop(config, task)
+      p = task.build_model().backbone.patch_size
+      if crop % p or not 0 < crop <= resize:
+        raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
+                         f"[1, resize={resize}]")
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    if getattr(ctx.task, "streaming", False):  # the split is opened now: missing data stops
+      self.source = inputs.stream_source(ctx.task)  # a run before its first step
 
   def run(self, weights, step) -> dict[str, Any]:
-    task, model = self.ctx.task, self.ctx.model
+    task, model, c = self.ctx.task, self.ctx.model, self.config
     size, info = task.config.multicrop.global_size, task.info()
-    spectra = dino_geometry.patch_spectra(
-        model, weights.extra["teacher"], task.data["test"][0][:self.config.examples],
-        base_grid=dino_lib.patch_grid(model, (size, size)), mean=info.mean, std=info.std,
-        batch_size=250)
-    dino_geometry.write_spectra(spectra, self.ctx.out / "analysis", task.config.get("name", "run"))
+    base_grid = dino_lib.patch_grid(model, (size, size))
+    if getattr(task, "streaming", False):
+      resize, crop = _stream_crop(c, task)
+      n = len(streaming.subset(self.source, c.examples))
+      mesh = self.ctx.mesh
+      global_batch = stream_features.global_batch_size(min(c.batch_size, max(n, 1)), mesh,
+                                                       jax.process_count())
+      block, _ = sharding.host_block(mesh, global_batch)
+      stream = stream_features.host_stream(
+          self.source, global_batch=global_batch, resize=resize, crop=crop,
+          process_index=block, process_count=jax.process_count(), limit=c.examples)
+      spectra = dino_geometry.streamed_patch_spectra(
+          model, weights.extra["teacher"], (sharding.host_batch_to_global(b, mesh)
+                                            for b in stream),
+          base_grid=base_grid, mean=info.mean, std=info.std, mesh=mesh, rules=self.ctx.rules)
+    else:
+      spectra = dino_geometry.patch_spectra(
+          model, weights.extra["teacher"], task.data["test"][0][:c.examples],
+          base_grid=base_grid, mean=info.mean, std=info.std, batch_size=c.batch_size)
+    if jax.process_index() == 0:
+      dino_geometry.write_spectra(spectra, self.ctx.out / "analysis",
+                                  task.config.get("name", "run"))
     return spectra
 
   def summary(self, result) -> str:
-    return ""
+    last = result["layers"][-1]
+    return (f"{self.name}: last layer, components for 99 % per image "
+            f"{last['per_sequence_components_99']:.1f}, pooled {last['components_99']}")
+
+
+def _stream_crop(config, task) -> tuple[int, int]:
+  resize, crop = inputs.stream_crop(task)
+  return config.resize or resize, config.crop or crop

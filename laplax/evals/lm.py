@@ -77,17 +77,23 @@ class Benchmarks(Evaluator):
 
 
 class LmGeometry(Evaluator):
-  """Linguistic collapse (CDNV over next-token classes) and per-layer spectral decay of the
-  first `examples` validation windows (laplax.geometry.lm); writes analysis/geometry.json and
+  """Linguistic collapse (CDNV over next-token classes) and per-layer spectral decay, pooled
+  and per sequence of `window` positions (0: the whole window, data.seq_len), of the first
+  `examples` validation windows (laplax.geometry.lm); writes analysis/geometry.json and
   analysis/spectrum.png -> the geometry dict."""
 
   type = "lm_geometry"
-  defaults = {"examples": 256, "batch_size": 8}
+  defaults = {"examples": 256, "batch_size": 8, "window": 0}
 
   @classmethod
   def check(cls, config, task) -> None:
     if not isinstance(config.examples, int) or config.examples < 1:
       raise ValueError(f"examples={config.examples} must be a positive integer")
+    seq_len = task.config.data.seq_len
+    if not isinstance(config.window, int) or not (config.window == 0
+                                                  or 2 <= config.window <= seq_len):
+      raise ValueError(f"window={config.window!r} must be 0 (the whole window) or lie in "
+                       f"[2, data.seq_len={seq_len}]")
 
   def run(self, weights, step) -> dict[str, Any]:
     batches = text_pipeline.eval_batches(self.ctx.task.val_shards,
@@ -95,7 +101,7 @@ class LmGeometry(Evaluator):
                                          max_windows=self.config.examples)
     windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
     geo = lm_geometry.analyze_lm(self.ctx.model, {"params": weights.params}, windows,
-                                 batch_size=self.config.batch_size)
+                                 batch_size=self.config.batch_size, window=self.config.window)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))

@@ -409,6 +409,23 @@ TASKS: dict[str, Callable[[], Any]] = {
     "lambada": Lambada,
 }
 MULTIPLE_CHOICE = ("arc_easy", "arc_challenge", "mmlu")
+# The paper's LM headline (30.06 % with 5 Laplacian heads of 10): the plain mean of these
+# five accuracies (no chance-centring, unlike nanochat's ChatCORE).
+PAPER_TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
+PAPER_MEAN = "five_task_mean"
+
+
+def five_task_mean(results: dict[str, dict[str, Any]], keys: Sequence[str] | None = None
+                   ) -> dict[str, Any] | None:
+  """The paper's five-task mean of results {key: {'accuracy', 'chance', 'num_items'}}, keys
+  (default PAPER_TASKS) naming the five results in that order -> {'accuracy' (plain mean),
+  'chance' (mean of their chances), 'num_items' (sum), 'tasks'}; None unless all five ran."""
+  keys = list(PAPER_TASKS if keys is None else keys)
+  if len(keys) != len(PAPER_TASKS) or any(k not in results for k in keys):
+    return None
+  mean = lambda field: float(np.mean([results[k][field] for k in keys]))
+  return {"accuracy": mean("accuracy"), "chance": mean("chance"),
+          "num_items": int(sum(results[k]["num_items"] for k in keys)), "tasks": keys}
 
 
 def get_task(name: str):
@@ -420,7 +437,9 @@ def get_task(name: str):
 def run_tasks(names: Sequence[str], data_dir, *, logprob_fn: LogprobFn | None = None,
               generate_fn: GenerateFn | None = None, run_fn: RunFn | None = None,
               limit: int | None = None, log=print) -> dict[str, dict[str, Any]]:
-  """Runs tasks; multiple-choice ones in both modes. -> {'arc_easy/letter': result, ...}."""
+  """Runs tasks; multiple-choice ones in both modes. -> {'arc_easy/letter': result, ...}, and
+  when the paper's five ran, 'five_task_mean/letter' and '/loglik' (five_task_mean, the
+  multiple-choice tasks in that mode)."""
   tasks = [get_task(n) for n in names]  # bad names fail before any work
   results = {}
   for name, task in zip(names, tasks):
@@ -430,6 +449,11 @@ def run_tasks(names: Sequence[str], data_dir, *, logprob_fn: LogprobFn | None = 
         results[f"{name}/{mode}"] = task.evaluate(items, logprob_fn=logprob_fn, mode=mode)
     else:
       results[name] = task.evaluate(items, generate_fn=generate_fn, run_fn=run_fn)
+  for mode in ("letter", "loglik"):
+    keys = [f"{t}/{mode}" if t in MULTIPLE_CHOICE else t for t in PAPER_TASKS]
+    mean = five_task_mean(results, keys)
+    if mean is not None:
+      results[f"{PAPER_MEAN}/{mode}"] = mean
   for key, r in results.items():
     extra = f", per byte {r['accuracy_norm']:.4f}" if "accuracy_norm" in r else ""
     log(f"[eval] {key}: accuracy {r['accuracy']:.4f}{extra} (chance {r['chance']:.2f}, "

@@ -3,9 +3,12 @@
 The evaluators are the run's own (config.evals in its config.json, laplax.train.evaluator):
 the `final` ones, plus the `analysis` ones with `analyze`, or exactly those `evals` names.
 eval.py's task-specific flags set keys of the evaluators of one type (`tasks`, `limit` and
-`data_dir`: lm_tasks; `photos`: photo_pca; `analysis_examples`: the `examples` of every
-evaluator that has them). `export` writes the run's export (laplax.train.export: safetensors
-and a manifest; every task). `heads` evaluates the trained weights with another head spec
+`data_dir`: lm_tasks; `photos`: photo_pca; `compare`: attention_maps; `analysis_examples`: the
+`examples` of every evaluator that has them). An `evals` name that is not in the run's
+config.evals but is an evaluator type (laplax.train.evaluator.TYPES, e.g. `mechanism`,
+`attention_maps`) runs that evaluator with its defaults: runs trained before it existed can be
+measured too. `export` writes the run's export (laplax.train.export: safetensors and a
+manifest; every task). `heads` evaluates the trained weights with another head spec
 (laplax.heads: a Laplacian head switched back to P V, or the reverse); the result names both
 specs. The result also goes to out/eval.json.
 """
@@ -45,6 +48,7 @@ class EvalOptions:
   limit: int | None = None
   data_dir: str | None = None
   photos: str | None = None  # photo_pca evaluators: these photos ('': skip them)
+  compare: str | None = None  # attention_maps evaluators: this run's maps drawn beside
   heads: Any = None  # None: as trained; else a head spec (laplax.heads) to evaluate with
 
 
@@ -107,9 +111,12 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
   if options.evals:
     names = list(options.evals)
     for n in names:
-      if n not in sections:
+      if n not in sections and n in evaluator_lib.TYPES and n not in evaluator_lib.RESERVED:
+        config.evals[n] = ml_collections.ConfigDict({"type": n})  # its defaults
+      elif n not in sections:
         raise ValueError(f"--evals: no evaluator {n!r} in this run's config.evals "
-                         f"({sorted(sections)})")
+                         f"({sorted(sections)}), and no evaluator type of that name")
+    sections = evaluator_lib.sections(config)
   else:
     names = [n for n, s in sections.items() if s.final or (options.analyze and s.analysis)]
   if options.tasks or options.limit is not None or options.data_dir:
@@ -128,6 +135,10 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
         config.evals[n].photos = options.photos
     else:
       names = [n for n in names if n not in photo]
+  if options.compare:
+    for n in _of_type(sections, "attention_maps", "compare"):
+      config.evals[n].compare = options.compare
+      names.append(n)
   if options.analysis_examples is not None:
     for n in names:
       if "examples" in sections[n]:

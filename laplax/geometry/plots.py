@@ -1,4 +1,5 @@
-"""Per-layer geometry plots (matplotlib, Agg): one curve per model variant, mean +- std bands."""
+"""Per-layer geometry plots (matplotlib, Agg): one curve per model variant, mean +- std bands;
+attention maps."""
 
 from __future__ import annotations
 
@@ -29,6 +30,19 @@ FIGURES = {
         ("effective_rank", "effective rank")]),
 }
 LOG_SCALE = {"nc_mean_nc1", "nc_cls_nc1"}
+# Figures of other analyses (not of laplax.geometry.vit's rows: plot_run leaves them out).
+OTHER_FIGURES = {
+    "per_sequence": ("Spectral decay: per sequence (the paper's) vs pooled over sequences", [
+        ("per_sequence_components_99", "components for 99 %, per sequence (mean)"),
+        ("components_99", "components for 99 %, pooled"),
+        ("per_sequence_effective_rank", "effective rank, per sequence (mean)")]),
+    "mechanism": ("Mechanism per block (mean over heads)", [
+        ("dirichlet_energy_centred", "Dirichlet energy of centred input"),
+        ("attention_entropy", "attention entropy (nats)"),
+        ("mean_share", "output share moving the sequence mean"),
+        ("negative_real_fraction", "W_O W_V: eigenvalues with Re < 0")]),
+}
+XLABEL = {"mechanism": "block"}
 
 
 def save_figure(fig, path, **kwargs) -> None:
@@ -41,8 +55,9 @@ def save_figure(fig, path, **kwargs) -> None:
 
 def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: pathlib.Path,
                       figure: str) -> pathlib.Path:
-  """groups: label -> analyses (each {'layers': [{metric: value}, ...]}); one PNG per figure."""
-  title, panels = FIGURES[figure]
+  """groups: label -> analyses (each {'layers': [{metric: value}, ...]}); one PNG per figure
+  (FIGURES or OTHER_FIGURES)."""
+  title, panels = FIGURES[figure] if figure in FIGURES else OTHER_FIGURES[figure]
   fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6))
   for ax, (key, panel_title) in zip(np.atleast_1d(axes), panels):
     for label, runs in groups.items():
@@ -56,7 +71,7 @@ def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: path
       ax.set_yscale("log")
     ax.set_title(panel_title, fontsize=10)
     ax.set_xticks(np.arange(len(next(iter(groups.values()))[0]["layers"])))
-    ax.set_xlabel("layer (0 = embedding)")
+    ax.set_xlabel(XLABEL.get(figure, "layer (0 = embedding)"))
     ax.grid(alpha=0.3)
   np.atleast_1d(axes)[0].legend(fontsize=8)
   fig.suptitle(title)
@@ -95,10 +110,15 @@ def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
 
 
 def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spectral decay"):
-  """Components for 99 % variance and effective rank per layer; one curve per label."""
-  keys = [("components_99", "components for 99 % variance"), ("effective_rank",
-                                                               "effective rank")]
-  fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6))
+  """Components for 99 % variance (pooled over sequences, and per sequence when measured) and
+  effective rank per layer; one curve per label."""
+  keys = [("components_99", "components for 99 % variance, pooled"),
+          ("effective_rank", "effective rank, pooled")]
+  first = next(iter(analyses.values()))
+  first = first[0] if isinstance(first, list) else first
+  if "per_sequence_components_99" in first["layers"][0]:
+    keys.insert(1, ("per_sequence_components_99", "components for 99 %, per sequence (mean)"))
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6))
   for ax, (key, panel) in zip(axes, keys):
     for label, runs in analyses.items():
       runs = runs if isinstance(runs, list) else [runs]
@@ -114,12 +134,49 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   fig.suptitle(title)
+  return _save(fig, path)
+
+
+def _save(fig, path, dpi: int = 110) -> pathlib.Path:
+  """Lays out, writes (making the folder) and closes a figure -> its path."""
   fig.tight_layout()
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  save_figure(fig, path, dpi=110)
+  save_figure(fig, path, dpi=dpi)  # local or gs://
   plt.close(fig)
   return path
+
+
+# What each kind of head does with the P-weighted values (attention maps' titles).
+_VERB = {"attention": "adds", "laplacian": "subtracts"}
+
+
+def plot_attention_maps(images: np.ndarray,
+                        maps: Mapping[str, tuple[np.ndarray, Sequence[str]]], path: pathlib.Path,
+                        *, row_labels: Sequence[str] | None = None) -> pathlib.Path:
+  """One PNG: rows = images (uint8 (N, H, W, C)), then for each run {name: (maps (N, heads, h,
+  w), head kinds)} its heads side by side, each panel on its own scale."""
+  n = len(images)
+  cols = 1 + sum(m.shape[1] for m, _ in maps.values())
+  fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols, 1.55 * n + 0.5), squeeze=False)
+  grey = images.shape[-1] == 1
+  for i in range(n):
+    ax = axes[i, 0]
+    ax.imshow(images[i, ..., 0] if grey else images[i], cmap="gray" if grey else None)
+    ax.set_ylabel(row_labels[i] if row_labels is not None else f"image {i}", fontsize=7)
+    j = 1
+    for name, (m, kinds) in maps.items():
+      for h in range(m.shape[1]):
+        ax = axes[i, j]
+        ax.imshow(m[i, h], cmap="inferno", interpolation="nearest")
+        if i == 0:
+          verb = _VERB.get(kinds[h], kinds[h])
+          ax.set_title(f"{name}\nhead {h}: {verb} P", fontsize=7)
+        j += 1
+  for ax in axes.flat:
+    ax.set_xticks([])
+    ax.set_yticks([])
+  fig.suptitle("Last block: class-token attention P per head (an ordinary head adds the "
+               "P-weighted values, a Laplacian head subtracts them)", fontsize=8)
+  return _save(fig, path)
 
 
 def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[Sequence[float]]],

@@ -219,6 +219,22 @@ class CovarianceStats:
                         second_moment=self.second_moment.add(
                             jnp.einsum("nd,ne->de", x, x, precision=_HIGHEST)))
 
+  def add_moments(self, count: ArrayLike, mean: ArrayLike, centred_second_moment: ArrayLike
+                  ) -> CovarianceStats:
+    """Adds a batch given by its moments (computed anywhere, e.g. on the devices in float32):
+    its token count, mean (d,) and sum of (x - mean)(x - mean)^T (d, d). Exact in any order
+    (Chan et al.'s pairwise combination, in this accumulator's shifted coordinates)."""
+    _check_x64(self)
+    dtype = self.shift.dtype
+    n = jnp.asarray(count, dtype)
+    delta = jnp.asarray(mean, dtype) - self.shift
+    centred = jnp.asarray(centred_second_moment, dtype)
+    if delta.shape != (self.dim,) or centred.shape != (self.dim, self.dim):
+      raise ValueError(f"mean {delta.shape}, second moment {centred.shape}: expected "
+                       f"({self.dim},) and ({self.dim}, {self.dim})")
+    return self.replace(count=self.count.add(n), sum=self.sum.add(n * delta),
+                        second_moment=self.second_moment.add(centred + n * jnp.outer(delta, delta)))
+
   def finalize(self) -> dict[str, jax.Array]:
     """count (), mean (d,), covariance (d, d) (divided by count), eigenvalues (d,) descending."""
     _check_x64(self)

@@ -3,15 +3,22 @@
 Which tokens each metric uses (layer 0 = patch embedding + positions, layer l = output of block
 l, before the final LayerNorm):
   * variance decomposition, within-sequence cosine: all 1 + N tokens of an image (the sequence);
-  * spectrum (components for 90/95/99 % of the variance, effective rank): the N patch tokens;
+  * spectrum pooled over images (`components_90/95/99`, `effective_rank`: one covariance of the
+    N patch tokens of every image) and per image, the paper's quantity
+    (`per_sequence_components_90/95/99`, `per_sequence_effective_rank`, each with `_std`: each
+    image's own covariance of its N patch tokens, averaged over images; its rank is at most
+    `per_sequence_rank_bound` = min(N - 1, E); laplax.geometry.spectra);
   * Neural Collapse on sequence means (`nc_mean_*`): the mean of all tokens of an image;
   * Neural Collapse on the class token (`nc_cls_*`);
   * NC3 / NC4 (`classifier_*`): the final, normalised class token against the linear head.
-Statistics accumulate in float64 batch by batch, so memory does not grow with the data.
+Statistics accumulate in float64 batch by batch, so memory does not grow with the data (only
+the final class tokens, (N, E), are kept for NC3 / NC4); streamed splits are read batch by
+batch (`analyze_batches`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -20,6 +27,7 @@ import numpy as np
 
 from laplax import geometry
 from laplax.data import pipeline
+from laplax.geometry import spectra
 
 _update = {cls: jax.jit(cls.update) for cls in (
     geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats,
@@ -27,20 +35,27 @@ _update = {cls: jax.jit(cls.update) for cls in (
 _finalize = {cls: jax.jit(cls.finalize) for cls in (
     geometry.VarianceStats, geometry.CosineStats, geometry.CovarianceStats)}
 _finalize_nc = jax.jit(geometry.NeuralCollapseStats.finalize)
+_update_per_image = jax.jit(spectra.SequenceSpectrumStats.update)
+_finalize_per_image = jax.jit(spectra.SequenceSpectrumStats.finalize)
 
 
 def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
   return {prefix + k: float(v) for k, v in d.items() if np.ndim(v) == 0}
 
 
-def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
-                   batch_size: int, mean, std) -> list[dict[str, float]]:
-  """forward(params, images (B,H,W,C)) -> tokens (L+1, B, 1+N, E). Returns one dict per layer."""
-  accs = None
-  for batch in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean, std=std):
+def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_classes: int
+                   ) -> tuple[list[dict[str, float]], np.ndarray, np.ndarray]:
+  """forward(params, images (B,H,W,C)) -> {'tokens': (L+1, B, 1+N, E), 'pre_logits': (B, E)};
+  batches: {'image' normalised, 'label', 'mask'} (valid rows first). -> (one dict per layer,
+  pre_logits (n, E) and labels (n,) of the valid rows)."""
+  accs, feats, ys = None, [], []
+  for batch in batches:
     n = int(np.sum(batch["mask"]))
-    tokens = np.asarray(forward(params, batch["image"]))[:, :n]  # float32, outside x64
+    out = forward(params, batch["image"])
+    tokens = np.asarray(out["tokens"])[:, :n]  # float32, outside x64
+    feats.append(np.asarray(out["pre_logits"])[:n])
     y = np.asarray(batch["label"][:n])
+    ys.append(y)
     with jax.enable_x64(True):
       depth, _, seq, dim = tokens.shape
       if accs is None:
@@ -50,7 +65,8 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
                      nc_mean=geometry.NeuralCollapseStats.init(num_classes, dim,
                                                                dtype=np.float64),
                      nc_cls=geometry.NeuralCollapseStats.init(num_classes, dim,
-                                                              dtype=np.float64))
+                                                              dtype=np.float64),
+                     per_image=spectra.SequenceSpectrumStats.init(dtype=np.float64))
                 for _ in range(depth)]
       for layer, acc in enumerate(accs):
         t = jnp.asarray(tokens[layer], jnp.float64)
@@ -59,6 +75,9 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
         acc["spectrum"] = _update[geometry.CovarianceStats](acc["spectrum"], t[:, 1:])
         acc["nc_mean"] = _update[geometry.NeuralCollapseStats](acc["nc_mean"], t.mean(1), y)
         acc["nc_cls"] = _update[geometry.NeuralCollapseStats](acc["nc_cls"], t[:, 0], y)
+        acc["per_image"] = _update_per_image(acc["per_image"], t[:, 1:])
+  if accs is None:
+    raise ValueError("no images to measure")
   out = []
   with jax.enable_x64(True):
     for acc in accs:
@@ -68,21 +87,27 @@ def layer_geometry(forward, params, images: np.ndarray, labels: np.ndarray, *, n
       row.update({k: float(v) for k, v in geometry.spectral_decay(eig).items()})
       row.update(_scalars(_finalize_nc(acc["nc_mean"]), "nc_mean_"))
       row.update(_scalars(_finalize_nc(acc["nc_cls"]), "nc_cls_"))
+      row.update(spectra.host_result(jax.device_get(_finalize_per_image(acc["per_image"])),
+                                     seq - 1, dim))
       out.append(row)
-  return out
+  return out, np.concatenate(feats), np.concatenate(ys)
 
 
 def analyze_vit(model, params, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
                 batch_size: int, mean, std) -> dict[str, Any]:
-  """Every metric at every layer, plus NC3 / NC4 of the final class token against the head."""
-  forward = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1]["tokens"])
-  layers = layer_geometry(forward, params, images, labels, num_classes=num_classes,
-                          batch_size=batch_size, mean=mean, std=std)
-  pre_logits = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1][
-      "pre_logits"])
-  feats = np.concatenate([
-      np.asarray(pre_logits(params, b["image"]))[:int(np.sum(b["mask"]))]
-      for b in pipeline.eval_batches(images, labels, batch_size=batch_size, mean=mean, std=std)])
+  """Every metric at every layer, plus NC3 / NC4 of the final class token against the head, of
+  uint8 images (N, H, W, C) in memory (analyze_batches)."""
+  return analyze_batches(model, params, pipeline.eval_batches(
+      images, labels, batch_size=batch_size, mean=mean, std=std), num_classes=num_classes)
+
+
+def analyze_batches(model, params, batches: Iterable[dict[str, Any]], *, num_classes: int
+                    ) -> dict[str, Any]:
+  """analyze_vit of a stream of batches ({'image': normalised float32 (B, H, W, C), 'label',
+  'mask'}, e.g. a streamed split's): one forward pass per batch, memory bounded by the batch
+  (plus the final class tokens, (N, E), for the classifier's NC3 / NC4)."""
+  forward = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1])
+  layers, feats, labels = layer_geometry(forward, params, batches, num_classes=num_classes)
   head = params["head"]
   final = geometry.neural_collapse(feats, labels, np.asarray(head["kernel"]).T,
                                    num_classes=num_classes, bias=np.asarray(head["bias"]))

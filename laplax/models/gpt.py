@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.attention import IMPLEMENTATIONS, MultiHeadAttention, rms_norm
+from laplax.attention import ANALYSIS, IMPLEMENTATIONS, MultiHeadAttention, rms_norm
 from laplax.models import remat as remat_lib
 from laplax.models.layers import Mlp, logical
 
@@ -158,11 +158,15 @@ class Block(nn.Module):
   laplacian_heads: tuple = ()
   palette: tuple = ()
   decode: bool = False
+  train: bool = False  # gate heads ('auto(...)') draw their gates from the 'dropout' rng
 
   @nn.compact
   def __call__(self, x: Array, head_row: Array | None = None) -> Array:
     decode = self.decode
     c = self.config
+    gates = heads_lib.has_gates([self.palette or heads_lib.head_row(self.laplacian_heads or 0,
+                                                                     c.num_heads)])
+    gate_rng = self.make_rng("dropout") if self.train and gates else None
     dtypes = dict(dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype))
     fan_in = nn.initializers.variance_scaling(1.0, "fan_in", "uniform", in_axis=0,
                                               out_axis=(1, 2))
@@ -173,7 +177,8 @@ class Block(nn.Module):
         rope_table_dtype=None if c.rope_table_dtype == "float32" else jnp.dtype(c.rope_table_dtype),
         use_bias=False, is_causal=True, implementation=c.attention_impl, kernel_init=fan_in,
         out_init=nn.initializers.zeros, palette=self.palette, name="attn", **dtypes)(rms_norm(x), decode=decode,
-                                                               head_mask=head_row)
+                                                               head_mask=head_row,
+                                                               gate_rng=gate_rng)
     x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
     # 'nanochat': c_fc as c_q (uniform +-sqrt(3 / embed)); 'glorot': Mlp's own
     fc1 = (dict(in_init=nn.initializers.variance_scaling(1.0, "fan_in", "uniform"))
@@ -225,8 +230,7 @@ class GPT(nn.Module):
                return_hidden: bool = False, return_features: bool = False):
     """`return_features=True` returns the final-normed (B, T, E) stream instead of logits (for
     `chunked_cross_entropy`; the 'lm_head' parameter is still created)."""
-    del train  # no dropout: kept for the trainers' common init signature
-    c = self.config
+    c = self.config  # no dropout: `train` only draws the gates of gate heads ('auto(...)')
     dtype, param_dtype = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
     embedding = self.param("embedding", logical(nn.initializers.normal(1.0), "vocab", "embed"),
                            (c.vocab_size, c.embed_dim), param_dtype)
@@ -238,17 +242,19 @@ class GPT(nn.Module):
     if c.scan_layers:
       palette, codes = heads_lib.palette(c.head_table)
       stack = nn.scan(remat_lib.wrap(_ScanBlock, policy, prevent_cse=False),
-                      variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True},
+                      variable_axes={"params": 0, "cache": 0, ANALYSIS: 0},
+                      split_rngs={"params": True, "dropout": True},
                       in_axes=0, length=c.depth, metadata_params={nn.PARTITION_NAME: "layers"})
       # The head table rides along as scanned (depth, heads) codes into the palette; an
       # all-ordinary model passes nothing so its attention stays on the native-dtype path.
-      rows = jnp.asarray(codes) if len(palette) > 1 else jnp.zeros((c.depth, 0), jnp.int32)
-      x, ys = stack(c, palette=palette, decode=decode, name="blocks")(x, rows)
+      rows = (jnp.asarray(codes) if palette != (heads_lib.ATTENTION,)
+              else jnp.zeros((c.depth, 0), jnp.int32))
+      x, ys = stack(c, palette=palette, decode=decode, train=train, name="blocks")(x, rows)
       hidden.extend(ys[i] for i in range(c.depth))
     else:
       block = remat_lib.wrap(Block, policy)
       for i, row in enumerate(c.head_table):
-        x = block(c, row, decode=decode, name=f"block{i}")(x)
+        x = block(c, row, decode=decode, train=train, name=f"block{i}")(x)
         hidden.append(x)
     x = rms_norm(x)
     lm_head = self.param("lm_head", logical(nn.initializers.normal(0.001), "embed", "vocab"),

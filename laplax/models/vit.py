@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.attention import MultiHeadAttention
+from laplax.attention import ANALYSIS, MultiHeadAttention
 from laplax.models import remat as remat_lib
 from laplax.models.layers import LayerScale, Mlp, drop_path, logical, trunc_normal
 
@@ -92,7 +92,7 @@ class PatchEmbed(nn.Module):
 
   features: int
   patch_size: int
-  init: str = "lecun"  # 'lecun' (LeCun normal, zero bias) | 'torch' (PyTorch's Conv2d default)
+  kernel_style: str = "lecun"  # "lecun" (LeCun normal, zero bias) | "torch" (Conv2d default)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -100,7 +100,7 @@ class PatchEmbed(nn.Module):
   def __call__(self, images: Array) -> Array:
     b, h, w, c = images.shape
     p = self.patch_size
-    if self.init == "torch":  # kaiming_uniform(a=sqrt 5): uniform(+-1/sqrt(fan_in)), both
+    if self.kernel_style == "torch":  # kaiming_uniform(a=sqrt 5): uniform(+-1/sqrt(fan_in)), both
       kernel_init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
       bias_init = torch_conv_bias(p * p * c)
     else:
@@ -145,13 +145,17 @@ class Block(nn.Module):
     rng = self.make_rng("dropout") if train and not static_zero else None
     rngs = (None, None) if rng is None else tuple(jax.random.split(rng))
     inits = _inits(self.weight_init)
+    # Gate heads ('auto(...)') draw their gates while training.
+    gates = heads_lib.has_gates([self.palette or heads_lib.head_row(self.laplacian_heads,
+                                                                     self.num_heads)])
+    gate_rng = self.make_rng("dropout") if train and gates else None
 
     y = MultiHeadAttention(
         num_heads=self.num_heads, head_dim=width // self.num_heads,
         laplacian_heads=self.laplacian_heads, qk_norm="layer" if self.qk_norm else None,
         implementation=self.attention_impl, kernel_init=inits["qkv"], out_init=inits["out"],
         palette=self.palette, dtype=self.dtype, param_dtype=self.param_dtype, name="attn")(
-            norm("norm1")(x), head_mask=head_row)
+            norm("norm1")(x), head_mask=head_row, gate_rng=gate_rng)
     x = x + drop_path(scale("ls1")(y), drop_rate, rngs[0])
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     y = Mlp(self.mlp_dim, in_init=inits["fc1"], in_bias_init=inits["fc1_bias"],
@@ -215,7 +219,7 @@ class ViT(nn.Module):
     if h % p or w % p:
       raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
     inits = _inits(self.weight_init)
-    x = PatchEmbed(self.hidden_dim, p, init=inits["patch"], dtype=self.dtype,
+    x = PatchEmbed(self.hidden_dim, p, kernel_style=inits["patch"], dtype=self.dtype,
                    param_dtype=self.param_dtype, name="embedding")(images)
     pos = self.param("pos_embedding", logical(inits["pos"], None, "length", "embed"),
                      (1, x.shape[1], self.hidden_dim), self.param_dtype)
@@ -233,7 +237,7 @@ class ViT(nn.Module):
     tokens = [x]
     if self.scan_layers:
       stack = nn.scan(remat_lib.wrap(_ScanBlock, self.remat_policy, prevent_cse=False),
-                      variable_axes={"params": 0}, split_rngs={"params": True,
+                      variable_axes={"params": 0, ANALYSIS: 0}, split_rngs={"params": True,
                                                                            "dropout": True},
                       in_axes=0, length=self.depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})

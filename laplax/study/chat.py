@@ -8,9 +8,12 @@ A cell of configs/study_chat.py is four runs in workdir/cells/<cell>/:
              evaluator `chat` (laplax.evals.chat) scores the benchmarks in chat format
   results.json  the cell's summary (written last: the cell is finished)
 
-Every stage takes the cell's model section and seed, so the heads never change between
-stages. Scores: validation bits per byte after each stage, each benchmark's accuracy and
-ChatCORE (nanochat's chance-centred mean), paired over seeds by the study grid.
+A mid stage with its own evals.chat section is scored in chat format too, after mid-training
+(nanochat's order: chat_eval after mid-training and after SFT). Every stage takes the cell's
+model section and seed, so the heads never change between stages. Scores: validation bits per
+byte after each stage, each benchmark's accuracy, the paper's five-task mean (the plain mean of
+ARC-E, ARC-C, MMLU, GSM8K and HumanEval) and ChatCORE (nanochat's chance-centred mean), after
+SFT and after mid-training, paired over seeds by the study grid.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from laplax.train import workdir as workdir_lib
 
 FINISHED = ("results.json",)
 RUNS = ("pretrain", "mid", "sft")  # a cell's runs, in order (the report's cost table)
-SCORES = [Score("chatcore", "ChatCORE (chance-centred mean accuracy, %)", scale=100.0,
+SCORES = [Score("chat/five_task_mean", "the paper's five-task mean accuracy after SFT (%)",
+                scale=100.0, digits=2),
+          Score("chatcore", "ChatCORE (chance-centred mean accuracy, %)", scale=100.0,
                 digits=2),
           Score("sft_bpb", "SFT validation bits per byte (assistant tokens)",
                 higher_is_better=False, scale=1.0, digits=4)]
@@ -38,7 +43,7 @@ STAGE_BPB = ("pretrain_bpb", "mid_bpb")
 
 
 def scale(key: str) -> tuple[float, int]:
-  if key.startswith("chat/"):
+  if key.startswith(("chat/", "mid_chat/")) or key == "mid_chatcore":
     return 100.0, 1
   return (1.0, 4) if key.endswith(("_bpb", "_bpb_before")) else (1.0, 0)
 
@@ -46,6 +51,10 @@ def scale(key: str) -> tuple[float, int]:
 def label(key: str) -> str:
   if key.startswith("chat/"):
     return f"{key[5:]} accuracy (chat format, %)"
+  if key.startswith("mid_chat/"):
+    return f"{key[9:]} accuracy after mid-training (chat format, %)"
+  if key == "mid_chatcore":
+    return "ChatCORE after mid-training (%)"
   return {"pretrain_bpb": "pretraining validation bits per byte",
           "mid_bpb": "mid-training validation bits per byte",
           "mid_bpb_before": "mid-training validation bits per byte, before it",
@@ -104,7 +113,9 @@ def cell_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                          "step": r["step"], "train_time_s": r["train_time_s"],
                          "corpus": r.get("corpus")}
                      for n, r in runs.items()},
-          "chat": runs["sft"]["chat"]}
+          "chat": runs["sft"]["chat"],
+          # nanochat's chat_eval after mid-training, where the config evaluates there
+          **({"chat_mid": runs["mid"]["chat"]} if "chat" in runs["mid"] else {})}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -112,10 +123,13 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   out = {f"{n}_bpb": s["val"]["bpb"] for n, s in r["stages"].items()}
   out.update({f"{n}_bpb_before": s["init_val"]["bpb"] for n, s in r["stages"].items()
               if s.get("init_val")})
-  out.update({f"chat/{k}": v["accuracy"] for k, v in r["chat"].items()
-              if isinstance(v, dict) and "accuracy" in v})
-  if "chatcore" in r["chat"]:
-    out["chatcore"] = r["chat"]["chatcore"]["chatcore"]
+  for prefix, key in (("", "chat"), ("mid_", "chat_mid")):
+    if key not in r:
+      continue
+    out.update({f"{prefix}chat/{k}": v["accuracy"] for k, v in r[key].items()
+                if isinstance(v, dict) and "accuracy" in v})
+    if "chatcore" in r[key]:
+      out[f"{prefix}chatcore"] = r[key]["chatcore"]["chatcore"]
   out["train_time_s"] = sum(s["train_time_s"] for s in r["stages"].values())
   return out
 
@@ -139,20 +153,32 @@ def setup(config) -> str:
 
 
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
-  """Per-benchmark accuracies next to chance, and the bits per byte after each stage."""
-  first = done[(specs[0], summary["rows"][0]["seeds"][0])]["results"]["chat"]
-  tasks = [k for k, v in first.items() if isinstance(v, dict) and "accuracy" in v]
-  lines = ["## Chat benchmarks (accuracy %, mean over seeds; first row: chance)", "",
-           "| heads | " + " | ".join(tasks) + " | ChatCORE |",
-           "| --- |" + " --- |" * (len(tasks) + 1),
-           "| chance | " + " | ".join(f"{first[k]['chance'] * 100:.1f}" for k in tasks)
-           + " | 0.0 |"]
-  for row in summary["rows"]:
-    sc = row["scores"]
-    mean = lambda k: sum(sc[k]) / len(sc[k]) * 100 if k in sc else float("nan")
-    lines.append(f"| {row['name']} | " + " | ".join(f"{mean('chat/' + k):.1f}" for k in tasks)
-                 + f" | {mean('chatcore'):.2f} |")
-  lines += ["", "## Bits per byte of each stage's validation data, before and after it "
+  """Per-benchmark accuracies next to chance (after SFT, and after mid-training when scored),
+  and the bits per byte after each stage."""
+  results = done[(specs[0], summary["rows"][0]["seeds"][0])]["results"]
+  lines = []
+  for key, prefix, when in (("chat", "", "after SFT"), ("chat_mid", "mid_", "after mid-training")):
+    if key not in results:
+      continue
+    first = results[key]
+    tasks = [k for k, v in first.items() if isinstance(v, dict) and "accuracy" in v]
+    lines += [f"## Chat benchmarks {when} (accuracy %, mean over seeds; first row: chance)", "",
+              "`five_task_mean`: the paper's headline, the plain mean of ARC-E, ARC-C, MMLU, "
+              "GSM8K and HumanEval." if "five_task_mean" in tasks else
+              "The paper's five-task mean needs ARC-E, ARC-C, MMLU, GSM8K and HumanEval: not "
+              "all of them ran.", "",
+              "| heads | " + " | ".join(tasks) + " | ChatCORE |",
+              "| --- |" + " --- |" * (len(tasks) + 1),
+              "| chance | " + " | ".join(f"{first[k]['chance'] * 100:.1f}" for k in tasks)
+              + " | 0.0 |"]
+    for row in summary["rows"]:
+      sc = row["scores"]
+      mean = lambda k: sum(sc[k]) / len(sc[k]) * 100 if k in sc else float("nan")
+      lines.append(f"| {row['name']} | " + " | ".join(f"{mean(prefix + 'chat/' + k):.1f}"
+                                                     for k in tasks)
+                   + f" | {mean(prefix + 'chatcore'):.2f} |")
+    lines.append("")
+  lines += ["## Bits per byte of each stage's validation data, before and after it "
             "(mean over seeds)", "",
             "Each stage has its own validation data: the text corpus (pretraining), held-out "
             "conversations, every token (mid-training), held-out conversations, the "

@@ -12,23 +12,43 @@ from typing import Any
 
 import numpy as np
 
+from laplax.data import pipeline
+from laplax.data.images import load_image_data
+from laplax.evals import attention_maps, inputs
 from laplax.geometry import plots
-from laplax.study import coefficients, stats
+from laplax.heads import spec_name
+from laplax.study import coefficients, masks, stats
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
-from laplax.train import trainer
+from laplax.train import restore, trainer
 from laplax.train.metrics import read_metrics
 
 FINISHED = ("results.json",)
 SCORES = [Score("test_accuracy", "test accuracy (%)")]
 # Last-layer geometry; the paper: Laplacian heads shrink the within-sequence variance, grow the
 # between-class variance and make the spectrum decay faster.
+# The spectral claim is on the paper's quantity, per image (fractional: a mean over images);
+# the pooled count (one covariance over all images' patch tokens) stays beside it as a score.
 CLAIMS = [Claim("within_sequence", "within-sequence variance fraction", -1),
           Claim("between_class", "between-class variance fraction", +1),
-          Claim("components_99", "components for 99 % of patch-token variance", -1)]
-SCALE = {"val_accuracy": (100.0, 2), "components_99": (1.0, 1)}
+          Claim("per_sequence_components_99",
+                "components for 99 % of an image's patch-token variance (per image)", -1)]
+SCALE = {"val_accuracy": (100.0, 2), "components_99": (1.0, 1),
+         "per_sequence_components_99": (1.0, 2), "per_sequence_effective_rank": (1.0, 2),
+         "effective_rank": (1.0, 2)}
 _LABELS = {"val_accuracy": "val accuracy (%)", "within_sequence_cosine":
            "within-sequence cosine", "nc_mean_nc1": "NC1 of sequence means",
-           "nc_cls_nc1": "NC1 of class token"}
+           "nc_cls_nc1": "NC1 of class token",
+           "components_99": "components for 99 %, pooled over images",
+           "effective_rank": "effective rank, pooled over images",
+           "per_sequence_effective_rank": "effective rank per image"}
+# Mechanism scores (laplax.evals.mechanism), mean over blocks, at init and after training.
+MECHANISM = {"dirichlet_energy": "Dirichlet energy tr(X^T (I-P) X) / tr(X^T X)",
+             "dirichlet_energy_centred": "Dirichlet energy of the centred input",
+             "attention_entropy": "attention entropy (nats)",
+             "mean_share": "head output share moving the sequence mean",
+             "negative_real_fraction": "W_O W_V eigenvalues with Re < 0 (share)",
+             "signed_trace_ratio": "W_O W_V sum Re(lambda) / sum |lambda|"}
+STAGES = {"init": "at init", "final": "trained"}
 
 
 def scale(key: str) -> tuple[float, int]:
@@ -37,6 +57,9 @@ def scale(key: str) -> tuple[float, int]:
 
 
 def label(key: str) -> str:
+  stage, _, name = key.partition("/")
+  if stage in STAGES and name in MECHANISM:
+    return f"{MECHANISM[name]}, {STAGES[stage]}"
   return _LABELS.get(key, key)
 
 
@@ -48,14 +71,22 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   with cfg.unlocked():  # a config from the command line is locked
     cfg.evals.geometry.update(final=True, examples=int(study.analysis_examples))
     cfg.evals.test.every = int(cfg.checkpoint.every_steps)
+    if "mechanism" in cfg.evals:  # before and after training
+      cfg.evals.mechanism.update(final=True, at_init=True,
+                                 examples=int(study.analysis_examples), batch_size=250)
   results_path = cell_dir / "results.json"
   if not results_path.exists():
     trainer.train_and_evaluate(cfg, cell_dir, log=log)
   results = json.loads(results_path.read_text())
   rows = read_metrics(cell_dir / "metrics.jsonl")
   curve = {str(r["step"]): r["accuracy"] for r in rows if r.get("split") == "test"}
+  mech = None
+  init_path = cell_dir / "init_eval.json"
+  if "mechanism" in results and init_path.exists():
+    mech = {"init": json.loads(init_path.read_text())["mechanism"],
+            "final": results["mechanism"]}
   return {"results": results, "analysis": results["geometry"], "curve": curve,
-          "coefficients": coefficients.cell_series(cfg, cell_dir)}
+          "coefficients": coefficients.cell_series(cfg, cell_dir), "mechanism": mech}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -63,8 +94,21 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   out = {"test_accuracy": cell["results"]["test"]["accuracy"]}
   if "val" in cell["results"]:  # ImageNet's studies: `test` is its validation split, no val
     out["val_accuracy"] = cell["results"]["val"]["accuracy"]
-  out.update({k: float(last[k]) for k in ("within_sequence", "between_class", "components_99",
-                                          "within_sequence_cosine", "nc_mean_nc1")})
+  out.update({k: float(last[k]) for k in ("within_sequence", "between_class",
+                                          "per_sequence_components_99", "components_99",
+                                          "per_sequence_effective_rank", "effective_rank",
+                                          "within_sequence_cosine", "nc_mean_nc1")
+              if k in last})
+  for stage, result in (cell.get("mechanism") or {}).items():
+    out.update({f"{stage}/{k}": v for k, v in mechanism_scores(result).items()})
+  return out
+
+
+def mechanism_scores(result: dict[str, Any]) -> dict[str, float]:
+  """One mechanism result -> each MECHANISM measure's mean over blocks (weights: over heads)."""
+  out = {k: float(np.nanmean([row[k] for row in result["layers"]])) for k in MECHANISM
+         if k not in result["weights"]}
+  out.update({k: float(result["weights"][k]) for k in MECHANISM if k in result["weights"]})
   return out
 
 
@@ -124,8 +168,9 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                       workdir / "accuracy.png")
   lines = ["![accuracy](accuracy.png)", "", *curve_section(workdir, specs, done, summary),
            *coefficients.section(workdir, config, specs, done, summary),
+           *masks.section(workdir, specs, done, summary, cell_scores),
            "## Last layer geometry (mean over seeds)", "",
-           "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % | "
+           "| heads | within-seq. | between-seq. | between-class | cosine | comps 99 % (pooled) | "
            "NC1 (seq. mean) | NC1 (cls) | ETF dist. |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for spec, row in zip(specs, summary["rows"]):
@@ -135,6 +180,9 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
                  f"{g['between_class']:.3f} | {g['within_sequence_cosine']:.3f} | "
                  f"{g['components_99']:.1f} | {g['nc_mean_nc1']:.3g} | {g['nc_cls_nc1']:.3g} | "
                  f"{g['nc_mean_etf_distance']:.3f} |")
+  lines += spectra_section(workdir, specs, done, summary)
+  lines += mechanism_section(workdir, specs, done, summary)
+  lines += attention_section(workdir, config, specs, done, summary)
   lines += ["", "## Per-layer geometry", "",
             "Layer 0 is the patch embedding, layer l the output of block l (before the final "
             "norm). Variance fractions and cosine use all tokens of an image; the spectrum uses "
@@ -143,3 +191,101 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   for name, path in figs.items():
     lines += [f"![{name}]({path.name})", ""]
   return lines
+
+
+def spectra_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
+  """Per layer: the paper's per-image counts next to the pooled ones (mean over seeds)."""
+  groups = cells_by_name(specs, done, summary, "analysis")
+  first = next(iter(groups.values()))[0]["layers"][0]
+  if "per_sequence_components_99" not in first:
+    return []
+  plots.plot_layer_curves(groups, workdir / "per_sequence.png", "per_sequence")
+  lines = ["", "## Spectral decay per image (the paper's) and pooled", "",
+           "Patch tokens (class token excluded). Per image: each image's own covariance of its "
+           f"{first['per_sequence_length']} patch tokens, components for 90 / 95 / 99 % of its "
+           "variance and its effective rank, averaged over images (fractional; at most "
+           f"{first['per_sequence_rank_bound']} = min(tokens - 1, width)). Pooled: one covariance "
+           "over all images' patch tokens (it also counts the spread between images). Mean over "
+           "seeds.", "",
+           "| heads | layer | per image 90 % | 95 % | 99 % | eff. rank | pooled 99 % | "
+           "pooled eff. rank |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for name, runs in groups.items():
+    for l in range(len(runs[0]["layers"])):
+      m = {k: float(np.mean([r["layers"][l][k] for r in runs]))
+           for k in ("per_sequence_components_90", "per_sequence_components_95",
+                     "per_sequence_components_99", "per_sequence_effective_rank",
+                     "components_99", "effective_rank")}
+      lines.append(f"| {name} | {l} | {m['per_sequence_components_90']:.2f} | "
+                   f"{m['per_sequence_components_95']:.2f} | "
+                   f"{m['per_sequence_components_99']:.2f} | "
+                   f"{m['per_sequence_effective_rank']:.2f} | {m['components_99']:.1f} | "
+                   f"{m['effective_rank']:.2f} |")
+  return lines + ["", "![per-image vs pooled spectra](per_sequence.png)", ""]
+
+
+def mechanism_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
+  """Mechanism measurements per block at init and after training (mean over seeds), their
+  figure, and W_O W_V by head kind; the paired intervals are in the score table."""
+  rows = [(spec, row) for spec, row in zip(specs, summary["rows"])
+          if all(done[(spec, s)].get("mechanism") for s in row["seeds"])]
+  if not rows:
+    return []
+  groups = {f"{row['name']} {stage}": [done[(spec, s)]["mechanism"][stage] for s in row["seeds"]]
+            for spec, row in rows for stage in STAGES}
+  plots.plot_layer_curves(groups, workdir / "mechanism.png", "mechanism")
+  keys = list(MECHANISM)
+  lines = ["## Mechanism, before and after training", "",
+           "Per block (laplax.geometry.mechanism): X is the block's input, P a head's attention. "
+           "Dirichlet energy tr(X^T (I - P) X) / tr(X^T X), also of X centred per image; "
+           "attention entropy; the share of a head's output energy that moves the image's "
+           "mean token; the eigenvalues of each head's W_O W_V (Re < 0: a Laplacian head's "
+           "update smooths). Mean over blocks (heads), then over seeds; paired intervals vs the "
+           "baseline in the score table above.", "",
+           "| heads | stage | " + " | ".join(MECHANISM[k] for k in keys) + " |",
+           "| --- | --- |" + " --- |" * len(keys)]
+  for spec, row in rows:
+    for stage in STAGES:
+      vals = [np.mean(row["scores"][f"{stage}/{k}"]) for k in keys]
+      lines.append(f"| {row['name']} | {STAGES[stage]} | " +
+                   " | ".join(f"{v:.3f}" for v in vals) + " |")
+  kinds = [(row["name"], stage, kind, v) for spec, row in rows for stage in STAGES
+           for kind, v in _by_kind(done, spec, row["seeds"], stage).items()]
+  if any(kind != "attention" for *_, kind, _ in kinds):
+    lines += ["", "W_O W_V by head kind (mean over the heads of that kind and seeds):", "",
+              "| heads | stage | head kind | Re < 0 share | sum Re / sum abs |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {n} | {STAGES[st]} | {kind} | {v['negative_real_fraction']:.3f} | "
+              f"{v['signed_trace_ratio']:.3f} |" for n, st, kind, v in kinds]
+  return lines + ["", "![mechanism](mechanism.png)", ""]
+
+
+def _by_kind(done, spec, seeds, stage) -> dict[str, dict[str, float]]:
+  per_seed = [done[(spec, s)]["mechanism"][stage]["weights"]["by_kind"] for s in seeds]
+  return {kind: {k: float(np.nanmean([p[kind][k] for p in per_seed]))
+                 for k in ("negative_real_fraction", "signed_trace_ratio")}
+          for kind in per_seed[0]}
+
+
+def attention_section(workdir: pathlib.Path, config, specs, done, summary,
+                      num_images: int = 4) -> list[str]:
+  """The last block's class-token attention maps of the baseline and the first Laplacian spec
+  (first seed with both) on the first test images -> attention_maps.png."""
+  base, lap = specs[0], specs[1]
+  seeds = [s for s in config.study.seeds if (base, s) in done and (lap, s) in done]
+  if not seeds:
+    return []
+  seed, names = seeds[0], {spec: row["name"] for spec, row in zip(specs, summary["rows"])}
+  subjects = {}
+  for spec in (base, lap):
+    run = restore.load_run(workdir / "cells" / f"{spec_name(spec)}_s{seed}", log=lambda m: None)
+    subjects[names[spec]] = inputs.subject(run.task, run.model, run)
+  data = load_image_data(config.base.data)
+  info = data["info"]
+  images = pipeline.normalize(data["test"][0][:num_images], mean=info.mean, std=info.std)
+  attention_maps.comparison(subjects, images, workdir / "attention_maps.png", mean=info.mean,
+                            std=info.std, row_labels=[f"test {i}" for i in range(num_images)])
+  return ["## Attention maps", "",
+          f"Seed {seed}, last block: the class token's attention P over the patches, per head "
+          "(each panel on its own scale). An ordinary head adds these weighted values to the "
+          "class token; a Laplacian head subtracts them from its own value.", "",
+          "![attention maps](attention_maps.png)", ""]

@@ -218,15 +218,17 @@ class ChatTask(LanguageModelTask):
     chunk = int(self.config.model.get("loss_chunk", 0))
 
     def loss_fn(params, batch, rng):
-      del rng
       tokens, w = batch["tokens"], batch["mask"].astype(jnp.float32)
+      # no dropout: train=True and the rng only draw the gates of gate heads ('auto(...)')
+      rngs = {} if rng is None else {"dropout": rng}
+      apply = lambda *a, **kw: model.apply(*a, train=True, rngs=rngs, **kw)
       if chunk:
-        features = model.apply({"params": params}, tokens[:, :-1], return_features=True)
+        features = apply({"params": params}, tokens[:, :-1], return_features=True)
         loss = gpt.chunked_cross_entropy(
             features, params["lm_head"], tokens[:, 1:], chunk=chunk, weights_BxT=w,
             softcap=model.config.logit_softcap, dtype=model.config.dtype)
       else:
-        logits = model.apply({"params": params}, tokens[:, :-1])
+        logits = apply({"params": params}, tokens[:, :-1])
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
         loss = (nll * w).sum() / jnp.maximum(w.sum(), 1.0)
       return loss, {"supervised_tokens": w.sum()}

@@ -154,14 +154,16 @@ class LanguageModelTask(Task):
     chunk = int(self.config.model.get("loss_chunk", 0))
 
     def loss_fn(params, batch, rng):
-      del rng  # no dropout
       tokens = batch["tokens"]
+      # no dropout: train=True and the rng only draw the gates of gate heads ('auto(...)')
+      rngs = {} if rng is None else {"dropout": rng}
+      apply = lambda *a, **kw: model.apply(*a, train=True, rngs=rngs, **kw)
       if chunk:
-        features = model.apply({"params": params}, tokens[:, :-1], return_features=True)
+        features = apply({"params": params}, tokens[:, :-1], return_features=True)
         return gpt.chunked_cross_entropy(
             features, params["lm_head"], tokens[:, 1:], chunk=chunk,
             softcap=model.config.logit_softcap, dtype=model.config.dtype), {}
-      logits = model.apply({"params": params}, tokens[:, :-1])
+      logits = apply({"params": params}, tokens[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), {}
     return loss_fn
 

@@ -38,7 +38,7 @@ Log = Callable[[str], None]
 # Names an evaluator cannot have (results.json and metrics.jsonl use them).
 RESERVED = ("task", "step", "params", "laplacian_heads", "last_train_metrics", "train_time_s",
             "init", "train", "final", "export", "vocab_size", "tokens_seen", "corpus",
-            "devices")
+            "devices", "auto_heads")
 
 # The keys every evaluator section has, with their defaults (the one place they live).
 COMMON = {"type": None, "every": 0, "at_init": False, "final": True, "analysis": False}
@@ -112,6 +112,8 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "ade20k_patch": "laplax.evals.dino:Ade20kPatch",
     "photo_pca": "laplax.evals.dino:PhotoPca",
     "dino_spectra": "laplax.evals.dino:Spectra",
+    "mechanism": "laplax.evals.mechanism:Mechanism",
+    "attention_maps": "laplax.evals.attention_maps:AttentionMaps",
 }
 
 

@@ -290,11 +290,19 @@ def coefficient_rows(params, depth: int) -> tuple[np.ndarray, np.ndarray] | None
   """The learned mix coefficients as two (depth, heads) float arrays (a, b), layers in order
   (scanned models stack them), or None when the model has no mix heads. Layers without mix
   parameters (unscanned models) get NaN rows."""
+  return parameter_rows(params, depth, ("mix_a", "mix_b"))
+
+
+def parameter_rows(params, depth: int, names: tuple[str, ...]
+                   ) -> tuple[np.ndarray, ...] | None:
+  """Per-head attention parameters called `names` (e.g. 'mix_a', 'gate_logit') as (depth,
+  heads) float64 arrays, layers in order (scanned models stack them), or None when the model
+  has none. Layers without them (unscanned models) get NaN rows."""
   flat = flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
   found = {}
   for key, value in flat.items():
     parts = key.split("/")
-    if parts[-1] not in ("mix_a", "mix_b"):
+    if parts[-1] not in names:
       continue
     value = np.asarray(getattr(value, "value", value), np.float64)
     layer = next((p for p in parts if re.fullmatch(r"block\d+", p)), None)
@@ -307,5 +315,4 @@ def coefficient_rows(params, depth: int) -> tuple[np.ndarray, np.ndarray] | None
     return None
   heads = next(iter(found.values())).shape[0]
   nan = np.full(heads, np.nan)
-  return tuple(np.stack([found.get((name, i), nan) for i in range(depth)])
-               for name in ("mix_a", "mix_b"))
+  return tuple(np.stack([found.get((name, i), nan) for i in range(depth)]) for name in names)

@@ -294,9 +294,11 @@ class Lease:
         self.lost = holder.describe() if holder is not None else "nobody (deleted)"
         print(f"error: lost the lock of workdir {self.where} to {self.lost} (this run could "
               "not renew its lease in time): stopping without saving", file=sys.stderr)
-        # A real SIGINT (interrupt_main would wait for a sleeping main thread): the trainer
-        # stops at the next step boundary, as after Ctrl-C.
-        os.kill(os.getpid(), signal.SIGINT)
+        # A real SIGINT, aimed at the main thread: os.kill lets the kernel deliver it to any
+        # thread (this one, a client's), and a main thread blocked in a sleep or a wait would
+        # then not see it until that call returned; interrupt_main has the same wait. The
+        # trainer stops at the next step boundary, as after Ctrl-C.
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return
 
   def release(self) -> None:

@@ -80,7 +80,9 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
               max_consecutive_skips: int = 10,
               stop_requested: Callable[[int], bool] | None = None,
               profile: tuple[int, int, str] | None = None,
-              flops_per_step: int | None = None) -> tuple[Any, dict[str, float]]:
+              flops_per_step: int | None = None,
+              switch: tuple[int, Callable[[Any], tuple[Any, Callable]]] | None = None
+              ) -> tuple[Any, dict[str, float]]:
   """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
 
   Every log_every steps (and at the end, and at a preemption stop): the interval's mean
@@ -98,7 +100,9 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   for, and Preempted is raised. profile = (first step, steps, directory): a jax.profiler trace
   of those steps (TensorBoard / XProf). flops_per_step (the model's analytic FLOPs,
   laplax.flops) adds 'tflops_per_chip' and, on chips with a known peak, 'mfu' to the summary.
-  Returns (state, the last interval's summary).
+  switch = (step, fn): right after that step's update, fn(state) -> (state, step_fn) replaces
+  both (an 'auto(...)' run freezing its head mask, laplax.train.auto_heads), and that step is
+  saved. Returns (state, the last interval's summary).
   """
   progress = Progress(total_steps, name=name, start=start_step)
   pending: list[dict[str, jax.Array]] = []
@@ -125,7 +129,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
     return row, now
 
   t_last, step, last = time.time(), start_step, {}
-  tracing = False
+  tracing = fresh_step_fn = False
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       while step < total_steps:
@@ -136,13 +140,16 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         if batch_keys is not None:
           batch = {k: batch[k] for k in batch_keys}
         global_batch = sharding.host_batch_to_global(batch, mesh)
-        if step == start_step and multihost.is_multiprocess():
+        if (step == start_step or fresh_step_fn) and multihost.is_multiprocess():
           # Compile first, then meet: hosts compile at different speeds, and gloo (JAX's CPU
           # collectives) gives up the first collective's rendezvous after 30 s.
           step_fn = step_fn.lower(state, global_batch).compile()
           multihost.agree("compiled_step", None)
         state, metrics = step_fn(state, global_batch)
         step += 1
+        fresh_step_fn = switch is not None and step == switch[0]
+        if fresh_step_fn:
+          state, step_fn = switch[1](state)
         if tracing and step + 1 >= profile[0] + profile[1]:
           jax.block_until_ready(state)
           jax.profiler.stop_trace()
@@ -158,7 +165,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         if stop and pending:  # the steps since the last row are saved now, not redone: log them
           last, t_last = log_interval(step, t_last)
           pending = []
-        force = step == total_steps or stop
+        force = step == total_steps or stop or fresh_step_fn
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
           checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)

@@ -21,6 +21,9 @@ rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
   Any optimiser: optim.mix_lr_scale (default 1) scales the updates of the learned head-operator
   coefficients (the 'mix_a' / 'mix_b' parameters of 'mix' heads, laplax.heads), which no
   optimiser decays (they are vectors; Muon gives them its scalar AdamW group).
+  optim.gate_lr_scale (default GATE_LR_SCALE) scales those of the gate logits of an
+  'auto(...)' phase (laplax.train.auto_heads), without a state of its own: a run's optimiser
+  state is the same with gates or without (with_gate_lr_scale).
 
   'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
   'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
@@ -602,6 +605,28 @@ def scale_mix_updates(scale: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
+GATE_PARAMS = ("gate_logit",)  # laplax.attention.MultiHeadAttention's gate heads
+# An 'auto(...)' phase is short (a fifth of the run by default) and a gate logit must travel a
+# few units in it; at the weights' lr it moves ~lr per step (Adam), far too little. Measured on
+# the main job's recipe (configs/study_auto.py): see benchmarks/README.md.
+GATE_LR_SCALE = 10.0
+
+
+def with_gate_lr_scale(tx: optax.GradientTransformation, scale: float
+                       ) -> optax.GradientTransformation:
+  """`tx` with the updates of the gate logits (GATE_PARAMS) multiplied by `scale`: the same
+  state (no chained state of its own, so checkpoints of runs with or without gates share their
+  optimiser tree); a no-op for models without gates."""
+
+  def update_fn(updates, state, params=None):
+    updates, state = tx.update(updates, state, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda p, u: u * scale if _names(p)[-1:] and _names(p)[-1] in GATE_PARAMS else u,
+        updates), state
+
+  return optax.GradientTransformation(tx.init, update_fn)
+
+
 def make(optim, total_steps: int, *, width: int | None = None,
          freeze_last_layer_steps: int | None = None
          ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -617,4 +642,4 @@ def make(optim, total_steps: int, *, width: int | None = None,
   mix_scale = optim.get("mix_lr_scale")
   if mix_scale is not None and mix_scale != 1:
     tx = optax.chain(tx, scale_mix_updates(float(mix_scale)))
-  return tx, lr
+  return with_gate_lr_scale(tx, float(optim.get("gate_lr_scale", GATE_LR_SCALE))), lr

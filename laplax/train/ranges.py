@@ -78,7 +78,7 @@ RANGES: dict[str, Range] = {
     "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA, "optim.eps": POSITIVE,
     "optim.label_smoothing": UNIT, "optim.grad_accum_steps": AT_LEAST_ONE,
     "optim.embed_lr_scale": POSITIVE, "optim.unembed_lr_scale": POSITIVE,
-    "optim.mix_lr_scale": POSITIVE,
+    "optim.mix_lr_scale": POSITIVE, "optim.gate_lr_scale": POSITIVE,
     "optim.muon.matrix_lr": POSITIVE, "optim.muon.embedding_lr": POSITIVE,
     "optim.muon.unembedding_lr": POSITIVE, "optim.muon.scalar_lr": POSITIVE,
     "optim.muon.width_reference": POSITIVE, "optim.muon.adam_eps": POSITIVE,

@@ -14,6 +14,7 @@ import jax
 import ml_collections
 
 from laplax import sharding
+from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import export as export_lib
 from laplax.train import task as task_lib
@@ -48,7 +49,8 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mes
   workdir = workdir_lib.as_path(workdir)
   if export_lib.is_export(workdir):
     return load_export_run(workdir, step)
-  config = read_config(workdir)
+  # An 'auto(...)' run: the head mask the checkpoint was trained with (laplax.train.auto_heads).
+  config = auto_heads.config_at(read_config(workdir), workdir / "checkpoints", step)
   task = task_lib.for_config(config)
   task.load_assets(workdir)
   model = task.build_model()

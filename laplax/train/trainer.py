@@ -24,8 +24,10 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
+from laplax import heads as heads_lib
 from laplax import multihost
 from laplax import sharding
+from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import gcs
@@ -175,9 +177,19 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   with multihost.together("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
+  # 'auto(...)' heads (laplax.train.auto_heads): gates until the freeze, then a static mask.
+  auto = auto_heads.plan(config, workdir / "checkpoints", total_steps)
+  configured = None
+  if auto is not None:
+    gated = task.build_model()
+    configured = heads_lib.head_table(gated.laplacian_heads, gated.num_heads, gated.depth)
+    if auto.frozen:  # the checkpoints are past the freeze: train the mask they chose
+      task.config = auto_heads.frozen_config(config, auto.table)
   model = task.build_model()
   # Checked before anything is written: a refused resume leaves the workdir as it was.
   identity = task.identity(model, total_steps)
+  if auto is not None:
+    identity = auto_heads.identity(auto, identity, configured)
   verdict = identity_lib.check(workdir / "checkpoints", str(workdir), identity, allow_change)
   finished = _finished_results(workdir, total_steps)
   if finished is not None:
@@ -234,6 +246,26 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
 
     periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
 
+    switch = None
+    if auto is not None and not auto.frozen and int(state.step) < auto.freeze_step:
+      freezer = auto_heads.Freezer(auto, task, configured, tx, mesh, rules, total_steps,
+                                   workdir / "checkpoints", lead)
+
+      def freeze(state):
+        """After the gate phase: the static mask, its model, evaluators and step."""
+        nonlocal model, evaluators, periodic, auto, n_params
+        state, model = freezer(state)
+        auto = freezer.plan
+        n_params = sum(x.size for x in jax.tree.leaves(freezer.abstract.params))
+        with multihost.process_0_first("evaluators"):
+          evaluators = evaluator_lib.build(config, evaluator_lib.Context(
+              task, model, mesh, rules, workdir, log), list(evaluators))
+        periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+        log(f"[{name}] step {auto.freeze_step}: head mask frozen ({auto.settings.name}): "
+            f"{auto.choice['describe']}, {auto.choice['laplacian']} Laplacian heads")
+        return state, jit_step(task.make_step(model, tx, total_steps), freezer.shardings, mesh)
+      switch = (auto.freeze_step, freeze)
+
     def evaluate(state, step, done=None) -> bool:
       """Runs the periodic evaluators due at `step` (rows of kind `name`; `done`: results
       already measured); True if any ran."""
@@ -256,7 +288,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
           describe=task.describe, evaluate=evaluate if periodic else None,
           batch_keys=task.batch_keys, stop_requested=stop_requested,
           profile=_profile_window(config, workdir),
-          flops_per_step=task.flops_per_step(model, abstract.params))
+          flops_per_step=task.flops_per_step(model, abstract.params), switch=switch)
     step, train_time = int(state.step), time.time() - t0
     evaluated, final, summary = evaluator_lib.run_all(
         {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
@@ -265,6 +297,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
                            for n in periodic})
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
                "params": n_params, "laplacian_heads": task.describe_heads(model),
+               **({"auto_heads": auto.choice} if auto is not None and auto.frozen else {}),
                "last_train_metrics": last, "train_time_s": train_time,
                "devices": {"chips": int(mesh.devices.size), "hosts": jax.process_count(),
                            "kind": mesh.devices.flat[0].device_kind}}

@@ -178,6 +178,15 @@ def _write(splits, tokenizer: Tokenizer, root: epath.Path, out: epath.Path, key:
       shutil.rmtree(os.fspath(tmp), ignore_errors=True)
 
 
+def _load_array(path: epath.Path) -> np.ndarray:
+  """A .npy file memory-mapped; on gs:// (no mmap) read whole: a split's rendered
+  conversations are a few bytes per token, and the conversations are in memory already."""
+  if corpus.is_remote(path):
+    with path.open("rb") as f:
+      return np.load(f)
+  return np.load(os.fspath(path), mmap_mode="r")
+
+
 class Rows:
   """One split of a rendered cache as padded rows: row r is conversation r cut to length + 1
   tokens and padded with `pad_id`."""
@@ -186,7 +195,7 @@ class Rows:
     directory = as_path(directory)
     try:
       self.meta = json.loads((directory / shards.META).read_text())
-      load = lambda name: np.load(os.fspath(directory / f"{split}_{name}.npy"), mmap_mode="r")
+      load = lambda name: _load_array(directory / f"{split}_{name}.npy")
       self.ids, self.mask, self.offsets = load("ids"), load("mask"), load("offsets")
     except (OSError, ValueError, KeyError) as e:
       raise DataError(f"conversation cache {directory} is unreadable ({e}); delete it to "

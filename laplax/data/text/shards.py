@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -269,10 +271,15 @@ def _finish(directory: epath.Path, out: epath.Path, tokenizer: Tokenizer, files:
 
 
 class _SeekArray:
-  """A 1-D .npy file read by seek (gs:// has no mmap): len() and [a:b] slices."""
+  """A 1-D .npy file read by seek (gs:// has no mmap): len() and [a:b] slices, from any thread
+  (a seek and its read hold a lock: grain's reader threads share the file)."""
 
   def __init__(self, path: epath.Path):
     self._f = epath.Path(path).open("rb")
+    self._lock = threading.Lock()
+    # Closed when the array goes (or at exit): gcsfs reads through a background prefetcher
+    # whose task, left pending when a file is never closed, is logged as an error at exit.
+    weakref.finalize(self, self._f.close)
     version = np.lib.format.read_magic(self._f)
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                    else np.lib.format.read_array_header_2_0)
@@ -286,8 +293,10 @@ class _SeekArray:
 
   def __getitem__(self, s: slice) -> np.ndarray:
     start, stop, _ = s.indices(self._n)
-    self._f.seek(self._offset + start * self.dtype.itemsize)
-    return np.frombuffer(self._f.read(max(stop - start, 0) * self.dtype.itemsize), self.dtype)
+    with self._lock:
+      self._f.seek(self._offset + start * self.dtype.itemsize)
+      data = self._f.read(max(stop - start, 0) * self.dtype.itemsize)
+    return np.frombuffer(data, self.dtype)
 
 
 class TokenShards:
