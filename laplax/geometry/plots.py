@@ -205,8 +205,7 @@ def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  path = pathlib.Path(path)
-  save_figure(fig, path, dpi=110)
+  save_figure(fig, path, dpi=110)  # local or gs://
   plt.close(fig)
   return path
 
@@ -243,7 +242,6 @@ def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tup
   fig.suptitle("mix heads: b (P V weight, solid), a (V weight, dashed) over training",
                fontsize=9)
   fig.tight_layout()
-  path = pathlib.Path(path)
-  save_figure(fig, path, dpi=100)
+  save_figure(fig, path, dpi=100)  # local or gs://
   plt.close(fig)
   return path
