@@ -21,6 +21,12 @@ tokens (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of pho
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
+On a pod, every host runs the same command with --multihost (and, off a TPU VM or SLURM, the
+three cluster flags): the run is restored sharded over the whole mesh, the evaluators run on it
+as in training (feature banks, k-NN, linear probes, accuracy), and process 0 writes:
+
+  python eval.py --workdir=gs://bucket/run --analyze --multihost
+
 ViT and DINO runs, with --analyze (or --evals=mechanism,attention_maps on any run): the
 mechanism measurements (analysis/mechanism_step*.json/.png: W_O W_V eigenvalues, Dirichlet
 energy, attention entropy, mean-vs-deviation share per head) and the last block's class-token
@@ -36,14 +42,21 @@ Reading a run never writes into its workdir's checkpoints/: it is safe next to a
 import json
 import sys
 
-from absl import app, flags
+from laplax import supervisor
 
-from laplax import cli
-from laplax.evals import offline
-from laplax.train import gcs
-from laplax.train import platform
-from laplax.train import restore
-from laplax.train import workdir as workdir_lib
+if __name__ == "__main__" and supervisor.wants_multihost(sys.argv) and not supervisor.supervised():
+  # One process per host: this one watches the job's process (a lost host: one line, exit 75).
+  sys.exit(supervisor.main(sys.argv))
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+
+from laplax import cli  # noqa: E402
+from laplax.evals import offline  # noqa: E402
+from laplax.train import gcs  # noqa: E402
+from laplax.train import platform  # noqa: E402
+from laplax.train import restore  # noqa: E402
+from laplax.train import workdir as workdir_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A train.py work directory (or an export directory).")
@@ -74,6 +87,7 @@ flags.DEFINE_string("compare", None, "ViT / DINO runs: draw the attention maps o
                     "without).")
 flags.DEFINE_bool("allow_platform_mismatch", False, "Evaluate a run whose config targets "
                   "another backend (config.platform), or uses splash attention off TPU, anyway.")
+cli.define_multihost_flags()
 flags.mark_flag_as_required("workdir")
 
 
@@ -81,6 +95,7 @@ def main(argv):
   del argv
   cli.quiet_logging()
   cli.configure_xla()
+  cli.join_from_flags(FLAGS)
 
   def work():
     options = offline.EvalOptions(evals=tuple(FLAGS.evals), export=FLAGS.export,
@@ -102,7 +117,9 @@ def main(argv):
       for note in platform.check(restore.read_config(workdir),
                                  allow_mismatch=FLAGS.allow_platform_mismatch):
         log(note)
-    print(json.dumps(offline.evaluate_workdir(FLAGS.workdir, out, options, log=log), indent=2))
+    result = offline.evaluate_workdir(FLAGS.workdir, out, options, log=log)
+    if jax.process_index() == 0:  # one copy of the result per job
+      print(json.dumps(result, indent=2))
 
   cli.run_main(work)
 

@@ -12,13 +12,22 @@ A rerun resumes the run its checkpoints were trained as; a longer schedule or an
 a deliberate change: --allow_change=total_steps,data.batch_size (laplax.train.identity).
 """
 
-from absl import app, flags
-from ml_collections import config_flags
+import sys
 
-from laplax import cli
+from laplax import supervisor
+
+if __name__ == "__main__" and supervisor.wants_multihost(sys.argv) and not supervisor.supervised():
+  # One process per host: this one watches the job's process (a lost host: one line, exit 75).
+  sys.exit(supervisor.main(sys.argv))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from laplax import cli  # noqa: E402
 
 cli.configure_xla()  # before JAX starts a backend (it reads XLA_FLAGS then)
 
+from laplax.study import fit  # noqa: E402
 from laplax.study import grid  # noqa: E402
 from laplax.train import aot  # noqa: E402
 from laplax.train import platform  # noqa: E402
@@ -28,15 +37,11 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for config, metrics, checkpoints and results.")
-flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize(): one process per host "
-                  "(TPU pod slice, SLURM, or the three flags below).")
-flags.DEFINE_string("coordinator_address", None, "With --multihost: host:port of process 0 "
-                    "(default: detected from the cluster, e.g. TPU metadata or SLURM).")
-flags.DEFINE_integer("num_processes", None, "With --multihost: the number of processes.")
-flags.DEFINE_integer("process_id", None, "With --multihost: this process's index.")
+cli.define_multihost_flags()
 flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
-                    "fit (laplax.train.aot).")
+                    "fit (laplax.train.aot); for a study, every distinct cell and stage "
+                    "(laplax.study.fit).")
 flags.DEFINE_list("allow_change", [], "Resume with these changed on purpose (the checkpoints "
                   "record it): total_steps, data.batch_size, optim.grad_accum_steps, e.g. "
                   "--allow_change=total_steps,data.batch_size. Anything else that differs from "
@@ -50,17 +55,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   cli.quiet_logging()
-  if FLAGS.multihost:
-    cli.drop_native_lines()  # gloo's chatter; before initialize, whose atexit runs first
-    cli.run_main(lambda: cli.initialize_distributed(
-        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id))
-  elif any(v is not None for v in (FLAGS.coordinator_address, FLAGS.num_processes,
-                                   FLAGS.process_id)):
-    cli.fail("--coordinator_address, --num_processes and --process_id need --multihost")
+  cli.join_from_flags(FLAGS)
   if FLAGS.allow_change and (FLAGS.aot or "study" in FLAGS.config):
     cli.fail("--allow_change applies to resuming one run (not --aot, not a study)")
   cli.run_main(lambda: print(platform.describe()))
-  if FLAGS.aot:  # compiles for a TPU topology from this host by design: no backend check
+  # --aot compiles for a TPU topology from this host by design: no backend check
+  if FLAGS.aot and "study" in FLAGS.config:  # every distinct program of the grid
+    cli.run_main(lambda: fit.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+    return
+  if FLAGS.aot:
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
     return
   notes = []

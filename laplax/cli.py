@@ -22,6 +22,8 @@ from typing import Callable, Iterator
 
 import jax
 
+from laplax import multihost
+from laplax import supervisor
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
 from laplax.train import task as task_lib
@@ -102,12 +104,48 @@ def drop_native_lines(pattern: bytes = GLOO_LINES, fd: int = 1) -> None:
   atexit.register(restore)
 
 
+# A host that sends no heartbeat for this long is lost (JAX's default, 100 s, kept the others
+# of a 2-host job waiting 87 s for a killed one).
+HEARTBEAT_TIMEOUT_S = 20
+
+
+def define_multihost_flags() -> None:
+  """train.py's and eval.py's --multihost and cluster flags."""
+  from absl import flags
+  flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize(): one process per "
+                    "host (TPU pod slice, SLURM, or the three flags below). The process then "
+                    "runs in a watched child (laplax.supervisor): when another host is lost, "
+                    "it stops with one line naming that host, exit 75.")
+  flags.DEFINE_string("coordinator_address", None, "With --multihost: host:port of process 0 "
+                      "(default: detected from the cluster, e.g. TPU metadata or SLURM).")
+  flags.DEFINE_integer("num_processes", None, "With --multihost: the number of processes.")
+  flags.DEFINE_integer("process_id", None, "With --multihost: this process's index.")
+  flags.DEFINE_integer("heartbeat_timeout", HEARTBEAT_TIMEOUT_S, "With --multihost: seconds "
+                       "without a heartbeat after which a host counts as lost and every other "
+                       "host stops (within about this time plus 5 s).")
+
+
+def join_from_flags(flag_values) -> None:
+  """--multihost: joins the job (one line and exit 1 on failure); without it, refuses the
+  cluster flags."""
+  f = flag_values
+  if f.multihost:
+    drop_native_lines()  # gloo's chatter; before initialize, whose atexit runs first
+    run_main(lambda: initialize_distributed(f.coordinator_address, f.num_processes,
+                                            f.process_id, heartbeat_timeout_s=f.heartbeat_timeout))
+  elif any(v is not None for v in (f.coordinator_address, f.num_processes, f.process_id)):
+    fail("--coordinator_address, --num_processes and --process_id need --multihost")
+
+
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+                           process_id: int | None = None, *,
+                           heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> None:
   """`jax.distributed.initialize` for a multi-process run: the three values when given, else
   JAX's cluster detection (TPU metadata, SLURM, Open MPI, ...). Raises ValueError (one line)
-  for bad values or when no cluster can be found or joined."""
+  for bad values or when no cluster can be found or joined. A process that sends no heartbeat
+  for `heartbeat_timeout_s` is lost: the runtime then stops every other process (the
+  supervisor turns that into one line, laplax.supervisor), told here who is who."""
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit) and any(v is None for v in explicit):
     raise ValueError("--coordinator_address, --num_processes and --process_id go together "
@@ -118,12 +156,17 @@ def initialize_distributed(coordinator_address: str | None = None,
   if coordinator_address is not None and not re.fullmatch(r"\[?[\w.:-]+\]?:\d+",
                                                           coordinator_address):
     raise ValueError(f"--coordinator_address={coordinator_address!r}: use host:port")
+  if heartbeat_timeout_s < 2:
+    raise ValueError(f"--heartbeat_timeout={heartbeat_timeout_s}: use at least 2 seconds")
   try:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                               heartbeat_timeout_seconds=heartbeat_timeout_s)
   except (ValueError, RuntimeError) as e:  # RuntimeError: no coordinator reached in time
     raise ValueError(f"--multihost: {one_line(e, 200)} (on a TPU pod slice or a SLURM job the "
                      "cluster is detected; elsewhere pass --coordinator_address, "
                      "--num_processes and --process_id)") from None
+  supervisor.tell(process=jax.process_index(), heartbeat_timeout=heartbeat_timeout_s,
+                  hosts=multihost.host_table())
 
 
 def _debug() -> bool:
@@ -285,7 +328,12 @@ def run_main(main: Callable[[], object]) -> None:
   sys.unraisablehook = _drop_closed_loop_noise()  # for the rest of the process: shutdown too
   with _quiet_failures() as (held, thread_failures):
     try:
-      main()
+      try:
+        main()
+      except Exception as e:  # a collective or barrier that failed because a host was lost
+        if supervisor.supervised() and supervisor.peer_lost(e):
+          supervisor.await_host_loss(one_line(e))  # the runtime names the lost host
+        raise
     except KeyboardInterrupt:
       print("interrupted: the latest checkpoint is kept; rerun the same command to resume",
             file=sys.stderr)

@@ -5,6 +5,9 @@ process to be in the same computation; preparing a data set or training a tokeni
 hours. These helpers go through the coordination service of `jax.distributed` instead (its
 key-value store and barriers, with explicit timeouts), and do nothing in a single process.
 
+  host_table()               every process's host name and pid (for messages about a lost host)
+  fetch(tree)                a pytree of (possibly sharded) arrays as NumPy on every process
+  gather_rows(tree)          every host's block of a batch, concatenated, on every process
   share(name, value)         process 0's string, on every process
   gather(name, value)        every process's string, in process order, on every process
   agree(name, problem)       every process's problem (or None); all raise the first one
@@ -29,9 +32,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 import itertools
+import json
+import os
+import socket
 import time
 
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 # Long enough for preparing a data set on process 0 while the others wait.
 DEFAULT_TIMEOUT_S = 4 * 3600.0
@@ -52,6 +60,40 @@ def joined() -> bool:
   """Whether `jax.distributed.initialize` ran in this process (then JAX's preemption
   notifier owns SIGTERM)."""
   return _client() is not None
+
+
+def host_table(*, timeout_s: float = 300.0) -> dict[str, dict[str, object]]:
+  """{process index (a string): {'host': host name, 'pid': pid}} of every process of the job,
+  exchanged once through the coordination service (called right after joining)."""
+  me = {"host": socket.gethostname(), "pid": os.getpid()}
+  if not is_multiprocess():
+    return {"0": me}
+  client = _client()
+  client.key_value_set(f"laplax/hosts/{jax.process_index()}", json.dumps(me),
+                       allow_overwrite=True)
+  return {str(i): json.loads(client.blocking_key_value_get(f"laplax/hosts/{i}",
+                                                           int(timeout_s * 1000)))
+          for i in range(jax.process_count())}
+
+
+def fetch(tree):
+  """Every array of `tree` as a host NumPy array, on every process: jax.device_get where this
+  process holds whole arrays, else an all-gather (parameters sharded over a pod's hosts; every
+  process must call it, in the same order)."""
+  leaves = jax.tree.leaves(tree)
+  if all(getattr(x, "is_fully_addressable", True) or getattr(x, "is_fully_replicated", False)
+         for x in leaves):
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def gather_rows(tree):
+  """This process's host arrays (leaves with a leading batch axis) concatenated along that
+  axis in process order, on every process; unchanged in a single process. For each host's
+  block of a global evaluation batch: the global batch back, in its order."""
+  if not is_multiprocess():
+    return tree
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 # The number of the next call (same on every process: see the module docstring).

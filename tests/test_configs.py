@@ -11,6 +11,7 @@ import pytest
 from configs import common
 from laplax import cli
 from laplax.data import builders
+from laplax.study import fit
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import task as task_lib
 
@@ -58,7 +59,8 @@ def test_config_is_valid(name):
       builders.dataset_info(data_set)
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(("study", "test:st"))])
+@pytest.mark.parametrize("name", [n for n in CONFIGS
+                                  if not n.startswith(("study", "test:st", "pod.study"))])
 def test_per_layer_head_list_from_the_command_line(name):
   task = task_lib.for_config(_load(name))
   model = task.build_model()
@@ -76,13 +78,16 @@ def test_pod_config_flags(name):
   the fit-check overrides from the command line."""
   config = _load(name)
   assert "Target: TPU " in importlib.import_module(f"configs.{name.split(':')[0]}").__doc__
-  task_lib.for_config(config).validate(dp=16, hosts=4)
-  seq = ["--config.data.seq_len=8192"] if config.task == "lm" else []
-  config = _parse(name, "--config.data.batch_size=16", "--config.model.attention_impl=xla",
-                  "--config.model.remat_policy=dots_saveable", *seq)
-  assert (config.data.batch_size, config.model.attention_impl, config.model.remat_policy) == (
+  study = "study" in config  # a pod study: its cells are runs of config.base
+  run, prefix = (config.base, "--config.base.") if study else (config, "--config.")
+  task_lib.for_config(run).validate(dp=16, hosts=4)
+  seq = [f"{prefix}data.seq_len=8192"] if run.task == "lm" else []
+  config = _parse(name, f"{prefix}data.batch_size=16", f"{prefix}model.attention_impl=xla",
+                  f"{prefix}model.remat_policy=dots_saveable", *seq)
+  run = config.base if study else config
+  assert (run.data.batch_size, run.model.attention_impl, run.model.remat_policy) == (
       16, "xla", "dots_saveable")
-  task_lib.for_config(config).validate(dp=16, hosts=4)
+  task_lib.for_config(run).validate(dp=16, hosts=4)
 
 
 @pytest.mark.parametrize("name, override, message", [
@@ -180,11 +185,14 @@ def test_unknown_task_is_one_line():
 
 def test_pod_configs_are_built_from_the_shared_sections():
   """A pod config imports configs/common.py's sections, never a CPU config (a change to a CPU
-  config must not move a pod run)."""
+  config must not move a pod run); a pod study imports the pod config it studies."""
   for path in sorted((REPO / "configs" / "pod").glob("*.py")):
     imports = [l for l in path.read_text().splitlines()
                if l.startswith(("from configs", "import configs"))]
-    assert imports in ([], ["from configs import common"]), (path.name, imports)
+    allowed = ["from configs import common"]
+    if path.name.startswith("study_"):
+      allowed += [l for l in imports if l.startswith("from configs.pod import ")]
+    assert set(imports) <= set(allowed), (path.name, imports)
 
 
 def test_a_study_grid_from_the_command_line():
@@ -192,3 +200,15 @@ def test_a_study_grid_from_the_command_line():
                   "--config.study.seeds=(5, 6)")
   assert list(config.study.laplacian_heads) == [0, 2, (0, 0, 4, 4)]
   assert tuple(config.study.seeds) == (5, 6)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("pod.study")])
+def test_every_program_of_a_pod_study_validates_at_its_scale(name):
+  """Each head spec's cell (and each stage of the chat pipeline) as `train.py --aot` compiles
+  it (laplax.study.fit.programs) validates on 16 data-parallel chips of 4 hosts."""
+  config = _load(name)
+  programs = fit.programs(config)
+  specs = len(config.study.laplacian_heads)
+  assert len(programs) == specs * (3 if config.study.get("section") else 1), list(programs)
+  for cfg in programs.values():
+    task_lib.for_config(cfg).validate(dp=16, hosts=4)

@@ -6,17 +6,23 @@ random-resized crops, LM, DINO); the hosts share one workdir and a cold data cac
 every host or to one of them saves the same step on all, exits 143 with one line each, and
 the rerun (on 2 hosts or on 1) continues the uninterrupted run exactly, as after kill -9; a
 second run on a live job's workdir is refused on every host; a finished run is not rerun;
-independent trainers started together on one fresh cache all finish."""
+independent trainers started together on one fresh cache all finish; eval.py on 2 hosts gives
+the one-process k-NN and linear probes; a lost host (kill -9 mid-step, mid-save and
+mid-evaluation, SIGSTOP, the coordinator killed) stops the other within seconds with one line
+naming it, and the reruns continue the uninterrupted run exactly."""
 
+import json
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
 from conftest import REPO, SHARED_DATA
 import hosts
+from laplax.evals import offline
 from laplax.train.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each case is several train.py processes
@@ -116,6 +122,17 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
     for i in range(2):
       assert sum("already finished" in l for l in again.output(i).splitlines()) == 1
     assert (two / "metrics.jsonl").read_text() == before
+  if kind == "dino":  # eval.py on 2 hosts: k-NN banks and linear probes sharded over both
+    ev = hosts.start([sys.executable, str(REPO / "eval.py"), f"--workdir={two}",
+                      f"--out={tmp_path / 'eval_two'}"], 2, tmp_path / "logs", tag="eval")
+    assert ev.wait(600) == [0, 0], ev.output()[-4000:]
+    got = json.loads((tmp_path / "eval_two" / "eval.json").read_text())["probes"]
+    # The same checkpoint evaluated by 1 process x 8 devices.
+    want = offline.evaluate_workdir(two, tmp_path / "eval_one", log=lambda m: None)["probes"]
+    assert sorted(got) == sorted(want)
+    for split in want:
+      for key, value in want[split].items():
+        assert got[split][key] == pytest.approx(value, abs=1e-6), (split, key)
   # Four hosts x 2 devices on one cold shared cache (one prepares an image set while the others
   # wait; the LM's hosts tokenise their shares into it): the same losses again.
   four = tmp_path / "four"
@@ -312,3 +329,99 @@ def test_data_that_fails_on_another_process_stops_every_host_with_one_line(tmp_p
     errors = [l for l in job.output(i).splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: process 1 failed:"), job.output(i)
     assert "Traceback" not in job.output(i)
+
+
+# --- A lost host -------------------------------------------------------------------------------
+# JAX's runtime aborts the other hosts once a host misses heartbeats for --heartbeat_timeout
+# seconds (a dead coordinator at once); laplax.supervisor turns that into one line, exit 75.
+HEARTBEAT_S = 8
+EXIT_BOUND_S = HEARTBEAT_S + 12  # detection within the timeout, plus a loaded machine's slack
+
+
+def _lost_host(job: hosts.Job, survivor: int, t0: float) -> tuple[str, float]:
+  """Waits for the survivor -> (its one error line, seconds from t0 to its exit)."""
+  try:
+    job.procs[survivor].wait(timeout=120)
+  except subprocess.TimeoutExpired:
+    job.kill()
+    raise AssertionError(f"process {survivor} still runs 120 s after the fault:\n"
+                         + job.output(survivor)[-4000:]) from None
+  seconds = time.time() - t0
+  out = job.output(survivor)
+  assert job.procs[survivor].returncode == 75, out[-4000:]
+  errors = [l for l in out.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, out[-4000:]
+  for noise in ("Traceback", "Check failure", "Terminating process", "coordination_service"):
+    assert noise not in out, out[-4000:]
+  job.kill()  # the victim (a stopped one included), as the scheduler would
+  return errors[0], seconds
+
+
+def _in_flight_save(work: pathlib.Path) -> bool:
+  d = work / "checkpoints"
+  return d.is_dir() and any("tmp" in p.name for p in d.iterdir())
+
+
+def test_a_lost_host_stops_the_others_in_seconds_and_the_rerun_continues(tmp_path, cache,
+                                                                        reference):
+  """kill -9 of one host mid-step, mid-save and mid-evaluation, SIGSTOP of one host (a hung VM)
+  and kill -9 of the coordinator: each time the other host exits 75 within EXIT_BOUND_S with
+  one line naming the lost host, the last good checkpoint restores, and the final rerun's
+  losses are the uninterrupted run's."""
+  work = tmp_path / "run"
+  # Evaluations of 2048 validation images every 20 steps: long enough to be caught in one.
+  args = _vit_args(work, cache, "--config.checkpoint.every_steps=10",
+                   "--config.evals.val.every=20", "--config.data.eval_subset=2048",
+                   f"--heartbeat_timeout={HEARTBEAT_S}")
+  timings, resumed = {}, []
+
+  def start(tag):
+    job = hosts.start(args, 2, tmp_path / "logs", tag=tag)
+    if resumed:  # the previous fault's last good checkpoint is where this one starts
+      _wait_for(lambda: f"resumed from step {resumed[-1]}" in job.output(0), job,
+                what=f"resume from step {resumed[-1]}")
+    return job
+
+  def lose(job, victim, how, tag):
+    t0 = time.time()
+    job.signal(how, which=[victim])
+    line, timings[tag] = _lost_host(job, 1 - victim, t0)
+    assert f"host lost: process {victim} (host " in line and "pid " in line, line
+    resumed.append(max(_checkpoints(work)))
+    return line
+
+  # Mid-step: after the checkpoint of step 10.
+  job = start("step")
+  _wait_for(lambda: 10 in _checkpoints(work) and len(_losses(work)) >= 13, job, what="step 13")
+  lose(job, 1, signal.SIGKILL, "mid-step")
+  # Mid-save: while a checkpoint is being written (its temporary directory exists).
+  job = start("save")
+  _wait_for(lambda: _in_flight_save(work), job, what="a save in flight")
+  saving = max(_losses(work))
+  lose(job, 1, signal.SIGKILL, "mid-save")
+  assert saving not in _checkpoints(work)  # the save never committed; the earlier one is used
+  # Mid-evaluation: the step's train row is written, its val row not yet.
+  job = start("eval")
+  evaluated = lambda s: any(r["step"] == s and r["split"] == "val"
+                            for r in read_metrics(work / "metrics.jsonl"))
+  target = resumed[-1] + 10
+  _wait_for(lambda: target in _losses(work), job, what=f"step {target}")
+  lose(job, 1, signal.SIGKILL, "mid-evaluation")
+  assert not evaluated(target)
+  # A hung host: SIGSTOP of host 1 (its supervisor and its process), after a new checkpoint.
+  job = start("stopped")
+  _wait_for(lambda: max(_checkpoints(work)) > resumed[-1] and
+            max(_losses(work)) >= max(_checkpoints(work)) + 3, job, what="a checkpoint")
+  lose(job, 1, signal.SIGSTOP, "SIGSTOP")
+  # The coordinator's host dies, after a new checkpoint.
+  job = start("coordinator")
+  _wait_for(lambda: max(_checkpoints(work)) > resumed[-1] and
+            max(_losses(work)) >= max(_checkpoints(work)) + 3, job, what="a checkpoint")
+  line = lose(job, 0, signal.SIGKILL, "coordinator")
+  assert "the job's coordinator" in line, line
+  assert resumed == [10, 10, 10, 20, 30], resumed  # each fault's last good checkpoint
+  rerun = _job(args, tmp_path, tag="rerun")
+  assert f"resumed from step {resumed[-1]}" in rerun.output(0)
+  _assert_same_losses(_losses(work), reference)
+  print("seconds from the fault to the survivor's exit:", timings)
+  assert all(t < EXIT_BOUND_S for t in timings.values()), timings

@@ -18,7 +18,7 @@ POD_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "pod").glob("*.py")
 @pytest.mark.parametrize("name", POD_CONFIGS)
 def test_every_pod_config_targets_tpus_and_is_refused_on_cpu(name):
   config = importlib.import_module(f"configs.pod.{name}").get_config()
-  assert config.platform == "tpu"
+  assert (config.base if "study" in config else config).platform == "tpu"  # a study: its cells
   with pytest.raises(ValueError, match=r"config.platform='tpu' but JAX runs on cpu .* install "
                      r"it with `bash scripts/setup.sh --tpu`.* \(or pass "
                      r"--allow_platform_mismatch to run it here anyway\)"):

@@ -201,3 +201,159 @@ def test_workers_stop_on_sigterm_then_finish_the_same_study(finished_study, tmp_
     want = json.loads((reference / "cells" / cell / "results.json").read_text())["test"]
     assert got["accuracy"] == pytest.approx(want["accuracy"], abs=0.02), cell
   assert (workdir / "report.md").exists()
+
+
+# --- The study on a pod, runs aggregated, eval.py on every host ---------------------------------
+
+
+def _pod_study_args(workdir, cache):
+  return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs/test.py'}:study_vit",
+          f"--workdir={workdir}", f"--config.base.data.cache_dir={cache}",
+          "--config.base.mesh.data=-1", "--config.study.seeds=(0,)",
+          "--config.base.lock_lease_s=2", "--heartbeat_timeout=8"]
+
+
+@pytest.mark.slow
+def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_study, tmp_path,
+                                                                      data_cache, fake_gcs):
+  """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 4
+  devices run the grid's cells (seed 0 of the CPU study) one after another on the whole mesh;
+  kill -9 of process 0 in the second cell stops process 1 with one line (exit 75); the rerun
+  takes the dead job's leased locks over, skips the finished cell, resumes the interrupted one
+  from its checkpoint, and the report holds the CPU study's numbers (one device there, 8 here:
+  float reductions differ) and each cell's cost on 8 chips of 2 hosts."""
+  import signal
+  import time
+  from etils import epath
+  import hosts
+  bucket = fake_gcs.bucket()
+  work = f"gs://{bucket}/pod"
+  job = hosts.start(_pod_study_args(work, data_cache), 2, tmp_path / "logs", tag="first")
+  # The server's storage: the second cell's step-6 checkpoint is good once its manifest exists.
+  second = fake_gcs.root / bucket / "pod" / "cells" / "k1-0_s0"
+  saved = second / "checkpoints" / "laplax_manifests" / "6.json"
+  deadline = time.time() + 600
+  while not saved.exists() and time.time() < deadline and job.alive():
+    time.sleep(0.05)
+  assert saved.exists() and not (second / "results.json").exists(), job.output()[-4000:]
+  t0 = time.time()
+  job.signal(signal.SIGKILL, which=[0])
+  assert job.procs[1].wait(timeout=120) == 75, job.output(1)[-4000:]
+  print(f"coordinator killed: process 1 exited after {time.time() - t0:.1f} s")
+  errors = [l for l in job.output(1).splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "process 0 (host" in errors[0] and "coordinator" in errors[0]
+  job.kill()
+  rerun = hosts.start(_pod_study_args(work, data_cache), 2, tmp_path / "logs", tag="rerun")
+  assert rerun.wait(900) == [0, 0], rerun.output()[-4000:]
+  out = rerun.output(0)
+  assert "cell 1/2: k0 seed 0 (finished, skipped)" in out and "resumed from step 6" in out, out
+  assert out.count("its lease had expired") == 2, out  # the study's lock and the cell's
+  reference, _, _ = finished_study
+  got = json.loads(epath.Path(f"{work}/summary.json").read_text())
+  want = json.loads((reference / "summary.json").read_text())
+  for g, w in zip(got["rows"], want["rows"]):
+    assert g["seeds"] == [0] and g["name"] == w["name"]
+    # 256 test images: one flipped prediction is 0.0039
+    assert g["scores"]["test_accuracy"][0] == pytest.approx(w["scores"]["test_accuracy"][0],
+                                                            abs=0.008)
+  for cell in ("k0_s0", "k1-0_s0"):
+    losses = lambda d: [r["loss"] for r in read_metrics(f"{d}/cells/{cell}/metrics.jsonl")
+                        if r["split"] == "train"]
+    assert np.allclose(losses(work), losses(reference), atol=1e-4), cell
+  report = epath.Path(f"{work}/report.md").read_text()
+  assert "## Cost of each cell" in report and report.count("| 8 (2) | cpu |") == 2, report
+  names = fake_gcs.objects(bucket, "pod/")
+  assert "pod/.lock" not in names and "pod/cells/k1-0_s0/.lock" not in names  # released
+  assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
+
+
+def _copy_run(source, dest, **config_changes):
+  """A planted run: source's config, identity, results and metrics (no checkpoint data), with
+  config_changes ({'optim.lr': 0.5}) applied to its config.json."""
+  (dest / "checkpoints").mkdir(parents=True)
+  for name in ("results.json", "metrics.jsonl", "checkpoints/identity.json"):
+    (dest / name).write_bytes((source / name).read_bytes())
+  config = json.loads((source / "config.json").read_text())
+  for key, value in config_changes.items():
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[last] = value
+  (dest / "config.json").write_text(json.dumps(config))
+  return dest
+
+
+@pytest.mark.slow
+def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
+  from laplax.study import aggregate
+  workdir, report, _ = finished_study
+  cells = workdir / "cells"
+  # One run's geometry from eval.py (eval.json of its step) instead of its results.json.
+  planted = _copy_run(cells / "k0_s1", tmp_path / "k0_s1_evaluated")
+  results = json.loads((planted / "results.json").read_text())
+  geometry = results.pop("geometry")
+  (planted / "results.json").write_text(json.dumps(results))
+  (planted / "eval.json").write_text(json.dumps({"task": "classification",
+                                                 "step": results["step"], "geometry": geometry}))
+  runs = [str(cells / "k1-0_s1"), str(cells / "k0_s0"), str(cells / "k1-0_s0"), str(planted)]
+  out = aggregate.aggregate(tmp_path / "agg", runs, name="test_study_vit", log=lambda m: None)
+  assert out.read_text() == report.read_text()
+  assert (json.loads((tmp_path / "agg" / "summary.json").read_text())
+          == json.loads((workdir / "summary.json").read_text()))
+  assert json.loads((tmp_path / "agg" / "cells" / "k1-0_s1" / "source.json").read_text()) == {
+      "workdir": runs[0]}
+  # Refused in one line: another recipe (a planted run with another lr), a cell given twice,
+  # no baseline.
+  other = _copy_run(cells / "k1-0_s1", tmp_path / "other_lr", **{"optim.lr": 0.5})
+  proc = subprocess.run([sys.executable, "-m", "laplax.study.aggregate",
+                         f"--out={tmp_path / 'refused'}", str(cells / "k0_s0"), str(other)],
+                        cwd=REPO, capture_output=True, text=True)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert "differ in more than heads and seed: optim.lr=" in proc.stderr, proc.stderr
+  assert not (tmp_path / "refused" / "report.md").exists()
+  twice = _copy_run(cells / "k0_s0", tmp_path / "twice")
+  with pytest.raises(ValueError, match="are both heads 0, seed 0: give each cell once"):
+    aggregate.aggregate(tmp_path / "x", [str(cells / "k0_s0"), str(twice)])
+  with pytest.raises(ValueError, match=r"none of the runs has plain attention"):
+    aggregate.aggregate(tmp_path / "x", [str(cells / "k1-0_s0"), str(cells / "k1-0_s1")])
+  (planted / "eval.json").unlink()
+  with pytest.raises(ValueError, match=r"hold no 'geometry'.* eval.py --workdir=.*--evals=geo"):
+    aggregate.aggregate(tmp_path / "y", [str(cells / "k1-0_s1"), str(planted)])
+
+
+@pytest.mark.slow
+def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
+  """eval.py --multihost --analyze --export as 2 processes x 4 devices: every number within
+  1e-5 of the one-process evaluation (float reductions over 8 devices vs 1), the geometry's
+  too, and the same export; process 0 alone writes and prints."""
+  import hosts
+  workdir, _, _ = finished_study
+  cell = workdir / "cells" / "k1-0_s0"
+  flags_ = ["--analyze", "--analysis_examples=100", "--export"]
+  job = hosts.start([sys.executable, str(REPO / "eval.py"), f"--workdir={cell}",
+                     f"--out={tmp_path / 'two'}", *flags_], 2, tmp_path / "logs")
+  assert job.wait(600) == [0, 0], job.output()[-4000:]
+  one = offline.evaluate_workdir(cell, tmp_path / "one", EvalOptions(
+      analyze=True, analysis_examples=100, export=True), log=lambda m: None)
+  two = json.loads((tmp_path / "two" / "eval.json").read_text())
+  assert '"task": "classification"' in job.output(0)
+  assert '"task"' not in job.output(1)  # one copy of the result
+
+  def numbers(d, prefix=""):
+    if isinstance(d, dict):
+      return {k2: v for k, v in d.items() for k2, v in numbers(v, f"{prefix}/{k}").items()}
+    if isinstance(d, list):
+      return {k2: v for i, v in enumerate(d) for k2, v in numbers(v, f"{prefix}/{i}").items()}
+    return {prefix: d} if isinstance(d, (int, float)) and not isinstance(d, bool) else {}
+
+  a, b = numbers(one), numbers(two)
+  assert set(a) == set(b) and len(a) > 50
+  worst = max(abs(a[k] - b[k]) for k in a)
+  print(f"eval.py on 2 hosts vs 1 process: largest difference {worst:.2e} over {len(a)} numbers")
+  assert worst <= 1e-5, worst
+  from laplax.train import export as export_lib
+  x, y = (export_lib.read_safetensors(tmp_path / d / export_lib.PARAMS) for d in ("one", "two"))
+  assert sorted(x) == sorted(y) and all(np.array_equal(x[k], y[k]) for k in x)
+  assert (tmp_path / "two" / "analysis" / "geometry.json").exists()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jax
 import numpy as np
 
+from laplax import multihost
 from laplax.data import pipeline
 from laplax.evals import accuracy
 from laplax.geometry import plots
@@ -88,16 +88,18 @@ class VitGeometry(Evaluator):
     task, n, split = self.ctx.task, self.config.examples, self.config.split
     info, params = task.data["info"], weights.params
     if task.streaming:  # the first n examples, decoded as evaluation sees them, batch by batch
+      # Each host streams its block of every batch: all of them, in order, on every host.
       stream = task.eval_stream(split, min(n, 250), limit=n)
       batches = ({**b, "image": pipeline.normalize(np.asarray(b["image"]), mean=info.mean,
-                                                   std=info.std)} for b in stream)
+                                                   std=info.std)}
+                 for b in map(multihost.gather_rows, stream))
       geo = vit_geometry.analyze_batches(
-          self.ctx.model, jax.device_get(task.params_for_eval(self.ctx.model, params)),
+          self.ctx.model, multihost.fetch(task.params_for_eval(self.ctx.model, params)),
           batches, num_classes=info.num_classes)
     else:
       images, labels = task.data[split]
       n = min(n, len(labels))
-      geo = vit_geometry.analyze_vit(self.ctx.model, jax.device_get(params), images[:n],
+      geo = vit_geometry.analyze_vit(self.ctx.model, multihost.fetch(params), images[:n],
                                      labels[:n], num_classes=info.num_classes, batch_size=250,
                                      mean=info.mean, std=info.std)
     adir = self.ctx.out / "analysis"

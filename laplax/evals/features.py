@@ -116,7 +116,7 @@ def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None, *,
     raise ValueError(f"{workdir} holds a task={run.task.name!r} run, not 'dino'")
   size = run.config.multicrop.global_size
   base_grid = dino_lib.patch_grid(run.model, (size, size))
-  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
   rules = sharding.rules_from_config(run.config.get("axis_rules"))
   feature_fn = make_feature_fn(run.model, base_grid, mesh, rules, last_layers)
   return FrozenTeacher(run.model, run.extra["teacher"], run.config,

@@ -16,8 +16,10 @@ specs. The result also goes to out/eval.json.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 from collections.abc import Sequence
+import tempfile
 from typing import Any
 
 from etils import epath
@@ -25,6 +27,7 @@ import jax
 import ml_collections
 
 from laplax import heads as heads_lib
+from laplax import multihost
 from laplax import sharding
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import export as export_lib
@@ -143,14 +146,23 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
   return config, list(dict.fromkeys(names))
 
 
-def placed(run: Run, config: ml_collections.ConfigDict):
-  """(mesh, rules, run with its params and extra replicated over the mesh): the run's own mesh
-  where this machine can build it (the same reductions: the numbers training's final
-  evaluation gave), else every local device on the data axis."""
+def _mesh(config: ml_collections.ConfigDict):
+  """The run's own mesh where these devices can build it (the same reductions: the numbers
+  training's final evaluation gave), else every device on the data axis; in a job of several
+  processes a mesh that leaves a host out (a run trained on one device) is replaced too."""
   try:
     mesh = sharding.make_mesh(config.mesh.to_dict())
   except ValueError:
-    mesh = sharding.make_mesh({"data": -1})
+    return sharding.make_mesh({"data": -1})
+  if multihost.is_multiprocess() and mesh.devices.size < jax.device_count():
+    return sharding.make_mesh({"data": -1})
+  return mesh
+
+
+def placed(run: Run, config: ml_collections.ConfigDict):
+  """(mesh, rules, run with its params and extra replicated over the mesh): the mesh of
+  `_mesh`."""
+  mesh = _mesh(config)
   rules = sharding.rules_from_config(config.get("axis_rules"))
   weights = dataclasses.replace(run, **jax.device_put(
       {"params": run.params, "extra": run.extra}, sharding.replicated(mesh)))
@@ -159,30 +171,58 @@ def placed(run: Run, config: ml_collections.ConfigDict):
 
 def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=print
                      ) -> dict[str, Any]:
-  """Runs the evaluators of the run in workdir; writes and returns out/eval.json."""
+  """Runs the evaluators of the run in workdir; writes and returns out/eval.json.
+
+  In a job of several processes (eval.py --multihost) a run's checkpoint is restored sharded
+  over the pod's whole mesh as in training, every host runs the same evaluators on it (feature
+  banks, probes, accuracy over its share of the data), and process 0 alone writes: the other
+  hosts' evaluators write their files into a temporary directory that is removed."""
   out = workdir_lib.as_path(out)
-  run = trained = load(workdir, log=log)
+  path = workdir_lib.as_path(workdir)
+  if multihost.is_multiprocess() and path.is_dir() and not export_lib.is_export(path):
+    config = restore.read_config(path)
+    mesh = _mesh(config)
+    rules = sharding.rules_from_config(config.get("axis_rules"))
+    run = trained = restore.load_run(path, log=log, mesh=mesh, rules=rules)
+  else:
+    mesh = None  # a whole copy on this process, replicated below
+    run = trained = load(path, log=log)
   if options.heads is not None:
     run = switch_heads(run, options.heads)
   config, names = select(run.config, options)
   task = run.task
   evaluator_lib.check(config, task)
-  task.load_data(run.workdir, log)  # the evaluators read the task's data
-  mesh, rules, weights = placed(run, config)
-  out.mkdir(parents=True, exist_ok=True)
-  context = evaluator_lib.Context(task, run.model, mesh, rules, out, log)
-  evaluators = evaluator_lib.build(config, context, names)
-  results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
-  result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
-  if options.heads is not None:
-    result["heads"] = {"trained": trained.task.describe_heads(trained.model),
-                       "evaluated": task.describe_heads(run.model)}
-  if options.export:
-    # the trained model's export, with the task that loaded the data (streamed class names)
-    result["export"] = str(export_run(dataclasses.replace(trained, task=task), out))
+  with multihost.process_0_first("eval_data"):
+    task.load_data(run.workdir, log)  # the evaluators read the task's data
+  if mesh is None:
+    mesh, rules, weights = placed(run, config)
+  else:
+    weights = run
+  lead = jax.process_index() == 0
+  with contextlib.ExitStack() as stack:
+    if lead:
+      out.mkdir(parents=True, exist_ok=True)
+      files = out
+    else:  # the same evaluators, their files unwritten
+      files = workdir_lib.as_path(stack.enter_context(tempfile.TemporaryDirectory()))
+    context = evaluator_lib.Context(task, run.model, mesh, rules, files, log)
+    evaluators = evaluator_lib.build(config, context, names)
+    results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
+    result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
+    if options.heads is not None:
+      result["heads"] = {"trained": trained.task.describe_heads(trained.model),
+                         "evaluated": task.describe_heads(run.model)}
+    if options.export:
+      # whole arrays on every host (an all-gather of a pod's shards), written by process 0;
+      # the trained model's export, with the task that loaded the data (streamed class names)
+      whole = multihost.fetch({"params": trained.params, "extra": trained.extra})
+      if lead:
+        result["export"] = str(export_run(dataclasses.replace(trained, task=task, **whole), out))
   if summary:
     log(summary)
-  workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
+  if lead:
+    workdir_lib.write_json_atomic(out / "eval.json", result, indent=2)
+  multihost.agree("eval_written", None)
   return result
 
 

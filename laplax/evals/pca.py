@@ -29,11 +29,13 @@ from collections.abc import Mapping, Sequence
 import pathlib
 from typing import Literal, NamedTuple
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from laplax.evals import segmentation
+from laplax.geometry import plots
 
 SignRule = Literal["border", "minority"]
 
@@ -193,10 +195,8 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
     if row_labels is not None:
       axes[i, 0].set_ylabel(row_labels[i], fontsize=7)
   fig.tight_layout()
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, format="png")
-  return path
+  plots.save_figure(fig, path)
+  return epath.Path(path)
 
 
 def pca_panel(features: np.ndarray, *, sign: SignRule = "border", threshold: float = 0.0,

@@ -7,6 +7,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from etils import epath
 import matplotlib
 
 matplotlib.use("Agg")
@@ -44,6 +45,14 @@ OTHER_FIGURES = {
 XLABEL = {"mechanism": "block"}
 
 
+def save_figure(fig, path, **kwargs) -> None:
+  """fig as a PNG at `path`, local or gs:// (written through etils.epath)."""
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("wb") as f:
+    fig.savefig(f, format="png", **kwargs)
+
+
 def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: pathlib.Path,
                       figure: str) -> pathlib.Path:
   """groups: label -> analyses (each {'layers': [{metric: value}, ...]}); one PNG per figure
@@ -68,7 +77,7 @@ def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: path
   fig.suptitle(title)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -95,7 +104,7 @@ def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
   ax.set_ylabel("test accuracy (%)")
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -131,9 +140,7 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
 def _save(fig, path, dpi: int = 110) -> pathlib.Path:
   """Lays out, writes (making the folder) and closes a figure -> its path."""
   fig.tight_layout()
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=dpi)
+  save_figure(fig, path, dpi=dpi)  # local or gs://
   plt.close(fig)
   return path
 
@@ -198,8 +205,7 @@ def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  path = pathlib.Path(path)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)  # local or gs://
   plt.close(fig)
   return path
 
@@ -236,7 +242,6 @@ def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tup
   fig.suptitle("mix heads: b (P V weight, solid), a (V weight, dashed) over training",
                fontsize=9)
   fig.tight_layout()
-  path = pathlib.Path(path)
-  fig.savefig(path, dpi=100)
+  save_figure(fig, path, dpi=100)  # local or gs://
   plt.close(fig)
   return path

@@ -23,11 +23,15 @@ import json
 import pathlib
 from typing import Any
 
+import jax
+
+from laplax import multihost
 from laplax.study.grid import Claim, Score, schedule_line
 from laplax.train import trainer
 from laplax.train import workdir as workdir_lib
 
 FINISHED = ("results.json",)
+RUNS = ("pretrain", "mid", "sft")  # a cell's runs, in order (the report's cost table)
 SCORES = [Score("chat/five_task_mean", "the paper's five-task mean accuracy after SFT (%)",
                 scale=100.0, digits=2),
           Score("chatcore", "ChatCORE (chance-centred mean accuracy, %)", scale=100.0,
@@ -95,15 +99,23 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
       runs[name] = trainer.train_and_evaluate(stage_config(study, name, cfg, previous),
                                               cell_dir / name, log=log)
       previous = cell_dir / name
-    summary = {"stages": {n: {"val": r["val"], "init_val": r.get("init", {}).get("val"),
-                              "step": r["step"], "train_time_s": r["train_time_s"],
-                              "corpus": r.get("corpus")}
-                          for n, r in runs.items()},
-               "chat": runs["sft"]["chat"]}
-    if "chat" in runs["mid"]:  # nanochat's chat_eval after mid-training
-      summary["chat_mid"] = runs["mid"]["chat"]
-    workdir_lib.write_json_atomic(cell_dir / "results.json", summary, indent=2)
+    summary = cell_summary(runs)
+    if jax.process_index() == 0:  # the hosts of a pod share the cell's directory
+      workdir_lib.write_json_atomic(cell_dir / "results.json", summary, indent=2)
+    multihost.agree("chat_cell_written", None)
   return {"results": json.loads((cell_dir / "results.json").read_text())}
+
+
+def cell_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+  """The cell's results.json from its stages' results {'pretrain': ..., 'mid': ..., 'sft': ...}
+  (also for pipelines run as separate jobs: laplax.study.aggregate)."""
+  return {"stages": {n: {"val": r["val"], "init_val": r.get("init", {}).get("val"),
+                         "step": r["step"], "train_time_s": r["train_time_s"],
+                         "corpus": r.get("corpus")}
+                     for n, r in runs.items()},
+          "chat": runs["sft"]["chat"],
+          # nanochat's chat_eval after mid-training, where the config evaluates there
+          **({"chat_mid": runs["mid"]["chat"]} if "chat" in runs["mid"] else {})}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:

@@ -91,8 +91,9 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   last = cell["analysis"]["layers"][-1]
-  out = {"test_accuracy": cell["results"]["test"]["accuracy"],
-         "val_accuracy": cell["results"]["val"]["accuracy"]}
+  out = {"test_accuracy": cell["results"]["test"]["accuracy"]}
+  if "val" in cell["results"]:  # ImageNet's studies: `test` is its validation split, no val
+    out["val_accuracy"] = cell["results"]["val"]["accuracy"]
   out.update({k: float(last[k]) for k in ("within_sequence", "between_class",
                                           "per_sequence_components_99", "components_99",
                                           "per_sequence_effective_rank", "effective_rank",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +23,15 @@ import jax
 import ml_collections
 import numpy as np
 
+from etils import epath
+
 from laplax import heads as heads_lib
+from laplax import multihost
 from laplax.study import stats
+from laplax.study import throughput
 from laplax.study import workers as workers_lib
 from laplax.study.cells import cell_config, cell_finished, grid_cells, section_for, spec_name
+from laplax.train import gcs
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import format_seconds
 
@@ -51,9 +55,12 @@ class Claim:
   paper_sign: int
 
 
-def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathlib.Path:
-  """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path."""
-  workdir = pathlib.Path(workdir)
+def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> epath.Path:
+  """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path.
+
+  In a job of several processes (train.py --multihost, a pod) every cell trains on the whole
+  mesh of every host, one after another; process 0 writes the study's files."""
+  workdir = workdir_lib.as_path(workdir)  # gs://bucket/study stays a bucket path
   task, section = section_for(config)
   specs = [heads_lib.freeze(s) for s in config.study.laplacian_heads]
   if len(specs) < 2:
@@ -68,25 +75,36 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> pathl
   if hasattr(section, "validate"):
     section.validate(config)
   name = config.get("name", "study")
-  with workdir_lib.lock_workdir(workdir):  # one study per workdir (each cell locks its own)
-    workdir_lib.write_json_atomic(workdir / "config.json",
-                                  json.loads(config.to_json_best_effort()), indent=2)
+  workers = int(config.study.workers)
+  pod = multihost.is_multiprocess()
+  if pod and workers > 1:
+    raise ValueError(f"study.workers={workers}: parallel cells are processes of one machine; "
+                     "with --multihost every cell trains on the whole mesh: use study.workers=1")
+  lead = jax.process_index() == 0  # process 0 alone writes the study's files
+  # One study per workdir (each cell locks its own); a gs:// lock with the cells' lease.
+  lease_s = config.base.get("lock_lease_s", gcs.LEASE_S)
+  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
+    if lead:
+      workdir_lib.write_json_atomic(workdir / "config.json",
+                                    json.loads(config.to_json_best_effort()), indent=2)
     finished = lambda cell: cell_finished(workdir, section, cell)
     todo = [cell for cell in grid_cells(config) if not finished(cell)]
-    workers = workers_lib.worker_count(int(config.study.workers), len(todo),
-                                       jax.default_backend())
+    workers = 1 if pod else workers_lib.worker_count(workers, len(todo), jax.default_backend())
     if workers > 1:  # the cells train in parallel processes; the grid then reads them back
       workers_lib.run_cells(workdir, todo, workers, finished=finished, name=name, log=log)
     done = run_grid(config, workdir, section, name=name, log=log)
     names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
-    report = write_report(workdir, config, specs, done, names, section)
+    report = workdir / "report.md"
+    if lead:
+      write_report(workdir, config, specs, done, names, section)
   log(f"[{name}] report: {report}")
   return report
 
 
-def run_grid(config, workdir: pathlib.Path, section, *, name: str, log
+def run_grid(config, workdir: epath.Path, section, *, name: str, log
              ) -> dict[tuple, dict[str, Any]]:
-  """Runs (or reads back) every cell -> {(spec, seed): section.run_cell's result}."""
+  """Runs (or reads back) every cell -> {(spec, seed): section.run_cell's result, with 'dir'
+  (the cell's run directory) added}."""
   cells = list(grid_cells(config).items())
   done: dict[tuple, dict[str, Any]] = {}
   t0, trained = time.time(), 0
@@ -94,8 +112,9 @@ def run_grid(config, workdir: pathlib.Path, section, *, name: str, log
     skip = cell_finished(workdir, section, cell)
     log(f"[{name}] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
         + (" (finished, skipped)" if skip else ""))
-    done[(spec, seed)] = section.run_cell(cell_config(config, spec, seed),
-                                          workdir / "cells" / cell, config.study, log)
+    cell_dir = workdir / "cells" / cell
+    done[(spec, seed)] = {**section.run_cell(cell_config(config, spec, seed), cell_dir,
+                                             config.study, log), "dir": cell_dir}
     if not skip:
       trained += 1
       remaining = sum(not cell_finished(workdir, section, c) for c, _ in cells[i + 1:])
@@ -225,7 +244,7 @@ def per_seed_table(summary: dict[str, Any], score: Score) -> list[str]:
   return lines
 
 
-def write_report(workdir: pathlib.Path, config, specs, done, names, section) -> pathlib.Path:
+def write_report(workdir: epath.Path, config, specs, done, names, section) -> epath.Path:
   """workdir/report.md (+ summary.json): title, setup, verdict, score tables with paired
   intervals, then the section's own tables and figures."""
   summary = summarize(specs, done, list(config.study.seeds), names, section.cell_scores)
@@ -236,15 +255,17 @@ def write_report(workdir: pathlib.Path, config, specs, done, names, section) -> 
   labels = {c.key: c.label for c in section.CLAIMS}
   others = [Score(k, labels.get(k, section.label(k)), None, *section.scale(k))
             for k in all_keys if k not in known]
+  scores = [s for s in section.SCORES if any(s.key in r["scores"] for r in summary["rows"])]
   lines = [f"# Laplacian heads vs baseline: {section.title(config)}", "",
            section.setup(config), "", "## Verdict", "",
            *[f"- {l}" for l in verdict(summary, section.SCORES, section.CLAIMS)], "",
            "## Scores", "",
            "Mean +- std over seeds; paired difference vs the baseline (same seeds) with its "
-           "95 % Student-t interval.", "", *score_table(summary, section.SCORES + others), ""]
-  for s in section.SCORES:
+           "95 % Student-t interval.", "", *score_table(summary, scores + others), ""]
+  for s in scores:
     lines += [f"### {s.label} per seed", "", *per_seed_table(summary, s), ""]
   lines += extra
+  lines += throughput.section(specs, done, summary, getattr(section, "RUNS", ("",)))
   path = workdir / "report.md"
   path.write_text("\n".join(lines) + "\n")
   return path

@@ -65,6 +65,7 @@ class Checkpointer:
       async_save: bool = False,
       log: Callable[[str], None] = print,
       read_only: bool = False,
+      this_process_only: bool = False,
   ):
     """Opens (creating if needed, unless read_only) a checkpoint directory.
 
@@ -79,7 +80,11 @@ class Checkpointer:
       read_only: only restore: never create the directory, never delete or move
         anything (in-flight temporary directories of a running trainer, corrupt
         steps), never write manifests; `save()` raises CheckpointError.
+      this_process_only: with read_only, this process reads alone (a restore onto one of its
+        own devices in a job of several processes: no barrier or collective with the others).
     """
+    if this_process_only and not read_only:
+      raise ValueError("this_process_only=True is for read_only checkpointers")
     if max_to_keep is not None and not _is_positive_int(max_to_keep):
       raise ValueError(
           f"max_to_keep={max_to_keep!r}; use an integer >= 1, or None to keep every step")
@@ -91,7 +96,7 @@ class Checkpointer:
     self._log = log
     self._async = async_save
     self.read_only = read_only
-    self._manifests = Manifests(self.directory, log)
+    self._manifests = Manifests(self.directory, log, this_process_only=this_process_only)
     self._pending_step: int | None = None  # async save without manifest yet
     self._bad_steps: set[int] = set()  # found corrupt by restore()
     # The step the last successful restore() returned (None: nothing restored yet), e.g.
@@ -99,9 +104,12 @@ class Checkpointer:
     self.restored_step: int | None = None
     if read_only:
       # Every option orbax would otherwise override with a warning is set explicitly.
+      alone = ({"multiprocessing_options": ocp.options.MultiprocessingOptions(
+          primary_host=jax.process_index(), active_processes={jax.process_index()})}
+               if this_process_only and jax.process_count() > 1 else {})
       options = ocp.CheckpointManagerOptions(
           read_only=True, save_interval_steps=0, max_to_keep=None, create=False,
-          cleanup_tmp_directories=False, enable_async_checkpointing=False)
+          cleanup_tmp_directories=False, enable_async_checkpointing=False, **alone)
       self._manager = _retry_vanished(lambda: ocp.CheckpointManager(
           self.directory, options=options,
           item_handlers={_STATE: ocp.StandardCheckpointHandler(),

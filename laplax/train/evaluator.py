@@ -42,7 +42,7 @@ Log = Callable[[str], None]
 # Names an evaluator cannot have (results.json and metrics.jsonl use them).
 RESERVED = ("task", "step", "params", "laplacian_heads", "last_train_metrics", "train_time_s",
             "init", "train", "final", "export", "vocab_size", "tokens_seen", "corpus",
-            "auto_heads")
+            "devices", "auto_heads")
 
 # The keys every evaluator section has, with their defaults (the one place they live).
 COMMON = {"type": None, "every": 0, "at_init": False, "final": True, "analysis": False}

@@ -65,10 +65,14 @@ class Manifests:
   """The manifests of one checkpoint directory (one sub-directory per step, orbax's default
   naming). Writing methods act on process 0 only; `verify` runs on every host."""
 
-  def __init__(self, directory: epath.Path, log: Callable[[str], None]):
+  def __init__(self, directory: epath.Path, log: Callable[[str], None], *,
+               this_process_only: bool = False):
+    """this_process_only: `verify` hashes every file here and asks no other host (a reader on
+    one process of a job, e.g. a study's report on process 0)."""
     self.directory = directory
     self._dir = directory / MANIFESTS_DIR_NAME
     self._log = log
+    self._alone = this_process_only
 
   def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
@@ -166,9 +170,9 @@ class Manifests:
       return problem, True
     if expected is None:
       return None, False
-    problem = check_files(step_dir, files_to_verify(expected, jax.process_index(),
-                                                    jax.process_count()))
-    if jax.process_count() > 1:  # every host must fall back to the same step
+    index, count = (0, 1) if self._alone else (jax.process_index(), jax.process_count())
+    problem = check_files(step_dir, files_to_verify(expected, index, count))
+    if count > 1:  # every host must fall back to the same step
       bad = multihost_utils.process_allgather(np.int32(problem is not None))
       if problem is None and np.any(bad):
         problem = f"a file failed its check on process {int(np.argmax(bad))}"

@@ -38,9 +38,10 @@ def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
 
 def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mesh=None,
              rules=None) -> Run:
-  """A run's config, task, model and latest good (or `step`'s) parameters on one device, or
-  sharded over `mesh` (with `rules`; each device reads only its shards: a fine-tuning run on a
-  pod starts from a source too large for one chip).
+  """A run's config, task, model and latest good (or `step`'s) parameters on one device of
+  this process (read by this process alone, also in a job of several), or sharded over `mesh`
+  (with `rules`; every process of the job reads its shards: a fine-tuning run on a pod starts
+  from a source too large for one chip).
 
   The task object has its assets loaded (e.g. the LM's tokenizer); Run.extra holds the task
   state (DINO: the teacher and centre). Reading never writes into the workdir. An export
@@ -54,15 +55,17 @@ def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mes
   task = task_lib.for_config(config)
   task.load_assets(workdir)
   model = task.build_model()
-  if mesh is None:
-    mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  local = mesh is None  # this process alone reads it (in a job of several: no collectives)
+  if local:
+    mesh = sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
     rules = sharding.rules_from_config(config.get("axis_rules"))
   tx, _ = task.optimizer(max(int(config.get("total_steps", 0) or 1), 1))
   abstract, _ = abstract_state(task, model, tx, mesh, rules)
   if not (workdir / "checkpoints").is_dir():
     raise ckpt_lib.CheckpointError(f"{workdir / 'checkpoints'} does not exist: train first")
   # Read-only: a reader never cleans up or writes inside a live run's checkpoints/.
-  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True, log=log)
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", read_only=True, log=log,
+                                       this_process_only=local)
   try:
     restored = checkpointer.restore(abstract, step)
   finally:

@@ -161,7 +161,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   # One run per workdir, on all its hosts (a gs:// lock has a lease: laplax.train.gcs).
   lease_s = config.lock_lease_s  # in (0, inf): laplax.train.ranges
   with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
-    return _train(task, config, workdir, mesh, rules, log, allow_change)
+    results = _train(task, config, workdir, mesh, rules, log, allow_change)
+    # Process 0 wrote results.json: every host may read the run's files once this returns.
+    multihost.agree("run_written", None)
+    return results
 
 
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
@@ -294,7 +297,9 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
                "params": n_params, "laplacian_heads": task.describe_heads(model),
                **({"auto_heads": auto.choice} if auto is not None and auto.frozen else {}),
-               "last_train_metrics": last, "train_time_s": train_time}
+               "last_train_metrics": last, "train_time_s": train_time,
+               "devices": {"chips": int(mesh.devices.size), "hosts": jax.process_count(),
+                           "kind": mesh.devices.flat[0].device_kind}}
     if (workdir / _INIT_EVAL).exists():
       results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
     writer.write(step, "final", final)
