@@ -196,8 +196,10 @@ def test_a_holder_whose_lock_was_taken_over_stops_in_one_line(bucket):
   # A run that could not renew (a stalled VM) finds its lock taken over: it stops itself.
   run = f"gs://{bucket}/run"
   script = textwrap.dedent(_LOSER.format(lock=f"{run}/.lock"))
-  proc = subprocess.Popen([sys.executable, "-c", script],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  # Started with SIGINT ignored, as `nohup ... &` from a script starts it: the stop still comes.
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   assert proc.stdout.readline().strip() == "held", proc.stderr.read()
   holder = gcs.read(f"{run}/.lock")
   successor = gcs.Lease(f"{run}/.lock", {"pid": 2, "host": "successor"})

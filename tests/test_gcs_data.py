@@ -328,6 +328,7 @@ def _token_dir(fake_gcs, bucket: str) -> epath.Path:
 
 
 @pytest.mark.slow  # train.py runs
+@pytest.mark.integration
 def test_two_hosts_tokenise_into_a_gs_cache_promised_shared(fake_gcs, tmp_path):
   """Two hosts (own homes) whose data.cache_dir is gs://, promised shared: process 1 sees
   process 0's probe there (laplax.data.host_cache.shared), both write their groups in place and

@@ -214,6 +214,7 @@ def _pod_study_args(workdir, cache):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_study, tmp_path,
                                                                       data_cache, fake_gcs):
   """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 4
@@ -285,6 +286,7 @@ def _copy_run(source, dest, **config_changes):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
   from laplax.study import aggregate
   workdir, report, _ = finished_study
@@ -324,6 +326,7 @@ def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
   """eval.py --multihost --analyze --export as 2 processes x 4 devices: every number within
   1e-5 of the one-process evaluation (float reductions over 8 devices vs 1), the geometry's

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 import pathlib
 from typing import Any
 
+from etils import epath
 import ml_collections
 
 from laplax import heads as heads_lib
@@ -52,3 +54,12 @@ def section_for(config: ml_collections.ConfigDict):
 def cell_finished(workdir: pathlib.Path, section, cell: str) -> bool:
   """Whether workdir/cells/<cell> holds every file of the section's FINISHED."""
   return all((workdir / "cells" / cell / f).exists() for f in section.FINISHED)
+
+
+def cell_run(workdir, spec, seed: int):
+  """The run folder of a study's cell (spec, seed): WORKDIR/cells/<spec>_s<seed>, or for a report
+  aggregated from runs made elsewhere (laplax.study.aggregate) the run its source.json names
+  (the cell folder holds only the run's results, not its checkpoints)."""
+  cell = epath.Path(workdir) / "cells" / f"{spec_name(spec)}_s{seed}"
+  source = cell / "source.json"
+  return epath.Path(json.loads(source.read_text())["workdir"]) if source.exists() else cell

@@ -16,8 +16,8 @@ from laplax.data import pipeline
 from laplax.data.images import load_image_data
 from laplax.evals import attention_maps, inputs
 from laplax.geometry import plots
-from laplax.heads import spec_name
 from laplax.study import coefficients, masks, stats
+from laplax.study.cells import cell_run
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import restore, trainer
 from laplax.train.metrics import read_metrics
@@ -277,7 +277,7 @@ def attention_section(workdir: pathlib.Path, config, specs, done, summary,
   seed, names = seeds[0], {spec: row["name"] for spec, row in zip(specs, summary["rows"])}
   subjects = {}
   for spec in (base, lap):
-    run = restore.load_run(workdir / "cells" / f"{spec_name(spec)}_s{seed}", log=lambda m: None)
+    run = restore.load_run(cell_run(workdir, spec, seed), log=lambda m: None)
     subjects[names[spec]] = inputs.subject(run.task, run.model, run)
   data = load_image_data(config.base.data)
   info = data["info"]

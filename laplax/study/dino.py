@@ -20,6 +20,7 @@ from laplax.evals import attention_maps, features, inputs
 from laplax.evals import segmentation
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
+from laplax.study.cells import cell_run
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import trainer
@@ -222,8 +223,8 @@ def attention_figure(config, specs, done, names, path: pathlib.Path, num_images:
 
 
 def workdir_of(path: pathlib.Path, spec, seed: int) -> pathlib.Path:
-  """A cell's run folder next to the study's report files."""
-  return path.parent / "cells" / f"{spec_name(spec)}_s{seed}"
+  """A cell's run folder next to the study's report files (laplax.study.cells.cell_run)."""
+  return cell_run(path.parent, spec, seed)
 
 
 def pca_figure(config, specs, done, names, workdir: pathlib.Path, path: pathlib.Path

@@ -318,7 +318,16 @@ def hold(lock_path: str, info: dict[str, Any], *, lease_s: float = LEASE_S,
   """Holds the lease lock at `lock_path` while the block runs (module docstring)."""
   lease = Lease(lock_path, info, lease_s=lease_s, log=log)
   lease.acquire()
+  # A lost lock stops the run by SIGINT. A process started in the background by a script
+  # (`nohup python train.py ... &`, common on pod VMs) inherits SIGINT ignored, and the stop
+  # would never come: Python's own handler is put back while the lock is held.
+  ignored = (threading.current_thread() is threading.main_thread()
+             and signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+  if ignored:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
     yield lease
   finally:
     lease.release()
+    if ignored:
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
