@@ -81,10 +81,9 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   rows = read_metrics(cell_dir / "metrics.jsonl")
   curve = {str(r["step"]): r["accuracy"] for r in rows if r.get("split") == "test"}
   mech = None
-  init_path = cell_dir / "init_eval.json"
-  if "mechanism" in results and init_path.exists():
-    mech = {"init": json.loads(init_path.read_text())["mechanism"],
-            "final": results["mechanism"]}
+  init = results.get("init") or {}  # the evaluations at init (the trainer's init_eval.json)
+  if "mechanism" in results and "mechanism" in init:  # (also in an aggregated run's copy)
+    mech = {"init": init["mechanism"], "final": results["mechanism"]}
   return {"results": results, "analysis": results["geometry"], "curve": curve,
           "coefficients": coefficients.cell_series(cfg, cell_dir), "mechanism": mech}
 
