@@ -126,13 +126,11 @@ def missing_data(message: str) -> str | None:
   return None
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
+@contextlib.contextmanager
+def _skips_missing_data():
+  """Turns a failure that names absent shared data into a skip (unless LAPLAX_REQUIRE_DATA=1)."""
   try:
-    if item.get_closest_marker("unit") is None:
-      return (yield)
-    with _integration_guard(item):
-      return (yield)
+    yield
   except Exception as e:
     chain, reason = e, None
     while chain is not None and reason is None:
@@ -141,6 +139,21 @@ def pytest_runtest_call(item):
     if reason is None or os.environ.get("LAPLAX_REQUIRE_DATA") == "1":
       raise
     pytest.skip(reason)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+  with _skips_missing_data():  # a fixture that reads the data (a prepared set, a trained run)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  with _skips_missing_data():
+    if item.get_closest_marker("unit") is None:
+      return (yield)
+    with _integration_guard(item):
+      return (yield)
 
 
 # --- The suite's two kinds -----------------------------------------------------------------
