@@ -1,4 +1,4 @@
-"""Peak host RSS of the streamed DINO feature pass (laplax.evals.stream_features) for two data
+"""Peak host RSS of the streamed DINO feature pass (laplax.features.stream) for two data
 set sizes, against the in-memory path (all images decoded into one array, then features).
 
   JAX_PLATFORMS=cpu python benchmarks/dino_feature_rss.py --sizes 128,1024
@@ -39,8 +39,8 @@ def _measure(root: str, mode: str) -> dict:
 
   from laplax import sharding
   from laplax.data import streaming
-  from laplax.evals import features as features_lib
-  from laplax.evals import stream_features
+  from laplax.features import extract as features_lib
+  from laplax.features import stream as stream_features
   from laplax.models import dino as dino_lib
   from laplax.models import vit
 

@@ -31,8 +31,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs.pod import dino_vit_s16  # noqa: E402
 from laplax import sharding  # noqa: E402
-from laplax.evals import attention_maps, features, inputs  # noqa: E402
+from laplax.evals import attention_maps, inputs  # noqa: E402
 from laplax.evals import mechanism as mechanism_eval  # noqa: E402
+from laplax.features import extract as features  # noqa: E402
 from laplax.geometry import dino as dino_geometry  # noqa: E402
 from laplax.kernels import splash  # noqa: E402
 from laplax.models import dino as dino_lib  # noqa: E402

@@ -9,7 +9,7 @@ from PIL import Image
 
 from laplax import sharding
 from laplax.data import ade20k_stream
-from laplax.evals import ade20k_probe
+from laplax.evals.dino import ade20k as ade20k_probe
 from test_dino import _tiny_model, initial_state  # noqa: F401 (a fixture)
 
 # Class c (1..4) is painted in PALETTE[c]; label 0 ("other") is grey.
@@ -162,7 +162,7 @@ def test_probe_learns_the_planted_colour_map(ade_root):
 def test_probe_runs_on_a_dino_teacher(ade_root, initial_state):
   # The real path: the teacher's last-block patch tokens at the crop's grid (the position
   # table resized from the 2 x 2 training grid to 4 x 4).
-  from laplax.evals import features
+  from laplax.features import extract as features
   feats = features.feature_function(_tiny_model(), (2, 2), 1, ("patches",))
   out = ade20k_probe.segmentation_probe(
       feats, initial_state.params, ade20k_stream.FolderSource(ade_root, "train"),

@@ -172,7 +172,7 @@ def test_pretrain_mid_sft_chain_with_the_tokenizer_and_heads_of_the_source(tmp_p
   import jax.numpy as jnp
   import optax
   from laplax import sharding
-  from laplax.evals import bpb as bpb_lib
+  from laplax.evals.lm import bpb as bpb_lib
   from laplax.train import restore, trainer
 
   pre = lm_run.workdir  # the session's pretraining run (conftest), read only

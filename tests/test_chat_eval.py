@@ -15,9 +15,9 @@ from laplax import sharding
 from laplax.data import chat_tasks
 from laplax.data.chat import render_for_completion
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import chat as chat_eval
-from laplax.evals import chat_engine
-from laplax.evals.calculator import use_calculator
+from laplax.evals.chat import engine as chat_engine
+from laplax.evals.chat import evaluators as chat_eval
+from laplax.evals.chat.calculator import use_calculator
 from laplax.models import gpt
 from laplax.train import evaluator as evaluator_lib
 

@@ -14,7 +14,8 @@ from configs import common
 from conftest import make_config
 from laplax import sharding
 from laplax.data import multicrop as mc
-from laplax.evals import features, probes
+from laplax.evals.dino import probes
+from laplax.features import extract as features
 from laplax.models import dino as dino_lib
 from laplax.models import vit
 from laplax.tasks import dino as dino_task

@@ -8,9 +8,9 @@ import pytest
 
 from laplax import sharding
 from laplax.data import streaming
-from laplax.evals import features as features_lib
-from laplax.evals import knn
-from laplax.evals import stream_features
+from laplax.evals.dino import knn
+from laplax.features import extract as features_lib
+from laplax.features import stream as stream_features
 from laplax.models import dino as dino_lib
 from laplax.models import vit
 
@@ -143,7 +143,7 @@ def _colour_records(n: int, seed: int):
 
 
 def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, model_params):
-  from laplax.evals import dino_linear
+  from laplax.evals.dino import stream_linear as dino_linear
   streaming.prepare_image_dataset(str(tmp_path), "colours", {"train": _colour_records(48, 0),
                                                              "validation": _colour_records(20, 1)},
                                   num_classes=3)
@@ -165,7 +165,7 @@ def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, 
 
 
 def test_epoch_cosine_is_stepped_per_epoch():
-  from laplax.evals import dino_linear
+  from laplax.evals.dino import stream_linear as dino_linear
   s = dino_linear.epoch_cosine(1.0, 4, 10, 30)  # 3 steps an epoch
   np.testing.assert_allclose([float(s(t)) for t in range(12)],
                              np.repeat(0.5 * (1 + np.cos(np.pi * np.arange(4) / 4)), 3),

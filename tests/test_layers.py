@@ -1,7 +1,8 @@
-"""The package's imports point one way: core -> models, data -> train -> tasks, evals -> study
--> train.py / eval.py. A module never imports one of a higher layer (not even inside a
-function), modules import each other only at the top (a circle held apart by a function-local
-import is still a circle), and no two modules import each other through any chain."""
+"""The package's imports point one way: core -> models, data -> train -> features -> geometry ->
+tasks, evals -> study -> train.py / eval.py. A module never imports one of a higher layer (not
+even inside a function), modules import each other only at the top (a circle held apart by a
+function-local import is still a circle), no two modules and no two packages import each other
+through any chain, and the evaluator packages (one per task) import each other only as declared."""
 
 import ast
 import pathlib
@@ -14,7 +15,9 @@ LAYERS = (
               "laplax.multihost", "laplax.flops", "laplax.kernels")),
     ("models, data", ("laplax.models", "laplax.data")),
     ("train", ("laplax.train", "laplax.cli")),
-    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.geometry", "laplax.convert")),
+    ("features", ("laplax.features",)),
+    ("geometry", ("laplax.geometry",)),
+    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.convert")),
     ("study", ("laplax.study",)),
     ("CLIs", ("train", "eval")),
 )
@@ -108,10 +111,8 @@ def test_laplax_modules_are_imported_at_the_top():
   assert not stale, f"LAZY lists imports that are gone: {stale}"
 
 
-def test_no_import_circles():
-  _, edges = _graph()
-  graph = {m: {t for t, _, _ in ts} for m, ts in edges.items()}
-  # Tarjan's strongly connected components.
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one node (Tarjan)."""
   index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
 
   def visit(v):
@@ -139,7 +140,54 @@ def test_no_import_circles():
   for v in list(graph):
     if v not in index:
       visit(v)
-  assert not circles, circles
+  return circles
+
+
+def test_no_import_circles():
+  _, edges = _graph()
+  assert not (c := _circles({m: {t for t, _, _ in ts} for m, ts in edges.items()})), c
+
+
+def _package(module: str) -> str:
+  path = REPO / module.replace(".", "/")
+  if (path / "__init__.py").exists() or "." not in module:
+    return module
+  return module.rsplit(".", 1)[0]
+
+
+def _package_graph() -> dict[str, set[str]]:
+  """Package -> the packages its modules import; a package and its own subpackages are one
+  house (laplax.evals.dino may use laplax.evals.inputs), so edges between them are left out."""
+  _, edges = _graph()
+  graph = {}
+  for module, targets in edges.items():
+    a = _package(module)
+    for target, _, _ in targets:
+      b = _package(target)
+      if a != b and not b.startswith(a + ".") and not a.startswith(b + "."):
+        graph.setdefault(a, set()).add(b)
+  return graph
+
+
+def test_no_package_circles():
+  # Module circles are caught above; this catches two packages that lean on each other through
+  # different modules (geometry -> evals.features while evals -> geometry, before
+  # laplax.features).
+  assert not (c := _circles(_package_graph())), c
+
+
+# The evaluator packages (one per task) that may import another, and which.
+EVAL_PACKAGES = ("classification", "lm", "chat", "dino")
+EVAL_USES = {"laplax.evals.chat": {"laplax.evals.lm"}}
+
+
+def test_evaluator_packages_import_only_what_is_declared():
+  graph = _package_graph()
+  packages = {f"laplax.evals.{p}" for p in EVAL_PACKAGES}
+  for p in packages:
+    assert (REPO / p.replace(".", "/") / "evaluators.py").exists(), f"{p} has no evaluators.py"
+  bad = {p: sorted(graph.get(p, set()) & packages - EVAL_USES.get(p, set())) for p in packages}
+  assert not any(bad.values()), f"undeclared imports between evaluator packages: {bad}"
 
 
 def test_the_layer_map_knows_every_module():

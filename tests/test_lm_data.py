@@ -21,7 +21,7 @@ from laplax.data.text import pipeline as text_pipeline
 from laplax.data.text import preparation
 from laplax.data.text import shards as text_shards
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import bpb
+from laplax.evals.lm import bpb
 from laplax.models import gpt
 from laplax.train import restore
 from laplax.train import trainer

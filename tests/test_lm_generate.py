@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import generate as generate_lib
-from laplax.evals import lm_tasks
+from laplax.evals.lm import generate as generate_lib
+from laplax.evals.lm import tasks as lm_tasks
 from laplax.models import gpt
 
 

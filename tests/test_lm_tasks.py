@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import lm_tasks
+from laplax.evals.lm import tasks as lm_tasks
 from laplax.models import gpt
 
 

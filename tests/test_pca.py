@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from laplax.evals import pca
+from laplax.features import pca
+from laplax.geometry import plots
 
 N, H, W, D = 4, 8, 8, 16
 
@@ -104,14 +105,14 @@ def test_pca_figure_writes_one_png(tmp_path):
   images = rng.integers(0, 256, size=(N, 32, 32, 3), dtype=np.uint8)
   rgb, mask, _ = pca.pca_panel(features)
   np.testing.assert_array_equal(mask, foreground)
-  path = pca.pca_figure(images, {"baseline": (rgb, mask), "Laplacian": (rgb[..., ::-1], ~mask)},
+  path = plots.pca_figure(images, {"baseline": (rgb, mask), "Laplacian": (rgb[..., ::-1], ~mask)},
                         tmp_path / "figs" / "pca.png", cell_inches=1.0, dpi=50)
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   with Image.open(path) as png:
     width, height = png.size
   assert (width, height) == (5 * 50, N * 50)  # 1 image + 2 models x (PCA, mask) columns
   with pytest.raises(ValueError, match="panel 'bad'"):
-    pca.pca_figure(images, {"bad": (rgb[:2], mask)}, tmp_path / "x.png")
+    plots.pca_figure(images, {"bad": (rgb[:2], mask)}, tmp_path / "x.png")
 
 
 def test_per_image_pca_finds_each_images_foreground():

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from laplax.evals import knn
-from laplax.evals import linear_probe
-from laplax.evals import segmentation
+from laplax.evals.dino import knn
+from laplax.evals.dino import linear_probe
+from laplax.evals.dino import segmentation
+from laplax.features import masks as masks_lib
 
 NUM_CLASSES = 5
 
@@ -138,7 +139,7 @@ def test_dino_linear_probe_learns_a_planted_colour_problem():
   import jax
   import jax.numpy as jnp
   from laplax import sharding
-  from laplax.evals import probes
+  from laplax.evals.dino import probes
   # Class c: images whose channel c is bright; a crop or flip keeps the colour, so the
   # "features" (mean colour of the normalised crop) separate the classes linearly.
   rng = np.random.default_rng(0)
@@ -164,18 +165,18 @@ def test_segmentation_scores_on_hand_made_masks():
   target[0, :, :2] = 1  # foreground: the left half (8 pixels)
   pred = np.zeros((1, 4, 4), np.int32)
   pred[0, :, :3] = 1  # the left three quarters (12 pixels): 8 right, 4 wrong
-  scores = segmentation.segmentation_scores(pred, target, num_classes=2)
+  scores = masks_lib.segmentation_scores(pred, target, num_classes=2)
   # fg IoU 8/12; bg IoU 4/8; pixels right 12/16.
   assert scores == pytest.approx({"fg_iou": 2 / 3, "miou": (2 / 3 + 1 / 2) / 2,
                                   "pixel_acc": 0.75})
   # Three classes, class 2 in neither map: left out of the mean; fg merges classes 1 and 2.
   pred3 = np.array([[[0, 1], [1, 1]]])
   target3 = np.array([[[0, 0], [1, 1]]])
-  scores3 = segmentation.segmentation_scores(pred3, target3, num_classes=3)
+  scores3 = masks_lib.segmentation_scores(pred3, target3, num_classes=3)
   assert scores3 == pytest.approx({"fg_iou": 2 / 3, "miou": (1 / 2 + 2 / 3) / 2,
                                    "pixel_acc": 0.75})
   with pytest.raises(ValueError, match="num_classes=2"):
-    segmentation.segmentation_scores(pred3 + 1, target3, num_classes=2)
+    masks_lib.segmentation_scores(pred3 + 1, target3, num_classes=2)
 
 
 def _planted_patches(seed: int, n: int = 12, grid: int = 6, d: int = 16):
@@ -193,7 +194,7 @@ def test_patch_probe_recovers_a_planted_segmentation():
   params = segmentation.train_patch_probe(train_features, train_masks, num_classes=2,
                                           epochs=10, lr=1e-2, batch_size=64)
   pred = segmentation.predict_masks(params, test_features)
-  scores = segmentation.segmentation_scores(pred, test_masks, num_classes=2)
+  scores = masks_lib.segmentation_scores(pred, test_masks, num_classes=2)
   assert scores == {"fg_iou": 1.0, "miou": 1.0, "pixel_acc": 1.0}
 
 
@@ -296,7 +297,7 @@ def test_ade20k_builder_errors(tmp_path):
 def test_segmentation_scores_ignore_unlabelled_pixels():
   target = np.array([[[0, 0, 3, 3], [0, 5, 5, 3]]])
   pred = np.array([[[2, 9, 3, 3], [1, 5, 3, 3]]])  # wrong only where ignored, and one 5 -> 3
-  scores = segmentation.segmentation_scores(pred, target, num_classes=151, ignore_index=0)
+  scores = masks_lib.segmentation_scores(pred, target, num_classes=151, ignore_index=0)
   # 5 labelled pixels, 4 right; class 3: IoU 3/4, class 5: IoU 1/2; class 0 left out.
   assert scores["pixel_acc"] == pytest.approx(4 / 5)
   assert scores["miou"] == pytest.approx((3 / 4 + 1 / 2) / 2)
@@ -313,7 +314,7 @@ def test_patch_probe_with_ignored_patches_recovers_150_classes():
   probe = segmentation.train_patch_probe(features[:30], masks[:30], 151, epochs=30, lr=3e-2,
                                          batch_size=256, ignore_index=0)
   pred = np.asarray(segmentation.predict_masks(probe, features[30:]))
-  scores = segmentation.segmentation_scores(pred, masks[30:], 151, ignore_index=0)
+  scores = masks_lib.segmentation_scores(pred, masks[30:], 151, ignore_index=0)
   assert scores["miou"] > 0.95 and scores["pixel_acc"] > 0.97
   assert not np.any(pred[masks[30:] != 0] == 0)  # never a target
   with pytest.raises(ValueError, match="ignored label 0"):

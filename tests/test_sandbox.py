@@ -1,4 +1,4 @@
-"""laplax.evals.sandbox: untrusted code runs, is stopped, and cannot touch the caller."""
+"""laplax.evals.lm.sandbox: untrusted code runs, is stopped, and cannot touch the caller."""
 import gzip
 import json
 import os
@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from laplax.evals import sandbox
+from laplax.evals.lm import sandbox
 
 pytestmark = pytest.mark.integration  # every case runs programs in a sandboxed process
 
@@ -70,7 +70,7 @@ def test_output_is_cut_at_the_limit():
   result = sandbox.run_python("print('x' * 100_000)", timeout_s=5, memory_mb=256,
                               max_output_bytes=1000)
   assert result.status == "passed"
-  assert result.stdout.startswith("x" * 1000 + "\n[laplax.evals.sandbox: 99001 more bytes cut]")
+  assert result.stdout.startswith("x" * 1000 + "\n[laplax.evals.lm.sandbox: 99001 more bytes cut]")
 
 
 def test_infinite_loop_times_out():

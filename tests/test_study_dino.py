@@ -12,12 +12,12 @@ import pytest
 
 from conftest import make_config
 from laplax.data.images import load_image_data
-from laplax.evals import features
-from laplax.evals import probes
 from laplax.evals import offline
+from laplax.evals.dino import probes
+from laplax.evals.offline import EvalOptions
+from laplax.features import extract as features
 from laplax.geometry import dino as dino_geometry
 from laplax.study import grid
-from laplax.evals.offline import EvalOptions
 
 
 def _load(name):

@@ -35,12 +35,12 @@ position table, class token normal(1e-6), patch embedding at PyTorch's Conv2d de
 own vit_small also uses trunc_normal(0.02)); cosine to DINO's min_lr 1e-6.
 
 Evaluations: the ADE20K linear segmentation probe at DINOv2's protocol, 512 px crops
-(evals.ade20k.dir: the ADEChallengeData2016 folder; laplax.evals.ade20k_probe); DINO's k-NN
+(evals.ade20k.dir: the ADEChallengeData2016 folder; laplax.evals.dino.ade20k); DINO's k-NN
 and linear probe, streamed with banks sharded over hosts (evals.probes: dino_stream_probes,
 final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 + CenterCrop 224 (lines
 33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
 1024 / 256 cosine per epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244,
-256-270); the values are laplax.evals.dino.STREAM_PROTOCOL's defaults. Geometry (final):
+256-270); the values are laplax.evals.dino.evaluators.STREAM_PROTOCOL's defaults. Geometry (final):
 the patch-token spectra, pooled and per image (the paper's "within an image"), of the first
 10,000 validation images at 224 px (evals.spectra: streamed, sums on the chips), and at 448 px
 (a 28 x 28 patch grid; the position table resized) the PCA picture of the packaged photos
@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.final_lr_fraction = 1e-6 / c.optim.lr  # DINO's min_lr 1e-6 (main_dino.py)
   c.multicrop.hue = 0.1  # DINO's ColorJitter hue: streamed views only
   c.evals = ml_collections.ConfigDict()
-  # ADE20K, DINOv2's linear protocol (laplax.evals.ade20k_probe cites its config): BN + linear
+  # ADE20K, DINOv2's linear protocol (laplax.evals.dino.ade20k cites its config): BN + linear
   # head on last-block patch tokens of 512 px crops (a 32 x 32 grid), 40K steps of batch 16,
   # AdamW 1e-3 poly; mIoU over 150 classes on the 2,000 validation images. Trained online on
   # crops streamed per record (features never stored); the folder must exist on every host.

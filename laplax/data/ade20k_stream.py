@@ -1,5 +1,5 @@
 """ADE20K streamed per record from the ADEChallengeData2016 folder, for the linear segmentation
-probe (laplax.evals.ade20k_probe, which documents the protocol and its source).
+probe (laplax.evals.dino.ade20k, which documents the protocol and its source).
 
 Labels stay in the folder's values: 0 = "other" (ignored everywhere; mmseg's reduce_zero_label
 + ignore 255 is the same thing shifted by one), 1..150 the classes. Records are read by random

@@ -34,8 +34,8 @@ import numpy as np
 from laplax import geometry
 from laplax import sharding
 from laplax.data import pipeline
-from laplax.evals import features as features_lib
-from laplax.evals import pca as pca_lib
+from laplax.features import extract as features_lib
+from laplax.features import pca as pca_lib
 from laplax.geometry import plots
 from laplax.geometry import spectra as spectra_lib
 from laplax.models import dino as dino_lib
@@ -168,7 +168,7 @@ def streamed_patch_spectra(model: dino_lib.DINO, params, batches: Iterable[dict[
                            fractions=FRACTIONS) -> dict[str, Any]:
   """patch_spectra of a stream of global batches ({'image': uint8 (G, H, W, C), 'mask': bool
   (G,)} global arrays sharded over the data-parallel devices, e.g. from
-  laplax.evals.stream_features.host_stream): every batch's spectra_sums in float32 on the
+  laplax.features.stream.host_stream): every batch's spectra_sums in float32 on the
   devices (replicated: a few (E, E) arrays per layer), added in float64 on each host."""
   acc = SpectraAccumulator(fractions)
   compute = spectra_step(model, base_grid=base_grid, mean=mean, std=std, fractions=fractions)
@@ -223,6 +223,6 @@ def pca_comparison(teachers: dict[str, str | pathlib.Path | features_lib.FrozenT
     if masks is not None:
       scores[name], _ = pca_lib.mask_scores(pca.components[..., 0], masks)
     panels[name] = (rgb[:num_images], mask[:num_images])
-  pca_lib.pca_figure(images[:num_images], panels, path,
+  plots.pca_figure(images[:num_images], panels, path,
                      row_labels=None if row_labels is None else row_labels[:num_images])
   return scores

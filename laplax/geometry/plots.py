@@ -245,3 +245,59 @@ def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tup
   save_figure(fig, path, dpi=100)  # local or gs://
   plt.close(fig)
   return path
+
+
+# PCA pictures of patch features (laplax.features.pca.pca_panel makes the panels).
+def _as_display(images: np.ndarray) -> np.ndarray:
+  images = np.asarray(images)
+  if images.dtype == np.uint8:
+    images = images.astype(np.float64) / 255.0
+  images = np.clip(images, 0.0, 1.0)
+  return images[..., 0] if images.shape[-1] == 1 else images
+
+
+def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.ndarray]],
+               path: str | pathlib.Path, *, row_labels: Sequence[str] | None = None,
+               cell_inches: float = 1.6, dpi: int = 120) -> pathlib.Path:
+  """Writes one PNG: a row per image; columns = image, then per model its PCA RGB and mask.
+
+  Args:
+    images: (N, H, W, C) uint8 or floats in [0, 1], C = 1 or 3.
+    panels: {model name: (rgb (N, h, w, 3) in [0, 1], mask (N, h, w) or (N, H, W) bool)}, in
+      column order (e.g. {'baseline': ..., 'Laplacian': ...}).
+    path: the .png to write (parent directories are created).
+  Returns:
+    the path written.
+  """
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  images = _as_display(images)
+  n = images.shape[0]
+  for name, (rgb, mask) in panels.items():
+    if np.shape(rgb)[0] != n or np.shape(mask)[0] != n or np.shape(rgb)[-1] != 3:
+      raise ValueError(f"panel {name!r}: rgb {np.shape(rgb)} and mask {np.shape(mask)} need "
+                       f"(N={n}, h, w, 3) and (N={n}, h, w)")
+  cols = 1 + 2 * len(panels)
+  fig = Figure(figsize=(cols * cell_inches, n * cell_inches), dpi=dpi)
+  FigureCanvasAgg(fig)
+  axes = np.asarray(fig.subplots(n, cols, squeeze=False))
+  titles = ["image"] + [f"{name} {kind}" for name in panels for kind in ("PCA", "mask")]
+  for i in range(n):
+    cells = [images[i]]
+    for rgb, mask in panels.values():
+      cells += [np.asarray(rgb)[i], np.asarray(mask)[i].astype(np.float64)]
+    for j, cell in enumerate(cells):
+      ax = axes[i, j]
+      grey = cell.ndim == 2
+      ax.imshow(cell, cmap="gray" if grey else None, vmin=0, vmax=1,
+                interpolation="nearest")
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if i == 0:
+        ax.set_title(titles[j], fontsize=8)
+    if row_labels is not None:
+      axes[i, 0].set_ylabel(row_labels[i], fontsize=7)
+  fig.tight_layout()
+  save_figure(fig, path)
+  return epath.Path(path)

@@ -5,7 +5,7 @@ A cell of configs/study_chat.py is four runs in workdir/cells/<cell>/:
   pretrain/  config.base (the lm task) with the cell's heads and seed
   mid/       study.stages.mid (the chat task, packed rows), init_from pretrain/
   sft/       study.stages.sft (the chat task, padded rows), init_from mid/, whose final
-             evaluator `chat` (laplax.evals.chat) scores the benchmarks in chat format
+             evaluator `chat` (laplax.evals.chat.evaluators) scores the benchmarks in chat format
   results.json  the cell's summary (written last: the cell is finished)
 
 A mid stage with its own evals.chat section is scored in chat format too, after mid-training
@@ -67,7 +67,7 @@ def validate(config) -> None:
   if order != ("mid", "sft") or any(s not in config.study.stages for s in order):
     raise ValueError("study.stage_order must be ('mid', 'sft'), each a config in study.stages")
   if "chat" not in config.study.stages.sft.get("evals", {}):
-    raise ValueError("study.stages.sft needs an evals.chat section (laplax.evals.chat)")
+    raise ValueError("study.stages.sft needs an evals.chat section (laplax.evals.chat.evaluators)")
 
 
 def stage_config(study, name: str, base_cfg, init_from: pathlib.Path):

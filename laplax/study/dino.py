@@ -16,8 +16,9 @@ from typing import Any
 from laplax.data import builders, pipeline
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
-from laplax.evals import attention_maps, features, inputs
-from laplax.evals import segmentation
+from laplax.evals import attention_maps, inputs
+from laplax.evals.dino import segmentation
+from laplax.features import extract as features
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
 from laplax.study.cells import cell_run

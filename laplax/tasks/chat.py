@@ -12,7 +12,7 @@ files, benchmark *train* splits, spelling tasks) rendered once -> rows:
 
 The optimiser starts fresh (the lm task's optim section; the stage configs set nanochat's
 lr fraction and schedule). Evaluators: the lm task's (bpb: packed windows, or the
-supervised tokens of padded rows) and chat-format benchmarks (laplax.evals.chat). No test
+supervised tokens of padded rows) and chat-format benchmarks (laplax.evals.chat.evaluators). No test
 item of a benchmark the run evaluates may be in the training mixture (checked before
 config.json).
 """
@@ -35,7 +35,7 @@ from laplax.data.text import conversations as conv_lib
 from laplax.data.text import corpus
 from laplax.data.text import shards
 from laplax.data.tokenizer import Tokenizer, as_path
-from laplax.evals import chat as chat_evals
+from laplax.evals.chat import evaluators as chat_evals
 from laplax.models import gpt
 from laplax.tasks.lm import LanguageModelTask, text_cache_dir
 from laplax.train import evaluator as evaluator_lib

@@ -8,7 +8,7 @@ over the B x K logits, as torch's BCEWithLogitsLoss, against the mixed label-smo
 timm's BinaryCrossEntropy after its Mixup; with `loss.bce_binary_targets` the mixed targets
 become 1 wherever they are > 0, as DeiT-III's `targets.gt(0.0)`, so both classes of a mixed pair
 are positives). Mixup / CutMix (`loss.mixup`, laplax.data.mixup) run on the device in the step.
-Its evaluators (accuracy, per-layer geometry) are laplax.evals.classification, picked by
+Its evaluators (accuracy, per-layer geometry) are laplax.evals.classification.evaluators, picked by
 config.evals; eval.py writes its export (laplax.train.export).
 """
 

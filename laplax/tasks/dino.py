@@ -3,7 +3,7 @@
 data (labels unused) -> multi-crop -> student / EMA
 teacher (teacher and centre live in TrainState.extra, so a resumed run continues them exactly)
 -> DINO loss with centring and sharpening -> collapse diagnostics in the metrics. Its evaluators
-(laplax.evals.dino, by config.evals) measure the frozen teacher: k-NN and linear probes,
+(laplax.evals.dino.evaluators, by config.evals) measure the frozen teacher: k-NN and linear probes,
 transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectra.
 
 Two data paths, one `multicrop` section: with `data.tfds_name` set, the views are cut from the

@@ -57,7 +57,7 @@ Log = Callable[[str], None]
 _GONE = {
     "eval_every": "an evaluator's `every` does it, e.g. --config.evals.val.every=500 "
                   "(laplax.train.evaluator)",
-    "eval": "DINO's evaluations are config.evals sections (laplax.evals.dino), e.g. "
+    "eval": "DINO's evaluations are config.evals sections (laplax.evals.dino.evaluators), e.g. "
             "--config.evals.probes.probe_epochs=10",
 }
 

@@ -1,6 +1,6 @@
 """ADE20K scene parsing (`Ade20kLocal`, 'ade20k_local') from the official
 `ADEChallengeData2016` folder (images + annotation PNGs, 150 classes), for the segmentation
-probe (laplax.evals.segmentation.load_ade20k); `ade20k_source` prepares it once."""
+probe (laplax.evals.dino.segmentation.load_ade20k); `ade20k_source` prepares it once."""
 from __future__ import annotations
 
 import pathlib

@@ -15,7 +15,7 @@ The training crops are cut per record in grain (laplax.data.streaming.train_data
 crops every epoch, so features are recomputed on the fly each step), each host reading its block
 of every global batch; the step is one jitted function over the mesh (batch sharded over the
 data-parallel devices, the layer replicated: XLA all-reduces its gradient). Evaluation streams
-the eval split (laplax.evals.stream_features.host_stream) and counts correct rows on the devices.
+the eval split (laplax.features.stream.host_stream) and counts correct rows on the devices.
 Differences: the stream is epochs of permutations concatenated and cut into whole global batches
 (DistributedSampler pads each epoch instead), and the per-epoch cosine uses the epoch of each
 step in that stream.
@@ -33,7 +33,8 @@ import optax
 
 from laplax import sharding
 from laplax.data import pipeline, streaming
-from laplax.evals import online_head, stream_features
+from laplax.evals.dino import online_head
+from laplax.features import stream as stream_features
 
 TRAIN_AUGMENT = ("rrc(0.08,1,interp=bilinear)", "flip")  # torchvision RRC(224) defaults + flip
 
@@ -59,7 +60,7 @@ def streamed_linear_probe(features, params, train_source, eval_sources: dict[str
   it on each eval split.
 
   features: features(params, images (B, crop, crop, C) normalised) -> {key: (B, d)}, not jitted
-    (laplax.evals.features.feature_function).
+    (laplax.features.extract.feature_function).
   train_source, eval_sources: random-access TFDS splits (`streaming.open_source`).
   batch_size: the global batch (a multiple of the data-parallel devices and the hosts).
   Returns {split: top-1 accuracy, 'train_loss': per-epoch mean losses [epochs], 'steps': int}.

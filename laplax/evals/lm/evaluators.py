@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from laplax.data.text import pipeline as text_pipeline
 from laplax.data.shared import shared_data_dir
-from laplax.evals import bpb as bpb_lib
-from laplax.evals import lm_tasks
+from laplax.data.text import pipeline as text_pipeline
+from laplax.evals.lm import bpb as bpb_lib
+from laplax.evals.lm import tasks as lm_tasks
 from laplax.geometry import lm as lm_geometry
 from laplax.geometry import plots
 from laplax.train import ranges as ranges_lib
@@ -45,7 +45,7 @@ class BitsPerByte(Evaluator):
 
 
 class Benchmarks(Evaluator):
-  """Benchmark tasks (laplax.evals.lm_tasks: ARC, MMLU, GSM8K, HumanEval, LAMBADA), each
+  """Benchmark tasks (laplax.evals.lm.tasks: ARC, MMLU, GSM8K, HumanEval, LAMBADA), each
   accuracy next to its chance level, on the first `limit` items (0: all) of the task data in
   `data_dir` ('': $LAPLAX_SHARED_DATA or ../shared/data) -> {'arc_easy/letter': {...}, ...}."""
 

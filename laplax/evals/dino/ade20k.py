@@ -44,7 +44,7 @@ import optax
 
 from laplax import sharding
 from laplax.data import ade20k_stream, pipeline
-from laplax.evals import online_head
+from laplax.evals.dino import online_head
 
 NUM_CLASSES = 150  # labels 1..150; 0 ignored
 BN_MOMENTUM = 0.1  # torch BatchNorm's running-stat momentum
@@ -146,7 +146,7 @@ def segmentation_probe(features, params, train_source, eval_source, *, mean, std
   """Trains the BN + linear head on the frozen `features` online and scores it on eval_source.
 
   features: features(params, images (B, S, S, 3) normalised) -> {key: (B, h, w, d)}, not jitted
-    (laplax.evals.features.feature_function with 'patches').
+    (laplax.features.extract.feature_function with 'patches').
   train_source, eval_source: random-access ADE20K records (ade20k_stream.FolderSource).
   Returns {'miou', 'pixel_acc', 'iou' (150,), 'train_loss' (steps,), 'steps', 'batch_size'}.
   """

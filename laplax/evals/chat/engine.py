@@ -3,7 +3,7 @@
 Per row, a host-side state machine watches the tokens:
 
   <|python_start|> e1 .. ek <|python_end|>   decode(e1 .. ek) goes to the calculator
-                                              (laplax.evals.calculator); a result r forces
+                                              (laplax.evals.chat.calculator); a result r forces
   <|output_start|> encode(r) <|output_end|>   as the next tokens (fed instead of the argmax)
   <|assistant_end|> or <|bos|>                ends the row (not part of its output)
 
@@ -11,7 +11,7 @@ A row also ends after `max_new_tokens` tokens (forced ones included).
 
 Shapes are fixed per (batch, prompt bucket): prompts are right-padded to the next power of two
 P >= min_bucket, the KV cache has P + max_new_tokens slots (the prompt in [0, P), output token
-s in P + s), and the flax method interceptor of laplax.evals.generate hands every
+s in P + s), and the flax method interceptor of laplax.evals.lm.generate hands every
 MultiHeadAttention RoPE positions (lengths + s) and a key mask that hides the padding slots
 [length, P). So there is one compiled prefill and one compiled decode step per bucket, whatever
 the prompt lengths.
@@ -37,8 +37,8 @@ import numpy as np
 
 from laplax import sharding
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import generate
-from laplax.evals.calculator import use_calculator
+from laplax.evals.chat.calculator import use_calculator
+from laplax.evals.lm import generate
 from laplax.models import gpt
 
 # step_fn(tokens int32 (B,), s) -> argmax int32 (B,): feeds output token s of every row and

@@ -16,7 +16,7 @@ import numpy as np
 
 from laplax import multihost
 from laplax.data import pipeline
-from laplax.evals import accuracy
+from laplax.evals.classification import accuracy
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
 from laplax.train import ranges as ranges_lib

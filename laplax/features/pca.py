@@ -16,26 +16,20 @@ PCA is fitted over all N * h * w tokens together, so colours mean the same acros
   * `pca_panel(per_image=True)` fits one PCA per image instead (for unrelated photos);
   * masks are scored against reference masks (`mask_scores`): the first component is
     resized bilinearly to the mask resolution BEFORE thresholding (smooth boundaries, as
-    laplax.evals.segmentation.predict_masks does with logits), then scored with
-    laplax.evals.segmentation.segmentation_scores (foreground IoU, mIoU, pixel accuracy).
+    laplax.evals.dino.segmentation.predict_masks does with logits), then scored with
+    laplax.features.masks.segmentation_scores (foreground IoU, mIoU, pixel accuracy).
 
-`pca_figure` draws one PNG: one row per image; the image, then for every model (e.g.
-'baseline', 'Laplacian') its PCA colours and its mask, side by side. It uses matplotlib's
-object API with the Agg canvas (no pyplot, no global backend switch).
+The figure of these panels is laplax.geometry.plots.pca_figure.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-import pathlib
 from typing import Literal, NamedTuple
 
-from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax.evals import segmentation
-from laplax.geometry import plots
+from laplax.features import masks
 
 SignRule = Literal["border", "minority"]
 
@@ -141,67 +135,13 @@ def mask_scores(first: np.ndarray, target_masks: np.ndarray, *, sign: SignRule =
   resized = jax.image.resize(jnp.asarray(oriented, jnp.float32), (n, height, width),
                              method="bilinear")
   pred = (np.asarray(resized) > threshold).astype(np.int32)
-  return segmentation.segmentation_scores(pred, (target_masks > 0).astype(np.int32), 2), pred
-
-
-def _as_display(images: np.ndarray) -> np.ndarray:
-  images = np.asarray(images)
-  if images.dtype == np.uint8:
-    images = images.astype(np.float64) / 255.0
-  images = np.clip(images, 0.0, 1.0)
-  return images[..., 0] if images.shape[-1] == 1 else images
-
-
-def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.ndarray]],
-               path: str | pathlib.Path, *, row_labels: Sequence[str] | None = None,
-               cell_inches: float = 1.6, dpi: int = 120) -> pathlib.Path:
-  """Writes one PNG: a row per image; columns = image, then per model its PCA RGB and mask.
-
-  Args:
-    images: (N, H, W, C) uint8 or floats in [0, 1], C = 1 or 3.
-    panels: {model name: (rgb (N, h, w, 3) in [0, 1], mask (N, h, w) or (N, H, W) bool)}, in
-      column order (e.g. {'baseline': ..., 'Laplacian': ...}).
-    path: the .png to write (parent directories are created).
-  Returns:
-    the path written.
-  """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  images = _as_display(images)
-  n = images.shape[0]
-  for name, (rgb, mask) in panels.items():
-    if np.shape(rgb)[0] != n or np.shape(mask)[0] != n or np.shape(rgb)[-1] != 3:
-      raise ValueError(f"panel {name!r}: rgb {np.shape(rgb)} and mask {np.shape(mask)} need "
-                       f"(N={n}, h, w, 3) and (N={n}, h, w)")
-  cols = 1 + 2 * len(panels)
-  fig = Figure(figsize=(cols * cell_inches, n * cell_inches), dpi=dpi)
-  FigureCanvasAgg(fig)
-  axes = np.asarray(fig.subplots(n, cols, squeeze=False))
-  titles = ["image"] + [f"{name} {kind}" for name in panels for kind in ("PCA", "mask")]
-  for i in range(n):
-    cells = [images[i]]
-    for rgb, mask in panels.values():
-      cells += [np.asarray(rgb)[i], np.asarray(mask)[i].astype(np.float64)]
-    for j, cell in enumerate(cells):
-      ax = axes[i, j]
-      grey = cell.ndim == 2
-      ax.imshow(cell, cmap="gray" if grey else None, vmin=0, vmax=1,
-                interpolation="nearest")
-      ax.set_xticks([])
-      ax.set_yticks([])
-      if i == 0:
-        ax.set_title(titles[j], fontsize=8)
-    if row_labels is not None:
-      axes[i, 0].set_ylabel(row_labels[i], fontsize=7)
-  fig.tight_layout()
-  plots.save_figure(fig, path)
-  return epath.Path(path)
+  return masks.segmentation_scores(pred, (target_masks > 0).astype(np.int32), 2), pred
 
 
 def pca_panel(features: np.ndarray, *, sign: SignRule = "border", threshold: float = 0.0,
               per_image: bool = False) -> tuple[np.ndarray, np.ndarray, PatchPCA]:
-  """features (N, h, w, d) -> (rgb (N, h, w, 3), mask (N, h, w) bool, the PCA) for pca_figure.
+  """features (N, h, w, d) -> (rgb (N, h, w, 3), mask (N, h, w) bool, the PCA) for
+  laplax.geometry.plots.pca_figure.
 
   per_image: fit one PCA per image (and apply the sign rule per image) rather than one over the
   set; for unrelated photos, where a joint first component mostly separates the images. The

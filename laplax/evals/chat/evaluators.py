@@ -7,11 +7,11 @@ SpellingBee's generated test rows); the prompt is render_for_completion (the con
   categorical  ARC-Easy, ARC-Challenge, MMLU: one batched forward; the logits at the prompt's
                last position restricted to the item's letters (each one token); the argmax
                letter is the answer.
-  generative   greedy generation with the calculator tool (laplax.evals.chat_engine), up to
+  generative   greedy generation with the calculator tool (laplax.evals.chat.engine), up to
                max_new_tokens. GSM8K, SpellingBee: the number after '#### ' (commas removed)
                equals the gold's, as strings. HumanEval: the first ```python block of the reply
                (else all of it), after the prompt's imports, then the tests and
-               check(entry_point), passes in laplax.evals.sandbox.
+               check(entry_point), passes in laplax.evals.lm.sandbox.
 
 ChatCORE = the mean over tasks of (accuracy - baseline) / (1 - baseline), baselines 0.25 for
 ARC-E, ARC-C, MMLU (nanochat's fixed values; `chance` in a result is the items' own mean
@@ -40,8 +40,8 @@ from laplax.data import chat_tasks
 from laplax.data.chat import ChatFormatError, render_for_completion
 from laplax.data.shared import shared_data_dir
 from laplax.data.tokenizer import Tokenizer
-from laplax.evals import lm_tasks
-from laplax.evals.chat_engine import ChatEngine
+from laplax.evals.chat.engine import ChatEngine
+from laplax.evals.lm import tasks as lm_tasks
 from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 

@@ -1,7 +1,7 @@
 """Segmentation from frozen patch features: a linear per-patch probe, scores, Weizmann Horses
 and ADE20K (150 classes, 0 = unlabelled: ignore_index=0 in training and scoring).
 
-The probe is `laplax.evals.linear_probe` applied to every patch token: features (N, h, w, d)
+The probe is `laplax.evals.dino.linear_probe` applied to every patch token: features (N, h, w, d)
 and labels at patch resolution (N, h, w) (`patch_labels` pools full-size masks to the grid by
 majority). To score against full-size masks, `predict_masks` resizes the LOGITS bilinearly to
 the mask resolution (jax.image.resize) and then takes the argmax, which gives smooth
@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from laplax.data import builders
-from laplax.evals import linear_probe
+from laplax.evals.dino import linear_probe
 
 HORSE_TRAIN_FRACTION = 0.7
 
@@ -80,48 +80,6 @@ def predict_masks(params: linear_probe.Params, features: jax.Array,
   """
   logits = linear_probe.linear_probe_logits(params, jnp.asarray(features))
   return _upsampled_argmax(logits, tuple(mask_size or logits.shape[1:3]))
-
-
-def segmentation_scores(pred: np.ndarray, target: np.ndarray, num_classes: int,
-                        ignore_index: int | None = None) -> dict[str, float]:
-  """Scores class maps pred (N, H, W) against target (N, H, W), pooled over all pixels.
-
-  ignore_index: pixels whose TARGET is that label are left out, and so is that class from the
-  mean IoU (ADE20K: 0 = unlabelled, mIoU over the 150 classes).
-
-  Returns:
-    fg_iou: IoU of the foreground (every class != 0) against the background (class 0).
-    miou: mean over classes of the per-class IoU; a class absent from both pred and target
-      has no IoU and is left out of the mean.
-    pixel_acc: fraction of pixels labelled correctly.
-  Intersections and unions are summed over the whole set before dividing (not per image).
-  """
-  pred, target = np.asarray(pred).astype(np.int64), np.asarray(target).astype(np.int64)
-  if pred.shape != target.shape or pred.ndim != 3:
-    raise ValueError(f"pred {pred.shape} and target {target.shape} must both be (N, H, W); "
-                     "upsample predictions first (predict_masks)")
-  for name, labels in (("pred", pred), ("target", target)):
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-      raise ValueError(f"{name} holds labels in [{labels.min()}, {labels.max()}] but "
-                       f"num_classes={num_classes}")
-  if ignore_index is not None:
-    valid = target != ignore_index
-    pred, target = pred[valid], target[valid]
-  confusion = np.bincount((target * num_classes + pred).ravel(),
-                          minlength=num_classes**2).reshape(num_classes, num_classes)
-  true_positive = np.diag(confusion)
-  union = confusion.sum(0) + confusion.sum(1) - true_positive
-  present = union > 0
-  if ignore_index is not None:
-    present[ignore_index] = False
-  fg_pred, fg_target = pred != 0, target != 0
-  fg_union = np.logical_or(fg_pred, fg_target).sum()
-  return {
-      "fg_iou": float(np.logical_and(fg_pred, fg_target).sum() / fg_union)
-                if fg_union else float("nan"),
-      "miou": float(np.mean(true_positive[present] / union[present])),
-      "pixel_acc": float(true_positive.sum() / max(confusion.sum(), 1)),
-  }
 
 
 class HorseData(NamedTuple):

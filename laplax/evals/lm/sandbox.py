@@ -534,7 +534,7 @@ def _stop(proc: subprocess.Popen, isolate: bool) -> None:
 
 def _decode(data: bytearray, dropped: int) -> str:
   text = data.decode("utf-8", errors="replace")
-  return text + f"\n[laplax.evals.sandbox: {dropped} more bytes cut]" if dropped else text
+  return text + f"\n[laplax.evals.lm.sandbox: {dropped} more bytes cut]" if dropped else text
 
 
 def _remove_tree(path: str) -> None:
@@ -549,7 +549,7 @@ def _warn_once(missing: tuple[str, ...]) -> None:
     kind = item.partition(":")[0]
     if kind not in _warned:
       _warned.add(kind)
-      _log.warning("laplax.evals.sandbox runs without %s", item)
+      _log.warning("laplax.evals.lm.sandbox runs without %s", item)
 
 
 def run_python(source: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,

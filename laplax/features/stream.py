@@ -56,7 +56,7 @@ def bank_of_batches(features, params, batches, *, num_batches: int, global_batch
   """Features of a stream of global batches, written into a sharded bank.
 
   features: features(params, images (G, H, W, C) normalised) -> {key: (G, ...)}, not jitted
-    (`laplax.evals.features.feature_function` with its keys).
+    (`laplax.features.extract.feature_function` with its keys).
   batches: `num_batches` dicts of global jax arrays {'image': uint8 (G, H, W, C), 'label':
     int32 (G,), 'mask': bool (G,)} sharded over the data-parallel axes.
   """

@@ -1,7 +1,7 @@
 """Probes of a frozen model's features: k-NN and linear probes, transfer to other data sets,
 the Weizmann-horse and ADE20K segmentation probes and PCA pictures (DINO's evaluations).
 
-Every function takes a jitted feature_fn (laplax.evals.features.make_feature_fn) and params,
+Every function takes a jitted feature_fn (laplax.features.extract.make_feature_fn) and params,
 so it works on a training state's teacher and on a restored run alike.
 """
 
@@ -20,11 +20,13 @@ import optax
 from laplax.data import builders, multicrop, pipeline
 from laplax.data import images as images_lib
 from laplax.data.images import load_image_data
-from laplax.evals import knn as knn_lib
-from laplax.evals import linear_probe
-from laplax.evals import pca as pca_lib
-from laplax.evals import segmentation
-from laplax.evals.features import extract_features
+from laplax.evals.dino import knn as knn_lib
+from laplax.evals.dino import linear_probe
+from laplax.evals.dino import segmentation
+from laplax.features import masks as masks_lib
+from laplax.features import pca as pca_lib
+from laplax.features.extract import extract_features
+from laplax.geometry import plots
 
 
 def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collections.ConfigDict,
@@ -33,9 +35,9 @@ def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collection
   eval.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`).
 
   The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
-  devices, laplax.evals.knn); the linear probes train on its first e.probe_train_size examples
+  devices, laplax.evals.dino.knn); the linear probes train on its first e.probe_train_size examples
   (0: all). `config`: the run's; `e`: the probe protocol (a dino_probes evaluator section,
-  laplax.evals.dino). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  laplax.evals.dino.evaluators). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
   info = data["info"]
   train_x, train_y = data["train"]
@@ -187,10 +189,10 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
                  figure_path: pathlib.Path | None = None) -> dict[str, Any]:
   """Weizmann Horse evaluations of the frozen model's last-block patch tokens.
 
-  'probe': the linear per-patch segmentation probe (laplax.evals.segmentation) trained on the
+  'probe': the linear per-patch segmentation probe (laplax.evals.dino.segmentation) trained on the
   fixed train split, scored on the test split at full mask resolution; 'pca_mask': the first
   principal component of the test photos' patch tokens thresholded at 0 (sign: border rule,
-  laplax.evals.pca) scored against the test masks. Photos are resized to e.size and
+  laplax.features.pca) scored against the test masks. Photos are resized to e.size and
   normalised with the training data set's mean / std. Writes the PCA picture of the first
   e.pca_images test photos to figure_path when given (e: a horse evaluator section).
   """
@@ -206,13 +208,13 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
       epochs=e.seg_epochs, seed=config.seed)
   pred = segmentation.predict_masks(probe, feats["test"], mask_size=(e.size,) * 2)
   test_masks = splits["test"].masks
-  out = {"probe": segmentation.segmentation_scores(np.asarray(pred), test_masks, 2)}
+  out = {"probe": masks_lib.segmentation_scores(np.asarray(pred), test_masks, 2)}
   rgb, mask, pca = pca_lib.pca_panel(feats["test"])
   out["pca_mask"], _ = pca_lib.mask_scores(pca.components[..., 0], test_masks)
   out["pca_explained_variance_ratio"] = [float(r) for r in pca.explained_variance_ratio]
   if figure_path is not None:
     n = e.pca_images
-    pca_lib.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
+    plots.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
                        row_labels=splits["test"].names[:n])
   return out
 
@@ -222,7 +224,7 @@ def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict,
                   ) -> dict[str, Any]:
   """ADE20K linear segmentation probe of the frozen model's last-block patch tokens.
 
-  The per-patch probe (laplax.evals.segmentation, unlabelled patches left out) trains on the
+  The per-patch probe (laplax.evals.dino.segmentation, unlabelled patches left out) trains on the
   first e.train_images (0: all) of the training split and is scored on the first
   e.val_images of the validation split at full mask resolution: mIoU over the 150 classes and
   pixel accuracy, unlabelled pixels ignored. Photos resized to e.size and normalised with the
@@ -244,7 +246,7 @@ def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict,
       np.asarray(segmentation.predict_masks(probe, feats["validation"][i:i + predict_batch],
                                             mask_size=masks.shape[1:])).astype(np.uint8)
       for i in range(0, len(masks), predict_batch)])
-  scores = segmentation.segmentation_scores(pred, masks, num_classes, ignore_index=0)
+  scores = masks_lib.segmentation_scores(pred, masks, num_classes, ignore_index=0)
   return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
           "train_images": len(splits["train"].images), "val_images": len(masks)}
 
@@ -260,7 +262,7 @@ def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],
                            mean=info.mean, std=info.std, mesh=mesh, rules=rules,
                            keys=("patches",))["patches"]
   rgb, mask, pca = pca_lib.pca_panel(feats, per_image=True)  # unrelated photos
-  pca_lib.pca_figure(images, {"teacher": (rgb, mask)}, figure_path, row_labels=names)
+  plots.pca_figure(images, {"teacher": (rgb, mask)}, figure_path, row_labels=names)
   return {"names": list(names),
           "explained_variance_ratio": [float(r) for r in pca.explained_variance_ratio]}
 

@@ -9,7 +9,7 @@ with hand-made fake models and `make_model_fns` builds them from (model, params,
       summed log-probability (nats) of each continuation's tokens given its context;
   generate_fn(prompts: [str, ...], max_new_tokens: int) -> [str, ...]
       greedy continuations (text after the prompt), max_new_tokens tokens at most;
-  run_fn(program: str) -> bool (HumanEval only; default: laplax.evals.sandbox.run_python passed).
+  run_fn(program: str) -> bool (HumanEval only; default: laplax.evals.lm.sandbox.run_python passed).
 
 Scoring rules:
   * ARC-Easy, ARC-Challenge, MMLU, `mode='letter'`: the question with lettered choices, then
@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from laplax.evals import generate as generate_lib
-from laplax.evals import sandbox
+from laplax.evals.lm import generate as generate_lib
+from laplax.evals.lm import sandbox
 
 LogprobFn = Callable[[Sequence[tuple[str, str]]], Sequence[float]]
 GenerateFn = Callable[[Sequence[str], int], Sequence[str]]
@@ -331,7 +331,7 @@ def humaneval_program(item: HumanEvalItem, completion: str) -> str:
 
 
 def sandbox_runner(timeout_s: float = 10.0, memory_mb: int = 1024) -> RunFn:
-  """run_fn(program) -> passed, through laplax.evals.sandbox.run_python (own process, limits)."""
+  """run_fn(program) -> passed, through laplax.evals.lm.sandbox.run_python (own process, limits)."""
 
   def run(program: str) -> bool:
     return sandbox.run_python(program, timeout_s=timeout_s, memory_mb=memory_mb).status \
@@ -475,7 +475,7 @@ def make_model_fns(model, params, tokenizer, *, max_len: int = 1024, batch_size:
   """(logprob_fn, generate_fn) for a laplax GPT. Every sequence starts with BOS; one that is
   too long keeps BOS and loses its oldest tokens after it (left truncation to `max_len`).
 
-  generate_fn runs `laplax.evals.generate.BatchedGenerator`: batches of `batch_size` prompts,
+  generate_fn runs `laplax.evals.lm.generate.BatchedGenerator`: batches of `batch_size` prompts,
   one compiled program for every prompt length and every max_new_tokens up to the
   `max_new_tokens` given here (a larger request builds one more generator). Prompts keep their
   last max(max_len - max_new_tokens, max_len / 2) tokens (BOS first). Ids the tokenizer does

@@ -1,4 +1,4 @@
-"""DINO's evaluators, all of the frozen teacher (state.extra['teacher']; laplax.evals.probes):
+"""DINO's evaluators, all of the frozen teacher (state.extra['teacher']; laplax.evals.dino.probes):
 
   evals.probes = {'type': 'dino_probes', 'at_init': True}        k-NN and linear probes
   evals.probes = {'type': 'dino_stream_probes'}   the same, streamed (data.tfds_name runs)
@@ -10,7 +10,7 @@
   evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}   also streamed
 
 Each section's keys and defaults are its class's `defaults`. Features come from the teacher's
-backbone at the global-crop grid (laplax.evals.features).
+backbone at the global-crop grid (laplax.features.extract).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from laplax import sharding
 from laplax.data import ade20k_stream, builders, streaming
 from laplax.data import photos as photos_lib
 from laplax.data.images import cache_dir
-from laplax.evals import ade20k_probe, dino_linear, knn as knn_lib
-from laplax.evals import features as features_lib
 from laplax.evals import inputs
-from laplax.evals import stream_features
-from laplax.evals import probes
+from laplax.evals.dino import ade20k as ade20k_lib
+from laplax.evals.dino import knn as knn_lib
+from laplax.evals.dino import probes
+from laplax.evals.dino import stream_linear
+from laplax.features import extract as features_lib
+from laplax.features import stream as stream_features
 from laplax.geometry import dino as dino_geometry
 from laplax.models import dino as dino_lib
 from laplax.train import ranges as ranges_lib
@@ -142,7 +144,7 @@ class Probes(_ProbeEvaluator):
 
 # DINO's protocols at ImageNet scale (facebookresearch/dino): eval_knn.py (nb_knn 10 20 100 200,
 # temperature 0.07, batch 128 per GPU, Resize(256, bicubic) + CenterCrop(224): lines 33-34,
-# 193-196) and eval_linear.py (laplax.evals.dino_linear cites its lines).
+# 193-196) and eval_linear.py (laplax.evals.dino.stream_linear cites its lines).
 STREAM_PROTOCOL = {
     "knn_ks": (10, 20, 100, 200),
     "knn_temperature": 0.07,
@@ -162,7 +164,7 @@ STREAM_PROTOCOL = {
 class StreamProbes(_TeacherEvaluator):
   """DINO's k-NN (on 'cls') and linear probe (on 'last', streamed RRC + flip crops) of the
   frozen teacher for a streamed run (data.tfds_name): the train split's bank is a global array
-  sharded over the data-parallel devices and hosts (laplax.evals.stream_features), never on
+  sharded over the data-parallel devices and hosts (laplax.features.stream), never on
   one host -> {'val': {'knn_top1_k20': ..., 'linear_dino': ..., 'count': ...}}, val being
   data.eval_split."""
 
@@ -216,7 +218,7 @@ class StreamProbes(_TeacherEvaluator):
         temperature=c.knn_temperature)
     del bank, test  # the devices' memory, before the probe
     if c.linear:
-      probe = dino_linear.streamed_linear_probe(
+      probe = stream_linear.streamed_linear_probe(
           self.features, params, task.data["train"], {"val": self.eval_source},
           num_classes=self.num_classes, epochs=c.linear_epochs, batch_size=c.linear_batch_size,
           base_lr=c.linear_lr, seed=task.config.seed, limit=c.train_limit,
@@ -280,14 +282,14 @@ class Horse(_TeacherEvaluator):
 
 
 class Ade20k(_TeacherEvaluator):
-  """ADE20K linear segmentation probe, DINOv2's linear protocol (laplax.evals.ade20k_probe
+  """ADE20K linear segmentation probe, DINOv2's linear protocol (laplax.evals.dino.ade20k
   cites it): a BN + linear head on the teacher's last-block patch tokens of 512 px crops,
   trained online on crops streamed per record from the ADEChallengeData2016 folder `dir`
   (features never stored), scored by mIoU over the 150 classes (0 ignored) and pixel accuracy
   on the validation split -> {'miou', 'pixel_acc', 'iou' (150,), 'train_loss', ...}."""
 
   type = "ade20k"
-  defaults = {"dir": "", **ade20k_probe.PROTOCOL,
+  defaults = {"dir": "", **ade20k_lib.PROTOCOL,
               "train_limit": 0,  # > 0: the first n training images only
               "eval_limit": 0,  # > 0: the first n validation images only
               "num_workers": 0}  # grain worker processes (0: decode in this process)
@@ -320,7 +322,7 @@ class Ade20k(_TeacherEvaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     c, info = self.config, self.ctx.task.info()
-    return ade20k_probe.segmentation_probe(
+    return ade20k_lib.segmentation_probe(
         self.features, weights.extra["teacher"], self.sources["train"],
         self.sources["validation"], mean=info.mean, std=info.std, crop=c.crop,
         windows=c.windows, steps=c.steps, batch_size=c.batch_size, lr=c.lr,

@@ -11,7 +11,7 @@ lists are gathered and merged. Memory: O(N d / devices) for the bank and
 O(batch_size * chunk_size) per device for similarities, never O(M N).
 
 `knn_accuracy` takes host arrays; `knn_accuracy_sharded` takes banks already on the mesh (a
-streamed, multi-host feature pass: laplax.evals.stream_features) and never gathers them.
+streamed, multi-host feature pass: laplax.features.stream) and never gathers them.
 """
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def knn_accuracy_sharded(bank_RxGxD: jax.Array, labels_RxG: jax.Array, valid_RxG
   """`knn_accuracy` (same vote, same keys) of banks that already live on the mesh: global
   arrays of R (S) batches of G rows, axis 1 sharded over the data-parallel devices (and hosts),
   padding rows marked False in valid (a streamed feature pass,
-  laplax.evals.stream_features.FeatureBank). Test batch s is replicated (G x D: small) and
+  laplax.features.stream.FeatureBank). Test batch s is replicated (G x D: small) and
   searched against every device's shard; only the correct counts reach the host."""
   ks = tuple(int(k) for k in ks)
   if bank_RxGxD.ndim != 3 or test_SxGxD.ndim != 3 or bank_RxGxD.shape[2] != test_SxGxD.shape[2]:

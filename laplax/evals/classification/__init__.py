@@ -1,0 +1,1 @@
+"""Image classification's evaluators (evaluators.py: accuracy, vit_geometry)."""
