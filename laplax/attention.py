@@ -2,9 +2,10 @@
 
 Everything Laplacian in laplax goes through `laplacian_attention`. It runs the fused
 `jax.nn.dot_product_attention` (P is never materialised; cuDNN on GPU when asked) and then, on the
-Laplacian heads only, replaces the output o = P V by v - o. With a static head mask that is one
-`where` that XLA fuses into the neighbouring ops. `implementation='explicit'` computes P itself
-(einsum + softmax in float32) and can return it for analysis.
+Laplacian heads only, replaces the output o = P V by v - o (`laplacian_combine`: the paper's
+change on its own lines). With a static head mask that is one `where` that XLA fuses into the
+neighbouring ops. `implementation='explicit'` computes P itself (einsum + softmax in float32)
+and can return it for analysis.
 
 Generalised heads (laplax.heads): a 'mix' head returns a_h V + b_h P V with learned scalars (the
 layer's `mix_a` / `mix_b` parameters, (heads,)); a 'heat(t)' head returns (I - P)^t V by running
@@ -190,6 +191,46 @@ def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array
   return jnp.repeat(out, groups, axis=2) if groups > 1 else out
 
 
+class _Attend:
+  """The fused softmax pass of one layer, behind the implementation switch: P V (B, T, H', D)
+  for q (B, T, H', D) and k, v (B, S, H'' | H', D), H' the query heads it is given (all, or a
+  static subset `heads`). The first explicit pass keeps P (B, Hq, T, S) in `probs`; later passes
+  (heat steps) reuse it: one einsum, no second softmax."""
+
+  def __init__(self, impl: str, *, mask, full, is_causal: bool, scale: float, aligned: bool,
+               positions, f32: bool, explicit: bool, shape: tuple[int, int, int]):
+    self.impl, self.mask, self.full, self.is_causal, self.scale = impl, mask, full, is_causal, scale
+    self.aligned, self.positions, self.f32, self.explicit = aligned, positions, f32, explicit
+    self.shape = shape  # (B, T, S)
+    self.probs = None
+
+  def __call__(self, qh, kh, vh, heads=None) -> Array:
+    mask, f32 = self.mask, self.f32
+    if heads is not None and mask is not None and jnp.ndim(mask) == 4 and mask.shape[1] > 1:
+      mask = mask[:, heads]
+    if self.explicit:
+      if self.probs is None:
+        out, self.probs = _explicit_attention(qh, kh, vh, self.full, self.scale, f32_out=f32)
+        return out
+      p = self.probs if heads is None else self.probs[:, heads]
+      return jnp.einsum("bnts,bsnd->btnd", p, vh.astype(jnp.float32 if f32 else vh.dtype))
+    if self.impl == "splash":
+      return splash_lib.splash_attention(qh, kh, vh, is_causal=self.is_causal, scale=self.scale,
+                                         out_dtype=jnp.float32 if f32 else None)
+    # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
+    # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
+    if f32 and self.impl == "xla":
+      qh, kh, vh = (x.astype(jnp.float32) for x in (qh, kh, vh))
+    elif self.impl == "cudnn":
+      vh = vh.astype(qh.dtype)
+    if self.aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
+      return jax.nn.dot_product_attention(qh, kh, vh, mask=mask, scale=self.scale,
+                                          is_causal=self.is_causal, implementation=self.impl)
+    return jax.nn.dot_product_attention(
+        qh, kh, vh, mask=_full_mask(mask, self.is_causal, self.positions, *self.shape),
+        scale=self.scale, implementation=self.impl)
+
+
 def laplacian_attention(
     q: Array,
     k: Array,
@@ -249,8 +290,6 @@ def laplacian_attention(
   if (ops.any_learned or ops.any_gated) and mix is None:
     raise ValueError("the layer has 'mix' or 'gate' heads: pass their coefficients as "
                      "mix=(a, b)")
-  has_lap = ops.any_other
-  scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
   aligned = t == s and query_offset is None
   if ops.max_steps > 1 and not aligned:
     if values_for_pass is None:
@@ -264,64 +303,51 @@ def laplacian_attention(
   if impl == "splash" and (not aligned or mask is not None):
     raise ValueError("implementation='splash' supports self-attention (T == S, no "
                      "query_offset) without a mask: use 'xla' for decoding or masks")
-  out_dtype = q.dtype
   # bf16-exact: P V unrounded (float32) in layers that combine it with v.
-  f32 = has_lap and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
+  f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
   explicit = return_probs or impl == "explicit"
   full = (_full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
                      b, t, s) if explicit else None)
-  probs = None
+  attend = _Attend(impl, mask=mask, full=full, is_causal=is_causal,
+                   scale=1.0 / np.sqrt(head_dim) if scale is None else scale, aligned=aligned,
+                   positions=positions, f32=f32, explicit=explicit, shape=(b, t, s))
 
-  def attend(qh, kh, vh, heads=None):
-    """One fused pass: P vh (B, T, H', D); qh (B, T, H', D), kh/vh (B, S, H'' | H', D); `heads`
-    the static query heads qh holds when a subset."""
-    nonlocal probs
-    pass_mask = mask
-    if heads is not None and mask is not None and jnp.ndim(mask) == 4 and mask.shape[1] > 1:
-      pass_mask = mask[:, heads]
-    if explicit:
-      if probs is None:
-        out, probs = _explicit_attention(qh, kh, vh, full, scale, f32_out=f32)
-        return out
-      # later passes reuse P (of the heads qh holds): one einsum, no second softmax
-      p = probs if heads is None else probs[:, heads]
-      return jnp.einsum("bnts,bsnd->btnd", p, vh.astype(jnp.float32 if f32 else vh.dtype))
-    if impl == "splash":
-      return splash_lib.splash_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
-                                         out_dtype=jnp.float32 if f32 else None)
-    # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
-    # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
-    if f32 and impl == "xla":
-      qh, kh, vh = (x.astype(jnp.float32) for x in (qh, kh, vh))
-    elif impl == "cudnn":
-      vh = vh.astype(qh.dtype)
-    if aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
-      return jax.nn.dot_product_attention(qh, kh, vh, mask=pass_mask, scale=scale,
-                                          is_causal=is_causal, implementation=impl)
-    return jax.nn.dot_product_attention(
-        qh, kh, vh, mask=_full_mask(pass_mask, is_causal, positions, b, t, s), scale=scale,
-        implementation=impl)
-
-  if not has_lap:
-    out = attend(q, k, v).astype(out_dtype)
-    return (out, probs) if return_probs else out
-  groups = num_heads // num_kv_heads
-  v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
-  v_self = jnp.repeat(v_self, groups, axis=2)
-  if ops.basic:  # the paper's two operators: one select, no coefficients
+  if not ops.any_other:  # plain attention
     out = attend(q, k, v)
-    work = jnp.float32 if (f32 or out.dtype == jnp.float32) else out.dtype
-    v_self, out = v_self.astype(work), out.astype(work)
-    lap = ~ops.plain
-    # The one Laplacian line: o_h = v_h - (P v)_h on Laplacian heads (in float32 when exact).
-    if ops.row is not None and lap.all():  # every head: no select for XLA to carry
-      out = v_self - out
+  else:
+    # The identity term: each query's own value, expanded to the query heads (GQA).
+    v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
+    v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
+    if ops.basic:  # the paper's two operators
+      out = laplacian_combine(v_self, attend(q, k, v), ~ops.plain, f32=f32)
     else:
-      out = jnp.where(jnp.asarray(lap)[None, None, :, None], v_self - out, out)
-    out = out.astype(out_dtype)
-    return (out, probs) if return_probs else out
+      out = _operator_recurrence(attend, q, k, v, v_self, ops, mask=mask, is_causal=is_causal,
+                                 positions=positions, mix=mix, values_for_pass=values_for_pass,
+                                 f32=f32, return_probs=return_probs)
+  out = out.astype(q.dtype)
+  return (out, attend.probs) if return_probs else out
 
-  # The general recurrence y_i = a y_{i-1} + b M y_{i-1} (laplax.heads.Operator), M = P or U.
+
+def laplacian_combine(v_self: Array, pv: Array, laplacian: np.ndarray | Array, *,
+                      f32: bool = False) -> Array:
+  """The paper's change: o_h = v_h - (P V)_h on the Laplacian heads, o_h = (P V)_h on the others.
+
+  v_self, pv: (B, T, H, D); laplacian: (H,) bools, static or traced. In float32 when `f32`
+  (bf16-exact, module docstring) or when P V is float32; else in P V's dtype."""
+  work = jnp.float32 if (f32 or pv.dtype == jnp.float32) else pv.dtype
+  v_self, pv = v_self.astype(work), pv.astype(work)
+  if isinstance(laplacian, np.ndarray) and laplacian.all():  # no select for XLA to carry
+    return v_self - pv
+  return jnp.where(jnp.asarray(laplacian)[None, None, :, None], v_self - pv, pv)
+
+
+def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mask, is_causal,
+                         positions, mix, values_for_pass, f32: bool, return_probs: bool) -> Array:
+  """The general head operators (laplax.heads.Operator): y_1 = a V + b M V, then
+  y_i = a y_{i-1} + b M y_{i-1} up to each head's steps, M = P (softmax heads) or U (controls).
+  -> (B, T, Hq, D) in the working dtype (float32 when `f32` or q is float32)."""
+  b, t, num_heads, _ = q.shape
+  groups = num_heads // k.shape[2]
   work = jnp.float32 if (f32 or jnp.dtype(q.dtype) == jnp.float32) else q.dtype
   v_self = v_self.astype(work)
   every = slice(None)
@@ -329,7 +355,7 @@ def laplacian_attention(
   # The fused kernel runs only when some head needs P, and on a static row only over the
   # heads that do when they are contiguous (a slice, never a gather).
   softmax_heads = every
-  if ops.row is not None and not explicit:
+  if ops.row is not None and not attend.explicit:
     idx = np.flatnonzero(ops.softmax)
     if 0 < idx.size < num_heads and idx.size == idx[-1] - idx[0] + 1:
       softmax_heads = slice(int(idx[0]), int(idx[-1]) + 1)
@@ -377,8 +403,7 @@ def laplacian_attention(
     else:
       o = attend(q, k_heads, keys_y).astype(work)
       y = jnp.where((ops.steps >= i)[:, None], combine(y, o, every), y)
-  out = y.astype(out_dtype)
-  return (out, probs) if return_probs else out
+  return y
 
 
 def rms_norm(x: Array, eps: float = 1e-6) -> Array:
