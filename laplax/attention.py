@@ -194,14 +194,20 @@ def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array
 class _Attend:
   """The fused softmax pass of one layer, behind the implementation switch: P V (B, T, H', D)
   for q (B, T, H', D) and k, v (B, S, H'' | H', D), H' the query heads it is given (all, or a
-  static subset `heads`). The first explicit pass keeps P (B, Hq, T, S) in `probs`; later passes
-  (heat steps) reuse it: one einsum, no second softmax."""
+  static subset `heads`). positions (B, T): the queries' key positions, None for
+  self-attention. The first explicit pass keeps P (B, Hq, T, S) in `probs`; later passes (heat
+  steps) reuse it: one einsum, no second softmax."""
 
-  def __init__(self, impl: str, *, mask, full, is_causal: bool, scale: float, aligned: bool,
-               positions, f32: bool, explicit: bool, shape: tuple[int, int, int]):
-    self.impl, self.mask, self.full, self.is_causal, self.scale = impl, mask, full, is_causal, scale
-    self.aligned, self.positions, self.f32, self.explicit = aligned, positions, f32, explicit
+  def __init__(self, impl: str, *, mask, is_causal: bool, scale: float, positions, f32: bool,
+               explicit: bool, shape: tuple[int, int, int]):
+    self.impl, self.mask, self.is_causal, self.scale = impl, mask, is_causal, scale
+    self.positions, self.f32, self.explicit = positions, f32, explicit
+    self.aligned = positions is None
     self.shape = shape  # (B, T, S)
+    b, t, s = shape
+    # The explicit path's whole mask, built once for every pass.
+    self.full = (_full_mask(mask, is_causal, query_positions(b, t, s, 0) if self.aligned
+                            else positions, b, t, s) if explicit else None)
     self.probs = None
 
   def __call__(self, qh, kh, vh, heads=None) -> Array:
@@ -305,12 +311,10 @@ def laplacian_attention(
                      "query_offset) without a mask: use 'xla' for decoding or masks")
   # bf16-exact: P V unrounded (float32) in layers that combine it with v.
   f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
-  explicit = return_probs or impl == "explicit"
-  full = (_full_mask(mask, is_causal, positions if not aligned else query_positions(b, t, s, 0),
-                     b, t, s) if explicit else None)
-  attend = _Attend(impl, mask=mask, full=full, is_causal=is_causal,
-                   scale=1.0 / np.sqrt(head_dim) if scale is None else scale, aligned=aligned,
-                   positions=positions, f32=f32, explicit=explicit, shape=(b, t, s))
+  attend = _Attend(impl, mask=mask, is_causal=is_causal,
+                   scale=1.0 / np.sqrt(head_dim) if scale is None else scale,
+                   positions=positions, f32=f32, explicit=return_probs or impl == "explicit",
+                   shape=(b, t, s))
 
   if not ops.any_other:  # plain attention
     out = attend(q, k, v)
@@ -321,9 +325,8 @@ def laplacian_attention(
     if ops.basic:  # the paper's two operators
       out = laplacian_combine(v_self, attend(q, k, v), ~ops.plain, f32=f32)
     else:
-      out = _operator_recurrence(attend, q, k, v, v_self, ops, mask=mask, is_causal=is_causal,
-                                 positions=positions, mix=mix, values_for_pass=values_for_pass,
-                                 f32=f32, return_probs=return_probs)
+      out = _operator_recurrence(attend, q, k, v, v_self, ops, mix=mix,
+                                 values_for_pass=values_for_pass, return_probs=return_probs)
   out = out.astype(q.dtype)
   return (out, attend.probs) if return_probs else out
 
@@ -341,14 +344,15 @@ def laplacian_combine(v_self: Array, pv: Array, laplacian: np.ndarray | Array, *
   return jnp.where(jnp.asarray(laplacian)[None, None, :, None], v_self - pv, pv)
 
 
-def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mask, is_causal,
-                         positions, mix, values_for_pass, f32: bool, return_probs: bool) -> Array:
+def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mix, values_for_pass,
+                         return_probs: bool) -> Array:
   """The general head operators (laplax.heads.Operator): y_1 = a V + b M V, then
   y_i = a y_{i-1} + b M y_{i-1} up to each head's steps, M = P (softmax heads) or U (controls).
-  -> (B, T, Hq, D) in the working dtype (float32 when `f32` or q is float32)."""
+  The mask, causality and query positions are attend's. -> (B, T, Hq, D) in the working dtype
+  (float32 when attend.f32 or q is float32)."""
   b, t, num_heads, _ = q.shape
   groups = num_heads // k.shape[2]
-  work = jnp.float32 if (f32 or jnp.dtype(q.dtype) == jnp.float32) else q.dtype
+  work = jnp.float32 if (attend.f32 or jnp.dtype(q.dtype) == jnp.float32) else q.dtype
   v_self = v_self.astype(work)
   every = slice(None)
   # Step 1's M V for every head: P V (softmax heads), U V (controls: no softmax), 0 (identity).
@@ -359,7 +363,8 @@ def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mask, i
     idx = np.flatnonzero(ops.softmax)
     if 0 < idx.size < num_heads and idx.size == idx[-1] - idx[0] + 1:
       softmax_heads = slice(int(idx[0]), int(idx[-1]) + 1)
-  fill = (uniform_mean(v, mask, is_causal, positions, t, num_heads).astype(work)
+  fill = (uniform_mean(v, attend.mask, attend.is_causal, attend.positions, t, num_heads)
+          .astype(work)
           if ops.any_mean else jnp.zeros_like(v_self))
   if not (ops.any_softmax or return_probs):
     out = fill

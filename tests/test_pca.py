@@ -106,7 +106,7 @@ def test_pca_figure_writes_one_png(tmp_path):
   rgb, mask, _ = pca.pca_panel(features)
   np.testing.assert_array_equal(mask, foreground)
   path = plots.pca_figure(images, {"baseline": (rgb, mask), "Laplacian": (rgb[..., ::-1], ~mask)},
-                        tmp_path / "figs" / "pca.png", cell_inches=1.0, dpi=50)
+                          tmp_path / "figs" / "pca.png", cell_inches=1.0, dpi=50)
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   with Image.open(path) as png:
     width, height = png.size

@@ -224,5 +224,5 @@ def pca_comparison(teachers: dict[str, str | pathlib.Path | features_lib.FrozenT
       scores[name], _ = pca_lib.mask_scores(pca.components[..., 0], masks)
     panels[name] = (rgb[:num_images], mask[:num_images])
   plots.pca_figure(images[:num_images], panels, path,
-                     row_labels=None if row_labels is None else row_labels[:num_images])
+                   row_labels=None if row_labels is None else row_labels[:num_images])
   return scores

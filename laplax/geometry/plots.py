@@ -269,9 +269,6 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
   Returns:
     the path written.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
   images = _as_display(images)
   n = images.shape[0]
   for name, (rgb, mask) in panels.items():
@@ -279,9 +276,8 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
       raise ValueError(f"panel {name!r}: rgb {np.shape(rgb)} and mask {np.shape(mask)} need "
                        f"(N={n}, h, w, 3) and (N={n}, h, w)")
   cols = 1 + 2 * len(panels)
-  fig = Figure(figsize=(cols * cell_inches, n * cell_inches), dpi=dpi)
-  FigureCanvasAgg(fig)
-  axes = np.asarray(fig.subplots(n, cols, squeeze=False))
+  fig, axes = plt.subplots(n, cols, figsize=(cols * cell_inches, n * cell_inches), dpi=dpi,
+                           squeeze=False)
   titles = ["image"] + [f"{name} {kind}" for name in panels for kind in ("PCA", "mask")]
   for i in range(n):
     cells = [images[i]]
@@ -298,6 +294,4 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
         ax.set_title(titles[j], fontsize=8)
     if row_labels is not None:
       axes[i, 0].set_ylabel(row_labels[i], fontsize=7)
-  fig.tight_layout()
-  save_figure(fig, path)
-  return epath.Path(path)
+  return epath.Path(_save(fig, path, dpi=dpi))

@@ -215,7 +215,7 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
   if figure_path is not None:
     n = e.pca_images
     plots.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
-                       row_labels=splits["test"].names[:n])
+                     row_labels=splits["test"].names[:n])
   return out
 
 
