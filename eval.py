@@ -5,19 +5,25 @@ r"""Runs a train.py run's evaluators (its config.evals) on its latest checkpoint
   python eval.py --workdir=runs/fmnist --analyze       # + the `analysis` ones: geometry, plots
   python eval.py --workdir=runs/fmnist --evals=test    # exactly the evaluators named
   python eval.py --workdir=runs/fm_k4 --heads='(4,4,4,(1,1,1,0))'  # one head switched to P V
+  python eval.py --workdir=runs/fm_k4 --set=test.split=val        # any key of any evaluator
+
+`--set=NAME.KEY=VALUE` (repeatable) sets a key of the run's evaluator NAME before the evaluators
+are picked, read as train.py reads --config.evals.NAME.KEY=VALUE; '*.KEY=VALUE' reaches every
+evaluator with KEY (`--set='*.examples=500'`), `--set=NAME.final=true` adds one to the run,
+`--set=NAME.final=false` leaves it out.
 
 `--workdir` may also be a directory made by --export or by `python -m laplax.convert`.
 
 Language-model runs (task 'lm'): benchmark accuracies next to chance, and with --analyze
 linguistic collapse (CDNV over next-token classes) and per-layer spectral decay:
 
-  python eval.py --workdir=runs/lm --tasks=arc_easy,arc_challenge,mmlu,gsm8k,humaneval,lambada \
-      --limit=50 --analyze
+  python eval.py --workdir=runs/lm --analyze --set=lm_tasks.final=true --set=lm_tasks.limit=50 \
+      --set=lm_tasks.tasks=arc_easy,arc_challenge,mmlu,gsm8k,humaneval,lambada
 
 DINO runs (task 'dino'): k-NN / linear-probe scores of the frozen teacher on val and test and on
 the run's transfer data sets; with --analyze the per-layer spectral decay of its patch
 tokens (analysis/spectra.json, analysis/spectrum.png) and the PCA picture of photos
-(pca_photos.png; --photos=DIR for your own):
+(pca_photos.png; --set=photos.photos=DIR for your own):
 
   python eval.py --workdir=runs/dino_k3 --analyze
 
@@ -32,13 +38,15 @@ mechanism measurements (analysis/mechanism_step*.json/.png: W_O W_V eigenvalues,
 energy, attention entropy, mean-vs-deviation share per head) and the last block's class-token
 attention maps (analysis/attention_maps.png), side by side with another run's:
 
-  python eval.py --workdir=runs/fm_k4 --evals=attention_maps --compare=runs/fm_k0
+  python eval.py --workdir=runs/fm_k4 --evals=attention --set=attention.compare=runs/fm_k0
 
-Task data is read from --data_dir (default: $LAPLAX_SHARED_DATA, else ../shared/data next to
-the repository), laid out as arc/, mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
+Task data is read from the lm_tasks evaluator's data_dir (--set=lm_tasks.data_dir=DIR;
+default: $LAPLAX_SHARED_DATA, else ../shared/data next to the repository), laid out as arc/,
+mmlu/, gsm8k/, humaneval/, llmfoundry_extra/.
 Reading a run never writes into its workdir's checkpoints/: it is safe next to a live trainer.
 """
 
+import functools
 import json
 import sys
 
@@ -70,25 +78,24 @@ flags.DEFINE_list("evals", [], "Run exactly these evaluators of the run's config
                   "(default: its `final` ones).")
 flags.DEFINE_bool("analyze", False, "Also the evaluators marked `analysis` (per-layer token "
                   "geometry, spectra, with plots).")
-flags.DEFINE_integer("analysis_examples", None, "Examples used for the geometry analysis "
-                     "(default: 2000 test images; 256 validation windows for lm runs).")
+flags.DEFINE_multi_string("set", [], "NAME.KEY=VALUE: set KEY of the run's evaluator NAME "
+                          "(config.evals) before they run, as train.py's "
+                          "--config.evals.NAME.KEY=VALUE does; repeatable. '*.KEY=VALUE': every "
+                          "evaluator with KEY. E.g. --set=lm_tasks.tasks=arc_easy,mmlu "
+                          "--set=lm_tasks.limit=50 --set=lm_tasks.final=true; "
+                          "--set=attention.compare=BASELINE_WORKDIR; --set=photos.photos=DIR; "
+                          "--set='*.examples=500'.")
 flags.DEFINE_string("out", None, "Output directory (default: the workdir).")
-flags.DEFINE_list("tasks", [], "LM runs: benchmark tasks (arc_easy, arc_challenge, mmlu, gsm8k, "
-                  "humaneval, lambada).")
-flags.DEFINE_integer("limit", None, "LM runs: only the first N items of every task.")
-flags.DEFINE_string("data_dir", None, "LM runs: folder with the task data (default: "
-                    "$LAPLAX_SHARED_DATA or ../shared/data).")
-flags.DEFINE_string("photos", None, "DINO runs with --analyze: PCA picture of 'builtin' (the "
-                    "photos shipped with scikit-image / scikit-learn / matplotlib) or of a folder "
-                    "of .jpg / .png photos; '' skips it (default: the run's evals.photos).")
-flags.DEFINE_string("compare", None, "ViT / DINO runs: draw the attention maps of this other "
-                    "run (e.g. the baseline's workdir) beside this run's (runs the run's "
-                    "attention_maps evaluators; --evals=attention_maps adds one to a run "
-                    "without).")
 flags.DEFINE_bool("allow_platform_mismatch", False, "Evaluate a run whose config targets "
                   "another backend (config.platform), or uses splash attention off TPU, anyway.")
 cli.define_multihost_flags()
 flags.mark_flag_as_required("workdir")
+# eval.py's evaluator-specific flags before --set (what an old command line is told to write).
+GONE = {"tasks": "--set=lm_tasks.tasks=arc_easy,mmlu --set=lm_tasks.final=true",
+        "limit": "--set=lm_tasks.limit=N", "data_dir": "--set=lm_tasks.data_dir=DIR",
+        "photos": "--set=photos.photos=DIR (--set=photos.final=false skips them)",
+        "compare": "--evals=attention --set=attention.compare=WORKDIR",
+        "analysis_examples": "--set='*.examples=N'"}
 
 
 def main(argv):
@@ -100,10 +107,7 @@ def main(argv):
   def work():
     options = offline.EvalOptions(evals=tuple(FLAGS.evals), export=FLAGS.export,
                                   analyze=FLAGS.analyze,
-                                  analysis_examples=FLAGS.analysis_examples,
-                                  tasks=tuple(FLAGS.tasks), limit=FLAGS.limit,
-                                  data_dir=FLAGS.data_dir, photos=FLAGS.photos,
-                                  compare=FLAGS.compare,
+                                  overrides=dict(offline.parse_set(s) for s in FLAGS.set),
                                   heads=(None if FLAGS.heads is None
                                          else offline.parse_heads(FLAGS.heads)))
     # Progress and checkpoint notes go to stderr: stdout is the result, pure JSON.
@@ -125,4 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=functools.partial(cli.parse_flags, gone=GONE))

@@ -90,7 +90,7 @@ def classification_evals(*, every: int = 0, test: bool = True) -> ml_collections
 
 def lm_evals(*, every: int) -> ml_collections.ConfigDict:
   """Validation loss and bits per byte every `every` steps and at the end; benchmark tasks, the
-  geometry and the mechanism measurements for eval.py (--tasks, --analyze)."""
+  geometry and the mechanism measurements for eval.py (--set=lm_tasks.tasks=..., --analyze)."""
   return ml_collections.ConfigDict({
       "val": evaluator("bpb", every=every),
       "lm_tasks": evaluator("lm_tasks", final=False),

@@ -64,7 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
   # per-patch probe at 'size' px).
   c.evals.spectra = common.evaluator("dino_spectra", final=False, analysis=True)
   # eval.py --analyze: the teacher's mechanism measurements and class-token attention maps
-  # (`eval.py --evals=attention --compare=BASELINE_WORKDIR`: side by side).
+  # (`eval.py --evals=attention --set=attention.compare=BASELINE_WORKDIR`: side by side).
   c.evals.mechanism = common.evaluator("mechanism", final=False, analysis=True)
   c.evals.attention = common.evaluator("attention_maps", final=False, analysis=True)
   return c

@@ -18,7 +18,7 @@ import re
 import sys
 import threading
 import traceback
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import jax
 
@@ -235,23 +235,36 @@ def _moved_flag(argv: list[str]) -> str | None:
   return None
 
 
-def flag_error(e: BaseException, argv: list[str]) -> str:
-  """The one line for a failed parse of `argv` (a moved key, a missing field, a bad value)."""
-  return _moved_flag(argv) or _missing_field(e, argv) or one_line(e)
+def _gone_flag(argv: list[str], gone: Mapping[str, str]) -> str | None:
+  """'--limit is gone: write --set=lm_tasks.limit=N' for a flag of `gone` ({flag: what to
+  write now})."""
+  for arg in argv[1:]:
+    name = arg.lstrip("-").split("=")[0] if arg.startswith("--") else None
+    if name in gone or (name and name.startswith("no") and name[2:] in gone):
+      name = name if name in gone else name[2:]
+      return f"--{name} is gone: write {gone[name]}"
+  return None
+
+
+def flag_error(e: BaseException, argv: list[str], gone: Mapping[str, str] | None = None) -> str:
+  """The one line for a failed parse of `argv` (a moved key or a removed flag, a missing field,
+  a bad value)."""
+  return (_moved_flag(argv) or _gone_flag(argv, gone or {}) or _missing_field(e, argv)
+          or one_line(e))
 
 
 # What absl flag parsing raises for a bad command line (config_flags' overrides included).
 FLAG_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], gone: Mapping[str, str] | None = None) -> list[str]:
   """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
-  file) and exit 2."""
+  file, a flag in `gone`: what to write instead) and exit 2."""
   from absl import flags
   try:
     return flags.FLAGS(argv)
   except (flags.Error, *FLAG_ERRORS) as e:
-    print(f"error: {flag_error(e, argv)}", file=sys.stderr)
+    print(f"error: {flag_error(e, argv, gone)}", file=sys.stderr)
     sys.exit(2)
   except Exception as e:  # pylint: disable=broad-except  # raised by executing a config file
     if _debug():

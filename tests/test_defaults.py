@@ -11,7 +11,9 @@ import ml_collections
 import pytest
 
 from configs import common
+from conftest import make_config
 from laplax import cli
+from laplax.evals import offline
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
@@ -81,6 +83,64 @@ def test_every_key_of_every_evaluator_is_set_from_the_command_line(type_, tmp_pa
   for key, value in wanted.items():
     assert got[key] == value, (key, got[key], value)
   assert evaluator_lib.sections(config)["e"].to_dict() == got  # nothing left to fill in
+
+
+@pytest.mark.parametrize("type_", sorted(evaluator_lib.TYPES))
+def test_eval_py_sets_every_key_as_train_py_does(type_, tmp_path):
+  """eval.py --set=NAME.KEY=V reads the same text as train.py's --config.evals.NAME.KEY=V into
+  the same values, on a run's config as config.json holds it (tuples are JSON lists there)."""
+  path = tmp_path / "sections.py"
+  path.write_text(SECTION_CONFIG)
+  section = common.evaluator(type_)
+  texts = {key: _other(value)[1] for key, value in section.items() if key != "type"}
+  trained = parse(f"{path}:{type_}", *(f"--config.evals.e.{k}={t}" for k, t in texts.items()))
+  run = ml_collections.ConfigDict(json.loads(
+      ml_collections.ConfigDict({"evals": {"e": section}}).to_json()))
+  argv = [offline.parse_set(f"e.{k}={t}") for k, t in texts.items()]
+  evaluated = offline.override(run, dict(argv))
+  assert json.loads(evaluated.evals.e.to_json()) == json.loads(trained.evals.e.to_json())
+
+
+def test_eval_py_set_selects_and_refuses_in_one_line():
+  """--set changes keys before the selection (final / analysis / --evals decide what runs);
+  '*.KEY' reaches every evaluator with KEY; a name, key or value that fits nothing is refused
+  naming the --set."""
+  run = make_config("lm")
+  assert offline.select(run, offline.EvalOptions())[1] == ["val"]
+  sets = dict(offline.parse_set(s) for s in ("lm_tasks.tasks=arc_easy,mmlu", "lm_tasks.limit=5",
+                                              "lm_tasks.final=true", "*.examples=16",
+                                              "val.final=false"))
+  config, names = offline.select(run, offline.EvalOptions(analyze=True, overrides=sets))
+  assert names == ["geometry", "lm_tasks", "mechanism"] and config.evals.lm_tasks.limit == 5
+  assert config.evals.lm_tasks.tasks == ("arc_easy", "mmlu")
+  assert config.evals.geometry.examples == config.evals.mechanism.examples == 16
+  # a type the run lacks: --evals adds it, then --set reaches it
+  vit = make_config("vit")
+  config, names = offline.select(vit, offline.EvalOptions(
+      evals=("mechanism", "attention"), overrides={"attention.compare": "runs/k0"}))
+  assert names == ["mechanism", "attention"] and config.evals.attention.compare == "runs/k0"
+  for text, message in [
+      ("lm_tasks.limit=abc", "evals.lm_tasks.limit takes an integer (it is 0)"),
+      ("lm_tasks.final=maybe", "evals.lm_tasks.final takes true or false (it is False)"),
+      ("lm_tasks.limt=3", "evaluator 'lm_tasks' (lm_tasks) has no key 'limt'; its keys: "
+                          "['analysis', 'at_init', 'batch_size', 'data_dir', 'every', 'final', "
+                          "'limit', 'tasks']"),
+      ("lm_tasks.type=bpb", "evaluator 'lm_tasks' (lm_tasks) has no key 'type'"),
+      ("*.nokey=1", "no evaluator of this run has a key 'nokey'"),
+      ("attention_maps.compare=x", "no evaluator 'attention_maps' in this run's config.evals "
+                                   "(['geometry', 'lm_tasks', 'mechanism', 'val']); "
+                                   "--evals=attention_maps adds one of that type")]:
+    with pytest.raises(ValueError) as e:
+      offline.select(run, offline.EvalOptions(overrides=dict([offline.parse_set(text)])))
+    assert str(e.value).startswith(f"--set={text}: {message}"), str(e.value)
+  with pytest.raises(ValueError, match=r"^evals.lm_tasks.limit=-1 must be an integer >= 0$"):
+    offline.select(run, offline.EvalOptions(overrides={"lm_tasks.limit": "-1"}))
+  for text in ("limit", "lm_tasks=5", "lm_tasks.data.x=1"):
+    with pytest.raises(ValueError, match=f"^--set={text}: write NAME.KEY=VALUE"):
+      offline.parse_set(text)
+  assert cli.flag_error(ValueError("Unknown command line flag 'photos'"),
+                        ["eval.py", "--photos="], {"photos": "--set=photos.photos=DIR"}) == \
+      "--photos is gone: write --set=photos.photos=DIR"
 
 
 def test_a_key_the_evaluator_does_not_have_is_refused_where_the_config_is_built():

@@ -19,7 +19,9 @@ def lm_workdir(lm_run):
 def test_eval_lm_tasks_and_geometry(lm_workdir, shared_data, tmp_path):
   tasks = ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "lambada"]
   res = offline.evaluate_workdir(lm_workdir, tmp_path / "out", EvalOptions(
-      tasks=tasks, limit=2, data_dir=str(shared_data), analyze=True, analysis_examples=16),
+      analyze=True, overrides={"lm_tasks.tasks": ",".join(tasks), "lm_tasks.limit": "2",
+                               "lm_tasks.final": "true", "lm_tasks.data_dir": str(shared_data),
+                               "*.examples": "16"}),
                      log=lambda m: None)
   saved = json.loads((tmp_path / "out" / "eval.json").read_text())
   assert saved["lm_tasks"].keys() == res["lm_tasks"].keys()
@@ -50,21 +52,26 @@ def test_eval_lm_tasks_and_geometry(lm_workdir, shared_data, tmp_path):
 
 
 def test_eval_lm_errors(lm_workdir, tmp_path):
+  run = {"lm_tasks.final": True, "lm_tasks.data_dir": str(tmp_path)}
   with pytest.raises(ValueError, match="unknown task 'nope'"):
-    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["nope"], data_dir=str(tmp_path)))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
+        **run, "lm_tasks.tasks": ("nope",)}))
   with pytest.raises(ValueError, match="gsm8k"):  # no task data there
-    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(tasks=["gsm8k"],
-                                                           data_dir=str(tmp_path / "none")))
-  with pytest.raises(ValueError, match="--photos is for photo_pca evaluators, but this run's"):
-    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(photos="builtin"))
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
+        **run, "lm_tasks.tasks": "gsm8k", "lm_tasks.data_dir": str(tmp_path / "none")}))
+  with pytest.raises(ValueError, match=r"^--set=photos.photos=builtin: no evaluator 'photos' in "
+                                       r"this run's config.evals \(\['geometry', 'lm_tasks', "):
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
+        "photos.photos": "builtin"}))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("nope",)))
   # An evaluator type the run's config lacks runs with its defaults, if it fits the task.
   with pytest.raises(ValueError, match="attention_maps measures classification, dino runs; "
                                        "this is a 'lm' run"):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("attention_maps",)))
-  with pytest.raises(ValueError, match="--compare is for attention_maps evaluators"):
-    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(compare=str(lm_workdir)))
+  with pytest.raises(ValueError, match="--evals=attention_maps adds one of that type"):
+    offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
+        "attention_maps.compare": str(lm_workdir)}))
 
 
 def test_an_lm_export_evaluates_as_its_workdir(lm_workdir, tmp_path):

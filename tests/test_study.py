@@ -122,17 +122,19 @@ def test_paired_difference_interval():
 def test_eval_export_and_analysis(finished_study, tmp_path):
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k1-0_s0"
-  res = offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(export=True, analyze=True,
-                                                        analysis_examples=100),
+  res = offline.evaluate_workdir(cell, tmp_path / "out", EvalOptions(
+      export=True, analyze=True, overrides={"*.examples": "100"}),
                      log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["test"]["accuracy"] == pytest.approx(trained["test"]["accuracy"])
   assert (tmp_path / "out" / "analysis" / "geometry.json").exists()
   assert (tmp_path / "out" / "analysis" / "variance.png").exists()
   assert (tmp_path / "out" / "analysis" / "mechanism_step12.json").exists()
-  # The attention maps beside the baseline's (--compare); the run's config has its evaluator.
+  # The attention maps beside the baseline's (--set=attention.compare); the run's config has
+  # its evaluator.
   maps = offline.evaluate_workdir(cell, tmp_path / "maps", EvalOptions(
-      evals=("attention",), compare=str(workdir / "cells" / "k0_s0")), log=lambda m: None)
+      evals=("attention",), overrides={"attention.compare": str(workdir / "cells" / "k0_s0")}),
+      log=lambda m: None)
   assert list(maps["attention"]["runs"]) == ["k0_s0", "k1-0_s0"]
   assert maps["attention"]["runs"]["k1-0_s0"]["head_kinds"] == ["laplacian", "attention"]
   assert (tmp_path / "maps" / "analysis" / "attention_maps.png").stat().st_size > 0
@@ -159,6 +161,22 @@ def test_eval_cli_reports_missing_run_plainly(tmp_path):
                        cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 1
   assert "holds no config.json" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.integration
+def test_eval_cli_refuses_a_bad_set_and_an_old_flag_in_one_line(tmp_path):
+  """A --set that fits no key is refused before any checkpoint is read (config.json alone
+  here); a flag --set replaced says what to write now."""
+  (tmp_path / "config.json").write_text(make_config("vit").to_json())
+  for flag, code, wanted in [
+      ("--set=val.splt=test", 1, "error: --set=val.splt=test: evaluator 'val' (accuracy) has no "
+                                 "key 'splt'; its keys: ['analysis', 'at_init', 'every', 'final', "
+                                 "'split']"),
+      ("--limit=5", 2, "error: --limit is gone: write --set=lm_tasks.limit=N")]:
+    out = subprocess.run([sys.executable, str(REPO / "eval.py"), f"--workdir={tmp_path}", flag],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == code, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == wanted, out.stderr
 
 
 def _study_py(workdir, cache, *extra):
@@ -334,12 +352,12 @@ def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
   import hosts
   workdir, _, _ = finished_study
   cell = workdir / "cells" / "k1-0_s0"
-  flags_ = ["--analyze", "--analysis_examples=100", "--export"]
+  flags_ = ["--analyze", "--set=*.examples=100", "--export"]
   job = hosts.start([sys.executable, str(REPO / "eval.py"), f"--workdir={cell}",
                      f"--out={tmp_path / 'two'}", *flags_], 2, tmp_path / "logs")
   assert job.wait(600) == [0, 0], job.output()[-4000:]
   one = offline.evaluate_workdir(cell, tmp_path / "one", EvalOptions(
-      analyze=True, analysis_examples=100, export=True), log=lambda m: None)
+      analyze=True, overrides={"*.examples": 100}, export=True), log=lambda m: None)
   two = json.loads((tmp_path / "two" / "eval.json").read_text())
   assert '"task": "classification"' in job.output(0)
   assert '"task"' not in job.output(1)  # one copy of the result

@@ -117,7 +117,7 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   _, workdir, _, _ = finished_dino_study
   cell = workdir / "cells" / "k0_s0"
   res = offline.evaluate_workdir(cell, tmp_path / "out",
-                                 EvalOptions(analyze=True, analysis_examples=48),
+                                 EvalOptions(analyze=True, overrides={"*.examples": 48}),
                                  log=lambda m: None)
   trained = json.loads((cell / "results.json").read_text())
   assert res["task"] == "dino"

@@ -132,6 +132,10 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   named = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(
       evals=("few",)), log=lambda m: None)
   assert set(named) == {"task", "step", "few"}
+  # eval.py --set: any key of any evaluator, before the selection
+  reset = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(
+      overrides={"few.n": "16", "few.final": "true", "acc.final": "false"}), log=lambda m: None)
+  assert set(reset) == {"task", "step", "few"} and reset["few"]["count"] == 16
   # A longer schedule is a deliberate change: refused without --allow_change, then recorded.
   with pytest.raises(ValueError, match=f"^{tmp_path} was trained with total_steps=60; this config "
                      "has total_steps=90: use a fresh --workdir, or --allow_change=total_steps "

@@ -45,8 +45,8 @@ the patch-token spectra, pooled and per image (the paper's "within an image"), o
 10,000 validation images at 224 px (evals.spectra: streamed, sums on the chips), and at 448 px
 (a 28 x 28 patch grid; the position table resized) the PCA picture of the packaged photos
 (evals.photos) and the last block's class-token attention maps per head, DINO's figure
-(evals.attention; `eval.py --evals=attention --compare=BASELINE_WORKDIR` draws the baseline's
-beside it). With --analyze also the mechanism measurements on 500 validation images.
+(evals.attention; `eval.py --evals=attention --set=attention.compare=BASELINE_WORKDIR` draws
+the baseline's beside it). With --analyze also the mechanism measurements on 500 validation images.
 
 Fit check (aot.json; 44.0M student parameters, backbone + head; 1.166e14 model FLOPs per step):
 v5e:4x4 peak 2.49 GiB per chip of 16 (16 %), remat 'full'. The geometry evaluators

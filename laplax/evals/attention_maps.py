@@ -1,7 +1,7 @@
 """Attention maps as DINO's figure: the last layer's class-token attention of every head.
 
   evals.attention = {'type': 'attention_maps', 'final': False, 'analysis': True}
-  eval.py --workdir=runs/k4 --evals=attention --compare=runs/k0     # side by side
+  eval.py --workdir=runs/k4 --evals=attention --set=attention.compare=runs/k0  # side by side
 
 For a ViT classifier or a DINO run's teacher: the row of the last block's P at the class token,
 over the patch grid, per head, on the first `images` images of `split` (or on photos: 'builtin'

@@ -2,15 +2,15 @@
 
 The evaluators are the run's own (config.evals in its config.json, laplax.train.evaluator):
 the `final` ones, plus the `analysis` ones with `analyze`, or exactly those `evals` names.
-eval.py's task-specific flags set keys of the evaluators of one type (`tasks`, `limit` and
-`data_dir`: lm_tasks; `photos`: photo_pca; `compare`: attention_maps; `analysis_examples`: the
-`examples` of every evaluator that has them). An `evals` name that is not in the run's
-config.evals but is an evaluator type (laplax.train.evaluator.TYPES, e.g. `mechanism`,
-`attention_maps`) runs that evaluator with its defaults: runs trained before it existed can be
-measured too. `export` writes the run's export (laplax.train.export: safetensors and a
-manifest; every task). `heads` evaluates the trained weights with another head spec
-(laplax.heads: a Laplacian head switched back to P V, or the reverse); the result names both
-specs. The result also goes to out/eval.json.
+`overrides` (eval.py's --set=NAME.KEY=VALUE) set any key of any evaluator section first, as
+train.py's --config.evals.NAME.KEY=VALUE does: `lm_tasks.limit=50`, `attention.compare=DIR`,
+`photos.final=False` (it then does not run), `*.examples=100` (every evaluator with that key).
+An `evals` name that is not in the run's config.evals but is an evaluator type
+(laplax.train.evaluator.TYPES, e.g. `mechanism`, `attention_maps`) runs that evaluator with its
+defaults: runs trained before it existed can be measured too. `export` writes the run's export
+(laplax.train.export: safetensors and a manifest; every task). `heads` evaluates the trained
+weights with another head spec (laplax.heads: a Laplacian head switched back to P V, or the
+reverse); the result names both specs. The result also goes to out/eval.json.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 import tempfile
 from typing import Any
 
+from absl import flags
 from etils import epath
 import jax
 import ml_collections
@@ -43,12 +44,9 @@ class EvalOptions:
   evals: Sequence[str] = ()  # exactly these evaluators ((): the final ones)
   analyze: bool = False  # + the evaluators marked `analysis`
   export: bool = False
-  analysis_examples: int | None = None  # None: each evaluator's own
-  tasks: Sequence[str] = ()  # lm_tasks evaluators: these benchmarks (and they run)
-  limit: int | None = None
-  data_dir: str | None = None
-  photos: str | None = None  # photo_pca evaluators: these photos ('': skip them)
-  compare: str | None = None  # attention_maps evaluators: this run's maps drawn beside
+  # {'NAME.KEY': value} set in config.evals before the selection ('*.KEY': every evaluator
+  # with KEY); a str value is parsed as the key's type (parse_value), others are taken as given
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   heads: Any = None  # None: as trained; else a head spec (laplax.heads) to evaluate with
 
 
@@ -92,12 +90,80 @@ def switch_heads(run: Run, spec: Any) -> Run:
   return dataclasses.replace(run, config=config, task=task, model=model)
 
 
-def _of_type(sections, type_: str, flag: str) -> list[str]:
-  names = [n for n, s in sections.items() if s.type == type_]
-  if not names:
-    raise ValueError(f"--{flag} is for {type_} evaluators, but this run's config.evals has none "
-                     f"({sorted(sections) or 'no evaluators'})")
-  return names
+def parse_set(text: str) -> tuple[str, str]:
+  """--set's 'NAME.KEY=VALUE' -> ('NAME.KEY', 'VALUE')."""
+  path, eq, value = text.partition("=")
+  name, dot, key = path.strip().partition(".")
+  if not (eq and dot and name and key) or "." in key:
+    raise ValueError(f"--set={text}: write NAME.KEY=VALUE, an evaluator of the run's "
+                     "config.evals and one of its keys (e.g. --set=lm_tasks.limit=50; "
+                     "--set='*.examples=100': every evaluator with that key)")
+  return f"{name}.{key}", value
+
+
+def parse_value(text: str, current: Any) -> Any:
+  """A command line's `text` as the type of the key's `current` value (config_flags' rules:
+  bool true/false/1/0, int, float, str as given; a tuple from a literal, or comma-separated
+  items: 'arc_easy,mmlu'; a key whose default is None: a literal, else the text)."""
+  if isinstance(current, bool):
+    return flags.BooleanParser().parse(text)
+  if isinstance(current, int):
+    return flags.IntegerParser().parse(text)
+  if isinstance(current, float):
+    return flags.FloatParser().parse(text)
+  if isinstance(current, str):
+    return text
+  if isinstance(current, (tuple, list)):
+    if text.strip()[:1] in ("(", "["):
+      return tuple(ast.literal_eval(text))
+    return tuple(_literal(t.strip()) for t in text.split(",") if t.strip())
+  return _literal(text)
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number",
+          tuple: "a tuple (a,b or a literal)"}
+
+
+def _literal(text: str) -> Any:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+             ) -> ml_collections.ConfigDict:
+  """`config` with `overrides` ({'NAME.KEY': value}) set in its evals sections (filled with
+  their defaults first); a name, key or value that does not fit is one ValueError naming it."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  sections = evaluator_lib.sections(config)
+  config.evals = ml_collections.ConfigDict({n: s.to_dict() for n, s in sections.items()})
+  for path, value in overrides.items():
+    name, _, key = path.partition(".")
+    shown = f"--set={path}={value}"
+    if name == "*":
+      targets = [n for n, s in sections.items() if key in s and key != "type"]
+      if not targets:
+        raise ValueError(f"{shown}: no evaluator of this run has a key {key!r}")
+    elif name not in sections:
+      hint = f"; --evals={name} adds one of that type" if name in evaluator_lib.TYPES else ""
+      raise ValueError(f"{shown}: no evaluator {name!r} in this run's config.evals "
+                       f"({sorted(sections) or 'none'}){hint}")
+    else:
+      targets = [name]
+    for n in targets:
+      section = config.evals[n]
+      if key not in section or key == "type":
+        raise ValueError(f"{shown}: evaluator {n!r} ({section.type}) has no key {key!r}; its "
+                         f"keys: {sorted(k for k in section if k != 'type')}")
+      try:
+        section[key] = (parse_value(value, section[key]) if isinstance(value, str)
+                        else value)
+      except (ValueError, TypeError, SyntaxError):
+        kind = _KINDS.get(type(section[key]), type(section[key]).__name__)
+        raise ValueError(f"{shown}: evals.{n}.{key} takes {kind} (it is {section[key]!r})"
+                         ) from None
+  return config
 
 
 def select(config: ml_collections.ConfigDict, options: EvalOptions
@@ -108,41 +174,18 @@ def select(config: ml_collections.ConfigDict, options: EvalOptions
     raise ValueError("this run's config.json has no evals section (it predates laplax's "
                      "evaluators): add one to its config.json, e.g. as configs/ builds it")
   sections = evaluator_lib.sections(config)
+  for n in options.evals:
+    if n not in sections and n in evaluator_lib.TYPES and n not in evaluator_lib.RESERVED:
+      config.evals[n] = ml_collections.ConfigDict({"type": n})  # its defaults
+    elif n not in sections:
+      raise ValueError(f"--evals: no evaluator {n!r} in this run's config.evals "
+                       f"({sorted(sections)}), and no evaluator type of that name")
+  config = override(config, options.overrides)
+  sections = evaluator_lib.sections(config)  # the ranges, checked again with the new values
   if options.evals:
     names = list(options.evals)
-    for n in names:
-      if n not in sections and n in evaluator_lib.TYPES and n not in evaluator_lib.RESERVED:
-        config.evals[n] = ml_collections.ConfigDict({"type": n})  # its defaults
-      elif n not in sections:
-        raise ValueError(f"--evals: no evaluator {n!r} in this run's config.evals "
-                         f"({sorted(sections)}), and no evaluator type of that name")
-    sections = evaluator_lib.sections(config)
   else:
     names = [n for n, s in sections.items() if s.final or (options.analyze and s.analysis)]
-  if options.tasks or options.limit is not None or options.data_dir:
-    for n in _of_type(sections, "lm_tasks", "tasks" if options.tasks else "limit"):
-      if options.tasks:
-        config.evals[n].tasks = tuple(options.tasks)
-        names.append(n)
-      if options.limit is not None:
-        config.evals[n].limit = options.limit
-      if options.data_dir:
-        config.evals[n].data_dir = options.data_dir
-  if options.photos is not None:
-    photo = _of_type(sections, "photo_pca", "photos")
-    if options.photos:
-      for n in photo:
-        config.evals[n].photos = options.photos
-    else:
-      names = [n for n in names if n not in photo]
-  if options.compare:
-    for n in _of_type(sections, "attention_maps", "compare"):
-      config.evals[n].compare = options.compare
-      names.append(n)
-  if options.analysis_examples is not None:
-    for n in names:
-      if "examples" in sections[n]:
-        config.evals[n].examples = options.analysis_examples
   return config, list(dict.fromkeys(names))
 
 
@@ -179,6 +222,8 @@ def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=
   hosts' evaluators write their files into a temporary directory that is removed."""
   out = workdir_lib.as_path(out)
   path = workdir_lib.as_path(workdir)
+  if (path / "config.json").exists():  # a bad --evals or --set: one line before a restore
+    select(restore.read_config(path), options)
   if multihost.is_multiprocess() and path.is_dir() and not export_lib.is_export(path):
     config = restore.read_config(path)
     mesh = _mesh(config)
