@@ -267,10 +267,6 @@ def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],
           "explained_variance_ratio": [float(r) for r in pca.explained_variance_ratio]}
 
 
-def flat_scores(scores: dict[str, dict[str, float]]) -> dict[str, float]:
-  return {f"{split}_{k}": v for split, s in scores.items() for k, v in s.items()}
-
-
 def summary_line(scores: dict[str, dict[str, float]]) -> str:
   parts = []
   for split, s in scores.items():
