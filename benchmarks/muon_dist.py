@@ -5,7 +5,7 @@ Newton-Schulz FLOPs and memory with and without it, against the analytic count.
   JAX_PLATFORMS=cpu python -m benchmarks.muon_dist --topology=v5e:4x4 --step      # + train step
 
 Compiles (libtpu's compiler, no TPU needed; laplax.train.aot) the Muon transform alone
-(laplax.train.optim.scale_by_muon) on the config's hidden matrices in their parameter sharding,
+(laplax.train.optim.muon.scale_by_muon) on the config's hidden matrices in their parameter sharding,
 once one-device style and once distributed, and reads XLA's cost_analysis FLOPs (per chip) and
 temporaries. `--step` also runs the fit check of the whole train step both ways (aot.json's
 temp_bytes, peak and xla_flops_per_chip: XLA counts the scanned blocks' loop body once, so these
@@ -63,7 +63,8 @@ def muon_alone(config, topology: str) -> dict:
   import flax.linen as nn
   import jax
   from laplax import sharding
-  from laplax.train import aot, optim, task as task_lib
+  from laplax.train import aot, task as task_lib
+  from laplax.train.optim import muon as muon_opt
   from laplax.train import state as state_lib
 
   task = task_lib.for_config(config)
@@ -73,10 +74,10 @@ def muon_alone(config, topology: str) -> dict:
   model = task.build_model()
   tx, _ = task.optimizer(aot.NOMINAL_STEPS)
   abstract, _ = state_lib.abstract_state(task, model, tx, mesh, rules)
-  labels = optim.muon_labels(abstract.params)
+  labels = muon_opt.muon_labels(abstract.params)
   hidden = jax.tree.map(lambda x, l: x if l == "matrix" else None, abstract.params, labels)
   steps = int(config.optim.muon.ns_steps)
-  groups = matrix_groups(abstract.params, labels, optim.muon_dimension_numbers(abstract.params))
+  groups = matrix_groups(abstract.params, labels, muon_opt.muon_dimension_numbers(abstract.params))
   chips = len(devices)
   total = sum(b * ns_flops(m, n, steps) for (m, n), b in groups.items())
   share = sum(-(-b // chips) * ns_flops(m, n, steps) for (m, n), b in groups.items())
@@ -84,7 +85,7 @@ def muon_alone(config, topology: str) -> dict:
                                                             groups.items()},
             "analytic_total_flops": total, "analytic_flops_per_chip_distributed": share}
   for distributed in (False, True):
-    muon = optim.scale_by_muon(0.95, steps, distributed=distributed)
+    muon = muon_opt.scale_by_muon(0.95, steps, distributed=distributed)
     state = jax.eval_shape(muon.init, hidden)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), aot._no_cache():
       update = jax.jit(lambda g, s: muon.update(g, s)[0],

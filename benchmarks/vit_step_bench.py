@@ -68,7 +68,7 @@ class Variant:
                mesh, rules, seed: int, steps_per_call: int, flatten: bool = False):
     self.name, self.steps_per_call = name, steps_per_call
     optim = optim_config()
-    optim.flatten = flatten  # one raveled AdamW update (laplax.train.optim.flat_adamw)
+    optim.flatten = flatten  # one raveled AdamW update (laplax.train.optim.adamw.flat_adamw)
     tx, _ = optim_lib.make(optim, 10_000)
     task = _BenchTask(test_configs.get_config("vit"), batch_np["image"].shape[1:])
     self.state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed)

@@ -205,7 +205,7 @@ def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm
   o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
   o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
   o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
-  # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
+  # One AdamW update over a raveled parameter vector (laplax.train.optim.adamw.flat_adamw): the same
   # update in fewer ops on the CPU; global clipping and constant weight decay only.
   o.flatten = False
   return o
@@ -364,7 +364,7 @@ def gpt_d20_optim(*, warmdown_fraction: float) -> ml_collections.ConfigDict:
   o.warmdown_fraction = warmdown_fraction
   o.final_lr_fraction = 0.0
   o.clip_norm = 1.0
-  # Newton-Schulz on each chip's share of the matrices (laplax.train.optim.scale_by_muon)
+  # Newton-Schulz on each chip's share of the matrices (laplax.train.optim.muon.scale_by_muon)
   o.muon.distributed = True
   return o
 

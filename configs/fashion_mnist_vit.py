@@ -17,7 +17,7 @@ def get_config():
   c.optim = common.adamw(2e-3, warmup_steps=200)
   # softmax cross-entropy, no mixup (common.deit3: DeiT-III's)
   c.loss = common.classification_loss(label_smoothing=0.1)
-  # One AdamW update over a raveled parameter vector (laplax.train.optim.flat_adamw): the same
+  # One AdamW update over a raveled parameter vector (laplax.train.optim.adamw.flat_adamw): the same
   # update in fewer ops on the CPU; its moments are replicated on a sharded mesh.
   c.optim.flatten = True
   c.num_epochs = 3.0

@@ -126,7 +126,7 @@ def _run_updates(tx, params, grads, n):
 def test_last_layer_adamw_starts_fresh_on_unfreezing():
   freeze, total = 5, 20
   optim = _optim()
-  lr = optim_lib.cosine_schedule(optim, total)
+  lr = optim_lib.schedules.cosine_schedule(optim, total)
   params = _toy_params()
   grads = jax.tree.map(lambda p: np.full_like(p, 0.3), params)
   updates, states = _run_updates(_dino_tx(optim, total, freeze), params, grads,
@@ -149,15 +149,15 @@ def test_last_layer_adamw_starts_fresh_on_unfreezing():
 
 
 def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer():
-  schedule = optim_lib.weight_decay_schedule(_optim(weight_decay=0.04, weight_decay_end=0.4),
-                                             100)
+  schedule = optim_lib.schedules.weight_decay_schedule(
+      _optim(weight_decay=0.04, weight_decay_end=0.4), 100)
   np.testing.assert_allclose([float(schedule(s)) for s in (0, 50, 100, 200)],
                              [0.04, 0.22, 0.4, 0.4], rtol=1e-6)
-  assert optim_lib.weight_decay_schedule(_optim(weight_decay=0.05), 100) == 0.05
+  assert optim_lib.schedules.weight_decay_schedule(_optim(weight_decay=0.05), 100) == 0.05
   # Zero gradients: the update is the decay alone, -lr(t) wd(t) p, on matrices only.
   freeze, total = 3, 10
   optim = _optim(weight_decay=0.04, weight_decay_end=0.4)
-  lr = optim_lib.cosine_schedule(optim, total)
+  lr = optim_lib.schedules.cosine_schedule(optim, total)
   params = _toy_params()
   zeros = jax.tree.map(np.zeros_like, params)
   updates, _ = _run_updates(_dino_tx(optim, total, freeze), params, zeros,
@@ -174,8 +174,8 @@ def test_weight_decay_cosine_schedule_follows_the_global_step_for_the_last_layer
 
 def test_per_tensor_and_global_clipping():
   grads = {"a": np.full((4,), 3.0, np.float32), "b": np.full((4,), 0.5, np.float32)}  # 6, 1
-  clip = lambda mode: optax.chain(*optim_lib.gradient_clip(_optim(clip_norm=3.0,
-                                                                  clip_mode=mode)))
+  clip = lambda mode: optax.chain(*optim_lib.parts.gradient_clip(_optim(clip_norm=3.0,
+                                                                        clip_mode=mode)))
   per_tensor, _ = clip("per_tensor").update(grads, clip("per_tensor").init(grads))
   np.testing.assert_allclose(np.linalg.norm(per_tensor["a"]), 3.0, rtol=1e-6)
   np.testing.assert_array_equal(per_tensor["b"], grads["b"])
@@ -183,9 +183,9 @@ def test_per_tensor_and_global_clipping():
   scale = 3.0 / np.sqrt(37.0)
   np.testing.assert_allclose(global_["a"], grads["a"] * scale, rtol=1e-6)
   np.testing.assert_allclose(global_["b"], grads["b"] * scale, rtol=1e-6)
-  assert optim_lib.gradient_clip(_optim(clip_norm=0.0, clip_mode="per_tensor")) == []
+  assert optim_lib.parts.gradient_clip(_optim(clip_norm=0.0, clip_mode="per_tensor")) == []
   with pytest.raises(ValueError, match="clip_mode"):
-    optim_lib.gradient_clip(_optim(clip_norm=3.0, clip_mode="layer"))
+    optim_lib.parts.gradient_clip(_optim(clip_norm=3.0, clip_mode="layer"))
 
 
 def test_position_table_resize_keeps_grid_and_trains_through_local_crops():

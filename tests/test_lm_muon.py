@@ -55,15 +55,15 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest():
   params = _params()
   params["gain"] = jnp.ones((TINY["width"],))  # a vector (norm gain / bias) -> AdamW
   flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_leaves_with_path(
-      optim_lib.muon_labels(params))}
+      optim_lib.muon.muon_labels(params))}
   assert flat.pop("['embedding']") == "embedding"
   assert flat.pop("['lm_head']") == "lm_head"
   assert flat.pop("['gain']") == "scalar"
   assert len(flat) == 12 and set(flat.values()) == {"matrix"}, flat
   # Boxed (the trainer's abstract init): one label per box, same groups.
   boxed = gpt.GPT(TINY).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-  assert (jax.tree.leaves(optim_lib.muon_labels(boxed))
-          == jax.tree.leaves(optim_lib.muon_labels(_params())))
+  assert (jax.tree.leaves(optim_lib.muon.muon_labels(boxed))
+          == jax.tree.leaves(optim_lib.muon.muon_labels(_params())))
 
   # Behaviour: one update at width 32. AdamW's first step is lr * sign(g) on every entry;
   # a Muon (orthogonalised) update has singular values near one, not the gradient's spread.
@@ -71,12 +71,12 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest():
   tx = optim_lib.make(optim, 100, width=TINY["width"])[0]
   grads = _grads(params)
   updates = jax.jit(tx.update)(grads, tx.init(params), params)[0]
-  lrs = optim_lib.muon_lrs(optim, TINY["width"])
+  lrs = optim_lib.muon.muon_lrs(optim, TINY["width"])
   for name, group in (("embedding", "embedding"), ("lm_head", "lm_head"), ("gain", "scalar")):
     np.testing.assert_allclose(np.abs(updates[name]), lrs[group], rtol=1e-3, err_msg=name)
   for (path, u), gr in zip(jax.tree_util.tree_leaves_with_path(updates["block0"]),
                            jax.tree.leaves(grads["block0"])):
-    name = optim_lib._names(path)[-1]
+    name = optim_lib.parts.key_names(path)[-1]
     m = np.asarray(_matrix(u, name)) / lrs["matrix"]
     fan_in, fan_out = m.shape
     s = np.linalg.svd(m / np.sqrt(max(1.0, fan_out / fan_in)), compute_uv=False)
@@ -105,7 +105,7 @@ def test_scanned_blocks_are_orthogonalised_per_layer():
   # Not trivially true: orthogonalising the two layers as one matrix gives another update.
   q = stack(grads)["blocks"]["attn"]["query"]
   joint = optax_orthogonalise(q.reshape(-1, q.shape[-2] * q.shape[-1]))
-  per_layer = got["blocks"]["attn"]["query"].reshape(joint.shape) / optim_lib.muon_lrs(
+  per_layer = got["blocks"]["attn"]["query"].reshape(joint.shape) / optim_lib.muon.muon_lrs(
       optim, TINY["width"])["matrix"]
   assert np.abs(np.asarray(joint) - np.asarray(per_layer)).max() > 0.05
 
@@ -117,10 +117,10 @@ def optax_orthogonalise(x):
 
 def test_lrs_scale_with_width_like_nanochat():
   optim = _optim()
-  at_768 = optim_lib.muon_lrs(optim, 768)
+  at_768 = optim_lib.muon.muon_lrs(optim, 768)
   assert at_768 == pytest.approx({"matrix": 0.02, "embedding": 0.3, "lm_head": 0.004,
                                   "scalar": 0.004})
-  d20 = optim_lib.muon_lrs(optim, 1280)
+  d20 = optim_lib.muon.muon_lrs(optim, 1280)
   scale = (1280 / 768) ** -0.5  # 0.7746
   assert d20["matrix"] == pytest.approx(0.02)
   assert d20["embedding"] == pytest.approx(0.3 * scale)
@@ -143,11 +143,11 @@ def test_warmdown_and_momentum_follow_nanochat():
       return 1.0
     return (total - it) / warmdown
 
-  schedule = optim_lib.warmdown_schedule(optim, total, 0.02)
+  schedule = optim_lib.schedules.warmdown_schedule(optim, total, 0.02)
   got = np.array([float(schedule(i)) for i in range(total)])
   np.testing.assert_allclose(got, [0.02 * nanochat_lrm(i) for i in range(total)], atol=1e-8)
   assert got[0] == pytest.approx(0.02) and got[-1] == pytest.approx(0.002)
-  momentum = optim_lib.muon_momentum(optim)
+  momentum = optim_lib.muon.muon_momentum(optim)
   for it in (0, 1, 150, 299, 300, 1000):
     frac = min(it / 300, 1)
     assert float(momentum(it)) == pytest.approx((1 - frac) * 0.85 + frac * 0.95, abs=1e-6)

@@ -56,7 +56,7 @@ def test_distributed_update_equals_one_device(scan):
 def test_each_device_runs_its_share_of_newton_schulz():
   """Per-device FLOPs of the compiled update (cost_analysis): 16 stacked 64 x 256 matrices,
   replicated, on 8 devices: one device's Newton-Schulz is the whole count, a shared one 1/8."""
-  from laplax.train.optim import scale_by_muon
+  from laplax.train.optim.muon import scale_by_muon
   x = {"fc1": jax.random.normal(jax.random.key(0), (16, 64, 256))}
   mesh = sharding.make_mesh(MESH)
   flops = {}

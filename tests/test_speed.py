@@ -16,7 +16,7 @@ import optax
 from laplax import cli
 from laplax.models import layers, vit
 from laplax.train import optim as optim_lib
-from laplax.train.optim import decay_mask
+from laplax.train.optim.parts import decay_mask
 
 
 def _optim(flatten: bool, clip_norm: float = 1.0) -> ml_collections.ConfigDict:

@@ -233,8 +233,9 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # Out of the clip while frozen (torch: grad None); the optimiser keeps it in place.
     frozen = state.step < frozen_steps
+    last = optim_lib.adamw.is_last_layer
     grads = jax.tree_util.tree_map_with_path(
-        lambda path, g: jnp.where(frozen, 0.0, g) if optim_lib.is_last_layer(path) else g, grads)
+        lambda path, g: jnp.where(frozen, 0.0, g) if last(path) else g, grads)
     new_state = state.apply_gradients(grads, tx)
     params = new_state.params
     momentum = teacher_momentum(state.step, total_steps, d.momentum_teacher, 1.0)

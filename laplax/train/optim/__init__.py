@@ -1,0 +1,139 @@
+"""Every optimiser and learning-rate schedule laplax trains with (optax), by name, in one package:
+adamw.py and muon.py (one optimiser each: `build` with make's signature, `check`),
+schedules.py (SCHEDULES), parts.py (parameter names and groups, decay mask, clipping); here the
+registry, `check`, `make` and the scalings every optimiser gets.
+
+  make(optim, total_steps, *, width=None, freeze_last_layer_steps=None) -> (tx, lr schedule)
+
+builds the optimiser that `optim.name` names (OPTIMIZERS; default 'adamw'), with the learning
+rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
+
+  'adamw'  AdamW with weight decay on matrices only (parts.decay_mask), constant or on a cosine
+           (weight_decay_schedule), after clipping (parts.gradient_clip, optim.clip_mode):
+             optim.embed_lr_scale, optim.unembed_lr_scale: parameter groups (the LM configs):
+               the embedding's and the unembedding's (lm_head) lr scaled, no decay on the
+               embedding (adamw_groups)
+             optim.flatten: one update over a raveled parameter vector (flat_adamw; one CPU
+               device)
+             freeze_last_layer_steps (the DINO task): the head's last layer frozen at first
+               (freeze_first_steps)
+  'muon'   nanochat's Muon for the hidden matrices + AdamW for the rest (muon_optimizer; the
+           task passes `width`, the model's, for its lr scaling). optim.muon.distributed:
+           Newton-Schulz on each device's share of the matrices (scale_by_muon)
+
+  Any optimiser: optim.mix_lr_scale (default 1) scales the updates of the learned head-operator
+  coefficients (the 'mix_a' / 'mix_b' parameters of 'mix' heads, laplax.heads), which no
+  optimiser decays (they are vectors; Muon gives them its scalar AdamW group).
+  optim.gate_lr_scale (default GATE_LR_SCALE) scales those of the gate logits of an
+  'auto(...)' phase (laplax.train.auto_heads), without a state of its own: a run's optimiser
+  state is the same with gates or without (with_gate_lr_scale).
+
+  'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
+  'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
+              the steps (nanochat; warmdown_schedule)
+
+`check(optim)` raises the one-line ValueErrors of a bad optim section (Task.validate calls it
+before anything is written). A new optimiser: a module with `build` (make's signature) and
+`check`, one line in OPTIMIZERS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import optax
+
+from laplax.train import ranges
+from laplax.train.optim import adamw, muon
+from laplax.train.optim.parts import CLIP_MODES, key_names
+from laplax.train.optim.schedules import SCHEDULES
+
+
+class Optimizer(NamedTuple):
+  """build(optim, total_steps, *, width, freeze_last_layer_steps) -> (tx, lr schedule);
+  check(optim) raises a one-line ValueError for values the builder cannot use."""
+  build: Callable[..., tuple[optax.GradientTransformation, optax.Schedule]]
+  check: Callable[[Any], None]
+
+
+OPTIMIZERS: dict[str, Optimizer] = {
+    "adamw": Optimizer(adamw.build, adamw.check),
+    "muon": Optimizer(muon.build, muon.check),
+}
+
+
+def check(optim) -> None:
+  """One-line ValueErrors for a bad optim section: names (optim.name, optim.schedule,
+  optim.clip_mode), the shared numbers, then the optimiser's own values."""
+  name = optim.get("name", "adamw")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optim.name={name!r}: use one of {tuple(OPTIMIZERS)}")
+  schedule = optim.get("schedule", "cosine")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"optim.schedule={schedule!r}: use one of {tuple(SCHEDULES)}")
+  if optim.get("clip_mode", "global") not in CLIP_MODES:
+    raise ValueError(f"optim.clip_mode={optim.clip_mode!r}: use one of {CLIP_MODES}")
+  ranges.check(optim, "optim")  # every number's range (laplax.train.ranges.RANGES)
+  if schedule == "warmdown" and "warmdown_fraction" not in optim:
+    raise ValueError("optim.schedule='warmdown' needs optim.warmdown_fraction (in [0, 1])")
+  if optim.get("mix_lr_scale", 1) not in (None, 1) and optim.get("flatten", False):
+    raise ValueError("optim.mix_lr_scale needs parameter names: set optim.flatten=False")
+  OPTIMIZERS[name].check(optim)
+
+
+MIX_PARAMS = ("mix_a", "mix_b")  # laplax.attention.MultiHeadAttention's mix coefficients
+
+
+def scale_mix_updates(scale: float) -> optax.GradientTransformation:
+  """Multiplies the updates of the mix coefficients (MIX_PARAMS) by `scale` (stateless): their
+  own learning rate, as they are never decayed."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(
+        lambda p, u: u * scale if key_names(p)[-1:] and key_names(p)[-1] in MIX_PARAMS else u,
+        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+GATE_PARAMS = ("gate_logit",)  # laplax.attention.MultiHeadAttention's gate heads
+# An 'auto(...)' phase is short (a fifth of the run by default) and a gate logit must travel a
+# few units in it; at the weights' lr it moves ~lr per step (Adam), far too little. Measured on
+# the main job's recipe (configs/study_auto.py): see benchmarks/README.md.
+GATE_LR_SCALE = 10.0
+
+
+def with_gate_lr_scale(tx: optax.GradientTransformation, scale: float
+                       ) -> optax.GradientTransformation:
+  """`tx` with the updates of the gate logits (GATE_PARAMS) multiplied by `scale`: the same
+  state (no chained state of its own, so checkpoints of runs with or without gates share their
+  optimiser tree); a no-op for models without gates."""
+
+  def update_fn(updates, state, params=None):
+    updates, state = tx.update(updates, state, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda p, u: u * scale if key_names(p)[-1:] and key_names(p)[-1] in GATE_PARAMS else u,
+        updates), state
+
+  return optax.GradientTransformation(tx.init, update_fn)
+
+
+def make(optim, total_steps: int, *, width: int | None = None,
+         freeze_last_layer_steps: int | None = None
+         ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(tx, the learning-rate schedule to log) of the optimiser optim.name names (default
+  'adamw'), after check(optim).
+
+  What only the task knows: width (the model's, for Muon's lr scaling; ignored by 'adamw')
+  and freeze_last_layer_steps (DINO: the head's last layer frozen for that many steps; None:
+  no layer kept apart; only 'adamw' honours it)."""
+  check(optim)
+  tx, lr = OPTIMIZERS[optim.get("name", "adamw")].build(
+      optim, total_steps, width=width, freeze_last_layer_steps=freeze_last_layer_steps)
+  mix_scale = optim.get("mix_lr_scale")
+  if mix_scale is not None and mix_scale != 1:
+    tx = optax.chain(tx, scale_mix_updates(float(mix_scale)))
+  return with_gate_lr_scale(tx, float(optim.get("gate_lr_scale", GATE_LR_SCALE))), lr
