@@ -328,12 +328,12 @@ def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, **kwargs):
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=None, save_interval_steps=2,
                       log=lambda m: None)
+  options = loop.LoopOptions(start_step=start_step, total_steps=total, log_every=4,
+                             items_per_step=8, unit="examples", schedule=lambda s: 1e-2,
+                             name="t", describe=lambda s: "", **kwargs)
   return loop.run_steps(
       state, step_fn, batches, ckpt, MetricsWriter(tmp_path, resume_step=start_step or None),
-      mesh=mesh, rules=sharding.rules_from_config(()), start_step=start_step,
-      total_steps=total, log_every=4,
-      items_per_step=8, unit="examples", schedule=lambda s: 1e-2, name="t",
-      describe=lambda s: "", **kwargs)
+      options, mesh=mesh, rules=sharding.rules_from_config(()))
 
 
 @pytest.mark.integration

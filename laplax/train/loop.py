@@ -11,6 +11,7 @@ With a step built by make_train_step(skip_nonfinite=True), bad steps carry
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 import math
 import time
 from typing import Any
@@ -71,19 +72,36 @@ class Preempted(Exception):
     self.step = step
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+  """What run_steps runs (the trainer builds it once): the steps, the progress rows, the hooks.
+
+  start_step, total_steps: the steps run (start_step + 1 .. total_steps); log_every: a 'train'
+  row every that many steps; items_per_step `unit`s per step (throughput); schedule(step): the
+  logged lr; name: the progress line's run name; describe(row) -> its text. The hooks and
+  options are described in run_steps."""
+  start_step: int
+  total_steps: int
+  log_every: int
+  items_per_step: int
+  unit: str
+  schedule: Callable[[int], Any]
+  name: str
+  describe: Callable[[dict[str, float]], str]
+  evaluate: Callable[[Any, int], bool] | None = None
+  batch_keys: Sequence[str] | None = None
+  max_consecutive_skips: int = 10
+  stop_requested: Callable[[int], bool] | None = None
+  profile: tuple[int, int, str] | None = None
+  flops_per_step: int | None = None
+  switch: tuple[int, Callable[[Any], tuple[Any, Callable]]] | None = None
+
+
 def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
-              writer: MetricsWriter, *, mesh, rules, start_step: int, total_steps: int,
-              log_every: int, items_per_step: int, unit: str, schedule: Callable[[int], Any],
-              name: str, describe: Callable[[dict[str, float]], str],
-              evaluate: Callable[[Any, int], bool] | None = None,
-              batch_keys: Sequence[str] | None = None,
-              max_consecutive_skips: int = 10,
-              stop_requested: Callable[[int], bool] | None = None,
-              profile: tuple[int, int, str] | None = None,
-              flops_per_step: int | None = None,
-              switch: tuple[int, Callable[[Any], tuple[Any, Callable]]] | None = None
+              writer: MetricsWriter, options: LoopOptions, *, mesh, rules
               ) -> tuple[Any, dict[str, float]]:
-  """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps.
+  """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps
+  (`options`, a LoopOptions: the names below are its fields) on `mesh` under `rules`.
 
   Every log_every steps (and at the end, and at a preemption stop): the interval's mean
   metrics and throughput (items_per_step `unit`s per step) go to writer as 'train' and to the
@@ -104,9 +122,9 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   both (an 'auto(...)' run freezing its head mask, laplax.train.auto_heads), and that step is
   saved. Returns (state, the last interval's summary).
   """
-  progress = Progress(total_steps, name=name, start=start_step)
+  progress = Progress(options.total_steps, name=options.name, start=options.start_step)
   pending: list[dict[str, jax.Array]] = []
-  guard = _FiniteGuard(checkpointer, max_consecutive_skips)
+  guard = _FiniteGuard(checkpointer, options.max_consecutive_skips)
   should_save = getattr(checkpointer, "should_save", None)
 
   def log_interval(step: int, t_last: float) -> tuple[dict[str, float], float]:
@@ -115,57 +133,59 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
     from it, a short last interval) says in 'steps' how many it averages."""
     guard.check()  # before writing: no NaN row in metrics.jsonl
     now = time.time()
-    row = interval_summary(pending, items_per_step=items_per_step, unit=unit,
-                           seconds=now - t_last, lr=schedule(step))
-    if len(pending) < log_every:
+    row = interval_summary(pending, items_per_step=options.items_per_step, unit=options.unit,
+                           seconds=now - t_last, lr=options.schedule(step))
+    if len(pending) < options.log_every:
       row["steps"] = len(pending)
-    if flops_per_step:
-      row.update(flops_lib.utilisation(flops_per_step * len(pending), now - t_last,
+    if options.flops_per_step:
+      row.update(flops_lib.utilisation(options.flops_per_step * len(pending), now - t_last,
                                        mesh.devices.size, mesh.devices.flat[0].device_kind))
     writer.write(step, "train", row)
-    progress.update(step, describe(row) + (
+    progress.update(step, options.describe(row) + (
         f"  {row['tflops_per_chip']:.1f} TFLOP/s/chip  MFU {row['mfu']:.1%}"
         if "mfu" in row else ""))
     return row, now
 
-  t_last, step, last = time.time(), start_step, {}
+  t_last, step, last = time.time(), options.start_step, {}
   tracing = fresh_step_fn = False
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      while step < total_steps:
-        if profile is not None and step + 1 == profile[0]:
-          jax.profiler.start_trace(profile[2])
+      while step < options.total_steps:
+        if options.profile is not None and step + 1 == options.profile[0]:
+          jax.profiler.start_trace(options.profile[2])
           tracing = True
         batch = next(train_iter)
-        if batch_keys is not None:
-          batch = {k: batch[k] for k in batch_keys}
+        if options.batch_keys is not None:
+          batch = {k: batch[k] for k in options.batch_keys}
         global_batch = sharding.host_batch_to_global(batch, mesh)
-        if (step == start_step or fresh_step_fn) and multihost.is_multiprocess():
+        if (step == options.start_step or fresh_step_fn) and multihost.is_multiprocess():
           # Compile first, then meet: hosts compile at different speeds, and gloo (JAX's CPU
           # collectives) gives up the first collective's rendezvous after 30 s.
           step_fn = step_fn.lower(state, global_batch).compile()
           multihost.agree("compiled_step", None)
         state, metrics = step_fn(state, global_batch)
         step += 1
-        fresh_step_fn = switch is not None and step == switch[0]
+        fresh_step_fn = options.switch is not None and step == options.switch[0]
         if fresh_step_fn:
-          state, step_fn = switch[1](state)
-        if tracing and step + 1 >= profile[0] + profile[1]:
+          state, step_fn = options.switch[1](state)
+        if tracing and step + 1 >= options.profile[0] + options.profile[1]:
           jax.block_until_ready(state)
           jax.profiler.stop_trace()
           tracing = False
         pending.append(metrics)
         guard.unchecked.append((step, metrics))
-        if step % log_every == 0 or step == total_steps:
+        if step % options.log_every == 0 or step == options.total_steps:
           last, t_last = log_interval(step, t_last)
           pending = []
-        if evaluate is not None and step < total_steps and evaluate(state, step):
+        last_step = step == options.total_steps
+        if options.evaluate is not None and not last_step and options.evaluate(state, step):
           t_last = time.time()
-        stop = stop_requested is not None and stop_requested(step) and step < total_steps
+        stop = (options.stop_requested is not None and options.stop_requested(step)
+                and not last_step)
         if stop and pending:  # the steps since the last row are saved now, not redone: log them
           last, t_last = log_interval(step, t_last)
           pending = []
-        force = step == total_steps or stop or fresh_step_fn
+        force = last_step or stop or fresh_step_fn
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
           checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)

@@ -280,14 +280,15 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
                else contextlib.nullcontext())
     with _stop_signals() as stop_requested, closing:
-      state, last = loop.run_steps(
-          state, step_fn, train_iter, checkpointer, writer, mesh=mesh, rules=rules,
+      options = loop.LoopOptions(
           start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
           items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
           describe=task.describe, evaluate=evaluate if periodic else None,
           batch_keys=task.batch_keys, stop_requested=stop_requested,
           profile=_profile_window(config, workdir),
           flops_per_step=task.flops_per_step(model, abstract.params), switch=switch)
+      state, last = loop.run_steps(state, step_fn, train_iter, checkpointer, writer, options,
+                                   mesh=mesh, rules=rules)
     step, train_time = int(state.step), time.time() - t0
     evaluated, final, summary = evaluator_lib.run_all(
         {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
