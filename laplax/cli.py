@@ -240,8 +240,7 @@ def _gone_flag(argv: list[str], gone: Mapping[str, str]) -> str | None:
   write now})."""
   for arg in argv[1:]:
     name = arg.lstrip("-").split("=")[0] if arg.startswith("--") else None
-    if name in gone or (name and name.startswith("no") and name[2:] in gone):
-      name = name if name in gone else name[2:]
+    if name in gone:
       return f"--{name} is gone: write {gone[name]}"
   return None
 

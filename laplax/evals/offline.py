@@ -101,6 +101,11 @@ def parse_set(text: str) -> tuple[str, str]:
   return f"{name}.{key}", value
 
 
+# How a refused --set names the type its key takes.
+_KINDS = {bool: "true or false", int: "an integer", float: "a number",
+          tuple: "a tuple (a,b or a literal)"}
+
+
 def parse_value(text: str, current: Any) -> Any:
   """A command line's `text` as the type of the key's `current` value (config_flags' rules:
   bool true/false/1/0, int, float, str as given; a tuple from a literal, or comma-separated
@@ -118,10 +123,6 @@ def parse_value(text: str, current: Any) -> Any:
       return tuple(ast.literal_eval(text))
     return tuple(_literal(t.strip()) for t in text.split(",") if t.strip())
   return _literal(text)
-
-
-_KINDS = {bool: "true or false", int: "an integer", float: "a number",
-          tuple: "a tuple (a,b or a literal)"}
 
 
 def _literal(text: str) -> Any:
