@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   base.checkpoint.every_steps = 150
   base.evals.val.every = 0
   c = common.study("study_chat", base, specs=(0, 2))  # 4 heads of 32: 2 Laplacian per layer
-  c.study.section = "laplax.study.chat"
+  c.study.section = "chat"
   c.study.workers = 0  # one cell per core
   mid, sft = lm_mid.get_config(), lm_sft.get_config()
   for stage in (mid, sft):

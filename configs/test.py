@@ -212,7 +212,7 @@ def study_chat() -> ml_collections.ConfigDict:
   b.evals.val.every = 0
   b.checkpoint.every_steps = 4
   c = common.study("test_study_chat", b, specs=(0, 2), seeds=(0,))
-  c.study.section = "laplax.study.chat"
+  c.study.section = "chat"
   mid, sft = chat_mid(), chat_sft()
   gsm8k = str(common.SHARED / "gsm8k" / "train.jsonl")
   mid.data.train = {"gsm8k": {"kind": "gsm8k", "path": gsm8k, "size": 40},

@@ -254,7 +254,7 @@ def test_a_benchmark_test_item_in_the_training_mixture_stops_the_run(tmp_path, t
                        "start": 7000, "size": 8}}
   c.data.seq_len = 256
   c.evals.chat = {"type": "chat", "tasks": ("gsm8k",), "final": False}
-  with pytest.raises(ValueError, match=r"data.train holds 3 test item\(s\) of evals.chat gsm8k"):
+  with pytest.raises(ValueError, match=r"evals.chat: data.train holds 3 test item\(s\) of gsm8k"):
     trainer.train_and_evaluate(c, tmp_path / "run", log=lambda *_: None)
   assert not (tmp_path / "run" / "config.json").exists()
   with pytest.raises(ValueError, match="split='test': test splits are for evaluation"):

@@ -262,13 +262,21 @@ def test_chat_evaluator_end_to_end_on_a_mesh(tok, shared_data):
   assert result["chatcore"]["tasks"] == ["arc_easy", "gsm8k", "spelling_bee"]
   assert "chat_chatcore_chatcore" in evaluator_lib.flat(result, "chat_")
   json.dumps(result)  # results.json must hold it
-  keys = chat_eval.test_items_keys(["arc_easy", "gsm8k"], shared_data, limit=3)
-  assert len(keys) == 6
   # `limit` items drawn with a fixed seed (the file orders by subject or source)
   lines = (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()
   drawn = sorted(random.Random(chat_eval.ITEM_SEED).sample(range(len(lines)), 3))
-  for i in drawn:
-    assert " ".join(json.loads(lines[i])["question"].split()).lower() in keys
+  assert [chat_tasks.question_key(c) for c in ev.items["gsm8k"]] == [
+      " ".join(json.loads(lines[i])["question"].split()).lower() for i in drawn]
+  # Those items are what the evaluator keeps out of training: generated ones are dropped, a
+  # file's stops the run.
+  other = {"messages": [{"role": "user", "content": "Spell 'tree'."},
+                        {"role": "assistant", "content": "t-r-e-e"}]}
+  train, logs = [ev.items["spelling_bee"][0], other, ev.items["spelling_bee"][2]], []
+  assert evaluator_lib.screen_training(config, task, train, logs.append) == [other]
+  assert logs == ["data: dropped 2 training rows equal to spelling_bee test items"]
+  with pytest.raises(ValueError, match=r"^evals.chat: data.train holds 1 test item\(s\) of "
+                                       r"gsm8k \(first: "):
+    evaluator_lib.screen_training(config, task, [other, ev.items["gsm8k"][1]], print)
 
 
 def test_chat_evaluator_config_errors(tok, shared_data):

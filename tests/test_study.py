@@ -117,6 +117,20 @@ def test_paired_difference_interval():
   assert mean == pytest.approx(0.0) and lo < 0 < hi
 
 
+def test_every_task_has_a_report_section_and_study_section_picks_one_by_name():
+  from laplax.study import cells
+  from laplax.train import task as task_lib
+  assert set(cells.TASK_SECTIONS) == set(task_lib.TASKS)  # a new task gets a line (or none)
+  for kind, section in (("study_vit", "classification"), ("study_lm", "lm"),
+                        ("study_dino", "dino"), ("study_chat", "chat")):
+    assert cells.section_for(make_config(kind))[1].__name__ == f"laplax.study.{section}"
+  c = make_config("study_chat")
+  c.study.section = "laplax.study.chat"  # a module path is not a section's name
+  with pytest.raises(ValueError, match=r"^study.section='laplax.study.chat': use one of "
+                                       r"\['chat', 'classification', 'dino', 'lm'\]$"):
+    cells.section_for(c)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_eval_export_and_analysis(finished_study, tmp_path):

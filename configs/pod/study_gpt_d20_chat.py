@@ -47,7 +47,7 @@ def get_config():
   b = gpt_d20.get_config()
   b.model.laplacian_heads = 0
   c = common.study("study_gpt_d20_chat", b, specs=(0, 5, 10), seeds=(0, 1, 2))
-  c.study.section = "laplax.study.chat"
+  c.study.section = "chat"
   c.study.stages = ml_collections.ConfigDict({"mid": gpt_d20_mid.get_config(),
                                               "sft": gpt_d20_sft.get_config()})
   c.study.stage_order = ("mid", "sft")

@@ -158,7 +158,7 @@ def study_config(name: str, cells: list[list[Run]], specs: list, seeds: list[int
       raise ValueError(f"{cells[0][-1].workdir}: an init_from chain of tasks "
                        f"{[r.config.get('task') for r in cells[0]]}; the report knows nanochat's "
                        "pipeline (lm, then chat twice: mid-training, SFT)")
-    study.section = "laplax.study.chat"
+    study.section = "chat"
     study.stages = ml_collections.ConfigDict({n: copy.deepcopy(r.config) for n, r in
                                               zip(_CHAT_STAGES[1:], cells[0][1:])})
     study.stage_order = _CHAT_STAGES[1:]

@@ -1,5 +1,5 @@
 """A study's cells: (head spec, seed) pairs of the grid, each an ordinary run of config.base,
-and the report section module of the base task (Task.study_section)."""
+and the report section that reads them (SECTIONS)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from laplax import heads as heads_lib
 from laplax.heads import spec_name
 from laplax.train import task as task_lib
 
-
+# The report sections (what a cell measures, its scores, claims, tables and figures): name ->
+# module of laplax.study. A study uses its base task's (TASK_SECTIONS), or the one
+# study.section names ('chat': every cell a pipeline of pretraining, mid-training and SFT).
+SECTIONS = {"classification": "laplax.study.classification", "lm": "laplax.study.lm",
+            "dino": "laplax.study.dino", "chat": "laplax.study.chat"}
+TASK_SECTIONS = {"classification": "classification", "lm": "lm", "chat": "lm", "dino": "dino"}
 
 
 def grid_cells(config: ml_collections.ConfigDict) -> dict[str, tuple[Any, int]]:
@@ -37,18 +42,16 @@ def cell_config(config: ml_collections.ConfigDict, spec, seed: int) -> ml_collec
 
 
 def section_for(config: ml_collections.ConfigDict):
-  """The report section module: study.section if set (e.g. 'laplax.study.chat', a pipeline
-  of runs per cell), else the base task's (Task.study_section)."""
+  """(the base task, the report section module): study.section's if set, else the base task's
+  (TASK_SECTIONS)."""
   task = task_lib.for_config(config.base)
-  module = config.study.get("section") or task.study_section
-  if not module:
-    raise ValueError(f"task {task.name!r} has no study section (Task.study_section)")
-  if not module.startswith("laplax.study."):
-    raise ValueError(f"study.section={module!r}: name a module of laplax.study")
-  try:
-    return task, importlib.import_module(module)
-  except ModuleNotFoundError:
-    raise ValueError(f"study.section={module!r} does not exist") from None
+  name = config.study.get("section") or TASK_SECTIONS.get(task.name)
+  if not name:
+    raise ValueError(f"task {task.name!r} has no study section: set study.section to one of "
+                     f"{sorted(SECTIONS)}")
+  if name not in SECTIONS:
+    raise ValueError(f"study.section={name!r}: use one of {sorted(SECTIONS)}")
+  return task, importlib.import_module(SECTIONS[name])
 
 
 def cell_finished(workdir: pathlib.Path, section, cell: str) -> bool:

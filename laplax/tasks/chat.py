@@ -13,8 +13,8 @@ files, benchmark *train* splits, spelling tasks) rendered once -> rows:
 The optimiser starts fresh (the lm task's optim section; the stage configs set nanochat's
 lr fraction and schedule). Evaluators: the lm task's (bpb: packed windows, or the
 supervised tokens of padded rows) and chat-format benchmarks (laplax.evals.chat.evaluators). No test
-item of a benchmark the run evaluates may be in the training mixture (checked before
-config.json).
+item of a benchmark the run evaluates may be in the training mixture: each evaluator screens
+it (Evaluator.screen_training), before config.json.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from laplax.data.text import conversations as conv_lib
 from laplax.data.text import corpus
 from laplax.data.text import shards
 from laplax.data.tokenizer import Tokenizer, as_path
-from laplax.evals.chat import evaluators as chat_evals
 from laplax.models import gpt
 from laplax.tasks.lm import LanguageModelTask, text_cache_dir
 from laplax.train import evaluator as evaluator_lib
@@ -45,7 +44,6 @@ from laplax.train import identity as identity_lib
 class ChatTask(LanguageModelTask):
   name = "chat"
   min_total_steps = 0  # 0: data.epochs passes over the training rows (known after load_data)
-  study_section = "laplax.study.lm"
 
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
@@ -116,7 +114,8 @@ class ChatTask(LanguageModelTask):
     seed = int(d.mixture_seed)
     splits = {"train": conv_lib.mixture(by_split["train"], train_spec, seed),
               "val": conv_lib.mixture(by_split["val"], val_spec, seed)}
-    splits["train"] = self._check_no_test_items(splits["train"], log)
+    # No test item of a benchmark this run scores may be trained on (its evaluator says which).
+    splits["train"] = evaluator_lib.screen_training(self.config, self, splits["train"], log)
     stats = {f"{split}/{name}": len(rows) for split, group in by_split.items()
              for name, rows in group.items()}
     key = conv_lib.cache_key(self.tokenizer, splits, max_tokens=int(d.max_tokens))
@@ -169,29 +168,6 @@ class ChatTask(LanguageModelTask):
                        "data.words_from (text files to take words from)")
     files = corpus.list_documents(list(d.words_from))
     return chat_tasks.words_from_text(corpus.read_document(f) for f in files)
-
-  def _check_no_test_items(self, train: list[dict[str, Any]], log) -> list[dict[str, Any]]:
-    """The training mixture without test items of the chat benchmarks this run scores: a
-    benchmark file's test item there stops the run (one line); a generated one (SpellingBee
-    draws words, letters and templates at random, so train and test rows can coincide) is
-    dropped from training, and the count logged."""
-    out = train
-    for name, section in evaluator_lib.sections(self.config).items():
-      if section.type != "chat" or not section.tasks:
-        continue
-      for benchmark in section.tasks:
-        keys = chat_evals.test_items_keys([benchmark], section.data_dir, int(section.limit),
-                                          words=self.words)
-        hits = [c for c in out if chat_tasks.question_key(c) in keys]
-        if not hits:
-          continue
-        if chat_evals.get_task(benchmark).path:
-          raise ValueError(f"data.train holds {len(hits)} test item(s) of evals.{name} "
-                           f"{benchmark} (first: {chat_tasks.question_key(hits[0])[:60]!r}): "
-                           "train on train splits only")
-        out = [c for c in out if chat_tasks.question_key(c) not in keys]
-        log(f"data: dropped {len(hits)} training rows equal to {benchmark} test items")
-    return out
 
   # --- training -----------------------------------------------------------------------------
 

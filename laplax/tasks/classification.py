@@ -182,7 +182,6 @@ class ClassificationTask(Task):
   name = "classification"
   sections = Task.sections + ("loss",)
   unit = "images"
-  study_section = "laplax.study.classification"
 
   data: dict[str, Any]
 

@@ -261,7 +261,6 @@ class DinoTask(Task):
   name = "dino"
   sections = Task.sections + ("dino", "multicrop", "head")
   unit = "images"
-  study_section = "laplax.study.dino"
 
   _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
 

@@ -54,7 +54,6 @@ class LanguageModelTask(Task):
   name = "lm"
   sections = Task.sections + ("loss",)
   unit = "tokens"
-  study_section = "laplax.study.lm"
 
   tokenizer: Tokenizer | None = None
   min_total_steps = 1  # the chat task takes 0: one pass over its data

@@ -19,7 +19,9 @@ each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(
 run time, e.g. from a test), a config section naming the type. A config declares a section with
 `section(type, **keys)` (configs/common.py's `evaluator`): every key of COMMON and of the
 class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them; the class's
-`ranges` (laplax.train.ranges values) are checked with every section.
+`ranges` (laplax.train.ranges values) are checked with every section. An evaluator whose test
+items could be trained on keeps them out (`screen_training`: the chat task asks every
+evaluator, with its training mixture, before config.json).
 """
 
 from __future__ import annotations
@@ -77,6 +79,15 @@ class Evaluator(abc.ABC):
   @classmethod
   def check(cls, config: ml_collections.ConfigDict, task: Task) -> None:
     """One-line ValueErrors for bad values, before anything is written (default: none)."""
+
+  @classmethod
+  def screen_training(cls, config: ml_collections.ConfigDict, task: Task, examples: list,
+                      log: Log) -> list:
+    """The task's training examples (a list; each task's own kind: the chat task's
+    conversations) without what this evaluator tests on, or a one-line ValueError where a test
+    item must never be trained on; called by a task that can mix test sets into training
+    (`screen_training` below). Default: unchanged."""
+    return examples
 
   @abc.abstractmethod
   def run(self, weights, step: int | None) -> dict[str, Any]:
@@ -199,6 +210,17 @@ def check(config: ml_collections.ConfigDict, task: Task) -> None:
       get(section.type).check(section, task)
     except ValueError as e:
       raise ValueError(f"evals.{name}: {e}") from None
+
+
+def screen_training(config: ml_collections.ConfigDict, task: Task, examples: list,
+                    log: Log) -> list:
+  """`examples` screened by every evaluator of config.evals (Evaluator.screen_training)."""
+  for name, section in sections(config).items():
+    try:
+      examples = get(section.type).screen_training(section, task, examples, log)
+    except ValueError as e:
+      raise ValueError(f"evals.{name}: {e}") from None
+  return examples
 
 
 def build(config: ml_collections.ConfigDict, ctx: Context,

@@ -26,7 +26,7 @@ asked, in this order:
 
 A task measures nothing: evaluators do (laplax.train.evaluator, picked by config.evals), reading
 the task's data. eval.py asks `load_assets(workdir)` (files build_model needs besides the
-config). A study reads its report section from the module `study_section` names.
+config). A study's report section is found by the task's name (laplax.study.cells.SECTIONS).
 """
 
 from __future__ import annotations
@@ -272,11 +272,6 @@ class Task(abc.ABC):
   def model_identity(self, model: nn.Module) -> dict[str, Any]:
     """The resolved model section: the built module's fields as 'model.<field>'."""
     return identity_lib.module_fields(model, "model")
-
-  # --- Studies -------------------------------------------------------------------------------
-
-  study_section: ClassVar[str | None] = None  # module with the study's per-task report section
-
 
 # --- The registry ----------------------------------------------------------------------------
 # Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in

@@ -105,15 +105,6 @@ def load_items(name: str, data_dir, limit: int = 0, words: Sequence[str] | None 
   return items
 
 
-def test_items_keys(tasks: Sequence[str], data_dir="", limit: int = 0,
-                    words: Sequence[str] | None = None) -> set[str]:
-  """question_key of every test item the 'chat' evaluator scores with these settings (for the
-  training side's check that none of them is trained on)."""
-  data_dir = data_dir or str(shared_data_dir())
-  return {chat_tasks.question_key(c) for t in tasks
-          for c in load_items(t, data_dir, limit, words)}
-
-
 # --- Scoring ---------------------------------------------------------------------------------
 
 
@@ -263,21 +254,43 @@ class ChatEval(Evaluator):
     for t in config.tasks:
       get_task(t)
 
-  def __init__(self, name, config, ctx):
-    super().__init__(name, config, ctx)
-    self.check(config, ctx.task)
+  @staticmethod
+  def scored_items(config, task) -> dict[str, list[Conversation]]:
+    """{benchmark: the items it scores with these settings} (missing data: one line)."""
+    ChatEval.check(config, task)
     words = None
     if "spelling_bee" in config.tasks:
-      if config.words:
-        words = chat_tasks.load_words(config.words)
-      else:
-        words = getattr(ctx.task, "words", None)
-        if not words:
-          raise ValueError("spelling_bee needs a word list: set words= a file of one word a "
-                           "line (the task has no `words`)")
+      words = (chat_tasks.load_words(config.words) if config.words
+               else getattr(task, "words", None))
+      if not words:
+        raise ValueError("spelling_bee needs a word list: set words= a file of one word a "
+                         "line (the task has no `words`)")
     data_dir = config.data_dir or str(shared_data_dir())
+    return {t: load_items(t, data_dir, config.limit, words) for t in config.tasks}
+
+  @classmethod
+  def screen_training(cls, config, task, examples, log):
+    """The training conversations without this evaluator's test items: a benchmark file's test
+    item there stops the run (one line); a generated one (SpellingBee draws words, letters and
+    templates at random, so train and test rows can coincide) is dropped, and the count logged."""
+    out = examples
+    for benchmark, items in cls.scored_items(config, task).items():
+      keys = {chat_tasks.question_key(c) for c in items}
+      hits = [c for c in out if chat_tasks.question_key(c) in keys]
+      if not hits:
+        continue
+      if get_task(benchmark).path:
+        raise ValueError(f"data.train holds {len(hits)} test item(s) of {benchmark} (first: "
+                         f"{chat_tasks.question_key(hits[0])[:60]!r}): train on train splits "
+                         "only")
+      out = [c for c in out if chat_tasks.question_key(c) not in keys]
+      log(f"data: dropped {len(hits)} training rows equal to {benchmark} test items")
+    return out
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
     # Loaded now: missing data stops a run before its first step.
-    self.items = {t: load_items(t, data_dir, config.limit, words) for t in config.tasks}
+    self.items = self.scored_items(config, ctx.task)
     self._engine = None
 
   def engine(self):
