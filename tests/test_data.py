@@ -481,3 +481,29 @@ def test_damaged_prepared_metadata_names_the_folder(tmp_path, fashion_mnist_dir)
     builders.load_split('fashion_mnist', 'test', source_dir=fashion_mnist_dir,
                         cache_dir=tmp_path)
   assert '\n' not in str(e.value)
+
+
+def test_the_in_memory_task_evaluates_through_eval_batches(data_cache, tmp_path):
+  """The classification task's one evaluation interface in memory: what the streamed task
+  gives (host blocks of the global batches, the first `limit` examples, masked tail), with
+  images normalised on the host (host_normalize leaves them as they are)."""
+  from conftest import make_config
+  from laplax.train import task as task_lib
+  task = task_lib.for_config(make_config("vit", data_cache))
+  task.load_data(tmp_path, log=lambda m: None)
+  images, labels = task.data["test"]
+  assert task.eval_size("test") == len(labels) == 512  # data.eval_subset
+  whole = list(task.eval_batches("test", 6, limit=10, process_index=0, process_count=1))
+  assert [int(b["mask"].sum()) for b in whole] == [6, 4]
+  hosts = [list(task.eval_batches("test", 3, limit=10, process_index=p, process_count=2))
+           for p in (0, 1)]
+  for j, b in enumerate(whole):
+    for k in ("image", "label", "mask"):
+      np.testing.assert_array_equal(np.concatenate([hosts[0][j][k], hosts[1][j][k]]), b[k])
+  info = task.info()
+  want = pipeline.normalize(images[:6], mean=info.mean, std=info.std)
+  np.testing.assert_array_equal(whole[0]["image"], want)
+  np.testing.assert_array_equal(
+      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std), want)
+  np.testing.assert_array_equal(whole[0]["label"], labels[:6])
+  assert task.eval_params(task.build_model(), {"w": 1}) == {"w": 1}  # trained at its size

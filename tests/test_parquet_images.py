@@ -106,6 +106,34 @@ def test_the_classification_task_streams_parquet_by_config(planted, tmp_path):
     np.testing.assert_array_equal(x["image"], y["image"])
 
 
+def test_the_streamed_task_evaluates_through_eval_batches(planted, tmp_path):
+  """The classification task's one evaluation interface on streamed data: host blocks that
+  make up the global batches, the first `limit` examples, uint8 crops that host_normalize
+  normalises; eval_size counts data.eval_subset."""
+  from configs.pod import vit_b16_imagenet
+  from laplax.data import pipeline
+  c = vit_b16_imagenet.get_config()
+  c.data = _data(planted, source="parquet", eval_subset=9)
+  c.data.num_workers = 0
+  c.model.preset, c.model.patch_size = "mu", 8
+  task = task_lib.for_config(c)
+  task.load_data(tmp_path, log=lambda m: None)
+  assert task.eval_size("val") == 9
+  whole = list(task.eval_batches("val", 4, process_index=0, process_count=1))
+  assert [int(b["mask"].sum()) for b in whole] == [4, 4, 1]  # eval_subset, the tail masked
+  hosts = [list(task.eval_batches("val", 2, process_index=p, process_count=2)) for p in (0, 1)]
+  for j, b in enumerate(whole):
+    for k in ("image", "label", "mask"):
+      np.testing.assert_array_equal(np.concatenate([hosts[0][j][k], hosts[1][j][k]]), b[k])
+  assert whole[0]["image"].dtype == np.uint8 and whole[0]["image"].shape == (4, 32, 32, 3)
+  info = task.info()
+  np.testing.assert_array_equal(
+      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
+      pipeline.normalize(whole[0]["image"], mean=info.mean, std=info.std))
+  (short,) = task.eval_batches("val", 8, limit=3, process_index=0, process_count=1)
+  assert int(short["mask"].sum()) == 3
+
+
 def test_bad_shards_are_one_line_errors(planted, tmp_path):
   import pyarrow as pa
   import pyarrow.parquet as pq

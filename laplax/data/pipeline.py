@@ -67,6 +67,14 @@ def normalize(images: np.ndarray, *, mean: Sequence[float] | float,
   return _apply_normalization(images, *normalization(mean, std, images.shape[-1]))
 
 
+def host_normalize(images, *, mean: Sequence[float] | float,
+                   std: Sequence[float] | float) -> np.ndarray:
+  """An evaluation batch's images as normalised float32 on the host: uint8 pixels (a streamed
+  split's) normalised, float input (normalised by eval_batches) as it is."""
+  images = np.asarray(images)
+  return normalize(images, mean=mean, std=std) if images.dtype == np.uint8 else images
+
+
 def device_normalize(images, mean: Sequence[float] | float, std: Sequence[float] | float):
   """Model input inside a jitted function: uint8 (..., H, W, C) -> float32
   (x / 255 - mean) / std (the streaming pipeline sends uint8: 4x fewer bytes to the device);

@@ -95,22 +95,22 @@ def image_batches(task, split: str, examples: int, batch_size: int
   images of `split` ('val' / 'test'; a streamed DINO run: data.eval_split at its evaluation
   crop), in order; the last batch padded. One host (analysis evaluators)."""
   info = task.info()
-  if not task.streaming:
+  if task.name == "classification":  # both data modes: the task's evaluation batches
+    n = max(min(examples, task.eval_size(split)), 1)
+    stream = task.eval_batches(split, min(batch_size, n), limit=examples, process_index=0,
+                               process_count=1)
+  elif not task.streaming:
     images, labels = task.data[split]
     n = min(examples, len(images))
-    for b in pipeline.eval_batches(images[:n], labels[:n], batch_size=min(batch_size, n),
-                                   mean=info.mean, std=info.std):
-      yield np.asarray(b["image"]), np.asarray(b["mask"], bool)
-    return
-  if task.name == "classification":
-    stream = task.eval_stream(split, batch_size, limit=examples)
+    stream = pipeline.eval_batches(images[:n], labels[:n], batch_size=min(batch_size, n),
+                                   mean=info.mean, std=info.std)
   else:
     source = stream_source(task)
     resize, crop = stream_crop(task)
     stream = streaming.eval_dataset(source, batch_size=min(batch_size, max(
         len(streaming.subset(source, examples)), 1)), resize=resize, crop=crop, limit=examples)
   for b in stream:
-    yield (pipeline.normalize(np.asarray(b["image"]), mean=info.mean, std=info.std),
+    yield (pipeline.host_normalize(b["image"], mean=info.mean, std=info.std),
            np.asarray(b["mask"], bool))
 
 

@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import geometry
-from laplax.data import pipeline
 from laplax.geometry import spectra
 
 _update = {cls: jax.jit(cls.update) for cls in (
@@ -93,19 +92,12 @@ def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_cl
   return out, np.concatenate(feats), np.concatenate(ys)
 
 
-def analyze_vit(model, params, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
-                batch_size: int, mean, std) -> dict[str, Any]:
-  """Every metric at every layer, plus NC3 / NC4 of the final class token against the head, of
-  uint8 images (N, H, W, C) in memory (analyze_batches)."""
-  return analyze_batches(model, params, pipeline.eval_batches(
-      images, labels, batch_size=batch_size, mean=mean, std=std), num_classes=num_classes)
-
-
 def analyze_batches(model, params, batches: Iterable[dict[str, Any]], *, num_classes: int
                     ) -> dict[str, Any]:
-  """analyze_vit of a stream of batches ({'image': normalised float32 (B, H, W, C), 'label',
-  'mask'}, e.g. a streamed split's): one forward pass per batch, memory bounded by the batch
-  (plus the final class tokens, (N, E), for the classifier's NC3 / NC4)."""
+  """Every metric at every layer, plus NC3 / NC4 of the final class token against the head, of
+  a stream of batches ({'image': normalised float32 (B, H, W, C), 'label', 'mask'}: a task's
+  eval_batches): one forward pass per batch, memory bounded by the batch (plus the final
+  class tokens, (N, E), for the classifier's NC3 / NC4)."""
   forward = jax.jit(lambda p, x: model.apply({"params": p}, x, return_tokens=True)[1])
   layers, feats, labels = layer_geometry(forward, params, batches, num_classes=num_classes)
   head = params["head"]

@@ -339,18 +339,45 @@ class ClassificationTask(Task):
     return vit.params_for_grid(source_params, train_grid(source_config),
                                train_grid(self.config))
 
-  def params_for_eval(self, model: vit.ViT, params):
-    """Streamed data: params with the position table resized from the training grid
-    (data.image_size) to the evaluation grid (data.eval_crop)."""
+  # --- What the evaluators read (laplax.evals.classification, laplax.evals.inputs) ---------
+
+  def eval_size(self, split: str) -> int:
+    """The examples of `split` ('train' / 'val' / 'test') an evaluation reads (data.eval_subset
+    applied)."""
+    if not self.streaming:
+      return len(self.data[split][1])  # eval_subset cut the arrays at load_data
+    n, cap = len(self.data[split]), self.config.data.get("eval_subset", 0)
+    return min(n, cap) if cap else n
+
+  def eval_batches(self, split: str, batch_size: int, *, limit: int | None = None,
+                   process_index: int | None = None, process_count: int | None = None):
+    """Host `process_index`'s padded, masked batches (None: this process's; global batch j is
+    the hosts' blocks in order) of the first `limit` examples of `split` (None: eval_size's),
+    one path for both data modes: {'image': (B, H, W, C), 'label': int32 (B,), 'mask': bool
+    (B,)}. Images are uint8 pixels when streamed (at data.eval_crop; normalised on the device),
+    float32 already normalised in memory: pipeline.device_normalize / host_normalize take
+    either."""
+    pi = jax.process_index() if process_index is None else process_index
+    pc = jax.process_count() if process_count is None else process_count
+    d = self.config.data
+    if self.streaming:
+      resize, crop = eval_geometry(d)
+      return streaming.eval_dataset(
+          self.data[split], batch_size=batch_size, resize=resize, crop=crop, process_index=pi,
+          process_count=pc, limit=d.get("eval_subset", 0) if limit is None else limit,
+          **self._loader_options())
+    images, labels = self.data[split]
+    n = len(labels) if limit is None else min(limit, len(labels))
+    info = self.data["info"]
+    return pipeline.eval_batches(images[:n], labels[:n], batch_size=batch_size, mean=info.mean,
+                                 std=info.std, process_index=pi, process_count=pc)
+
+  def eval_params(self, model: vit.ViT, params):
+    """The parameters evaluation applies: streamed data is evaluated at data.eval_crop and
+    trained at data.image_size (DeiT-III: 224 / 192), so the position table is resized from the
+    training grid to the evaluation grid (bicubic); in memory both are the images' size."""
+    if not self.streaming:
+      return params
     p, (_, crop) = model.patch_size, eval_geometry(self.config.data)
     size = self.config.data.image_size
     return vit.params_for_grid(params, (size // p,) * 2, (crop // p,) * 2)
-
-  def eval_stream(self, split: str, batch_size: int, *, limit: int | None = None):
-    """This host's padded, masked batches of a streamed split ('val' / 'test')."""
-    d = self.config.data
-    resize, crop = eval_geometry(d)
-    return streaming.eval_dataset(
-        self.data[split], batch_size=batch_size, resize=resize, crop=crop,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-        limit=d.get("eval_subset", 0) if limit is None else limit, **self._loader_options())

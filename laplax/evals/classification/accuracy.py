@@ -30,17 +30,6 @@ def make_eval_fn(model: nn.Module, mesh, rules, *, mean=0.0, std=1.0):
     return jax.jit(eval_step)
 
 
-def evaluate(eval_step, params, images: np.ndarray, labels: np.ndarray, *, batch_size: int,
-             info, mesh, rules) -> dict[str, float]:
-  """Accuracy and mean loss over uint8 images (N, H, W, C) and labels (N,); the padded last
-  batch is masked out, and batches are padded to a multiple of the data-parallel devices."""
-  batches = pipeline.eval_batches(images, labels, batch_size=host_batch_size(batch_size, mesh),
-                                  mean=info.mean, std=info.std,
-                                  process_index=jax.process_index(),
-                                  process_count=jax.process_count())
-  return evaluate_batches(eval_step, params, batches, mesh=mesh, rules=rules)
-
-
 def host_batch_size(batch_size: int, mesh) -> int:
   """This host's share of an evaluation batch rounded up to a multiple of the data-parallel
   devices (every global batch must split evenly over them)."""

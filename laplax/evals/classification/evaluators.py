@@ -3,8 +3,8 @@
   evals.val = {'type': 'accuracy', 'split': 'val', 'every': 500}
   evals.geometry = {'type': 'vit_geometry', 'examples': 2000, 'final': False, 'analysis': True}
 
-Both read the task's data (laplax.tasks.classification): in memory, or streamed when
-`data.tfds_name` is set (then at `data.eval_crop` through the resized position table).
+Both read the task's eval_batches (laplax.tasks.classification: in memory, or streamed when
+`data.tfds_name` is set, then at `data.eval_crop` through the resized position table).
 """
 
 from __future__ import annotations
@@ -50,22 +50,14 @@ class Accuracy(Evaluator):
                                           std=info.std)
 
   def run(self, weights, step) -> dict[str, Any]:
-    task, split, (mesh, rules) = self.ctx.task, self.config.split, (self.ctx.mesh, self.ctx.rules)
-    params = weights.params
-    if task.streaming:
-      # Evaluated at data.eval_crop, trained at data.image_size (DeiT-III: 224 / 192): the
-      # position table is resized to the evaluation grid (bicubic).
-      params = task.params_for_eval(self.ctx.model, params)
-      n, cap = len(task.data[split]), task.config.data.get("eval_subset", 0)
-      # No batch larger than the split (a small data set would be mostly padding).
-      size = min(task.config.data.eval_batch_size, min(n, cap) if cap else n)
-      batches = task.eval_stream(split, accuracy.host_batch_size(size, mesh))
-      return accuracy.evaluate_batches(self._eval_fn, params, batches, mesh=mesh, rules=rules)
-    images, labels = task.data[split]
-    # No batch larger than the split: data.eval_batch_size=10**6 is not a 730 GiB allocation.
-    return accuracy.evaluate(self._eval_fn, params, images, labels,
-                             batch_size=min(task.config.data.eval_batch_size, len(labels)),
-                             info=task.data["info"], mesh=mesh, rules=rules)
+    task, mesh = self.ctx.task, self.ctx.mesh
+    # No batch larger than the split: data.eval_batch_size=10**6 is not a 730 GiB allocation,
+    # and a small data set's batches are not mostly padding.
+    size = min(task.config.data.eval_batch_size, task.eval_size(self.config.split))
+    batches = task.eval_batches(self.config.split, accuracy.host_batch_size(size, mesh))
+    return accuracy.evaluate_batches(self._eval_fn, task.eval_params(self.ctx.model,
+                                                                     weights.params),
+                                     batches, mesh=mesh, rules=self.ctx.rules)
 
   def summary(self, result) -> str:
     return f"{self.name} accuracy {result['accuracy']:.4f}"
@@ -86,22 +78,14 @@ class VitGeometry(Evaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     task, n, split = self.ctx.task, self.config.examples, self.config.split
-    info, params = task.data["info"], weights.params
-    if task.streaming:  # the first n examples, decoded as evaluation sees them, batch by batch
-      # Each host streams its block of every batch: all of them, in order, on every host.
-      stream = task.eval_stream(split, min(n, 250), limit=n)
-      batches = ({**b, "image": pipeline.normalize(np.asarray(b["image"]), mean=info.mean,
-                                                   std=info.std)}
-                 for b in map(multihost.gather_rows, stream))
-      geo = vit_geometry.analyze_batches(
-          self.ctx.model, multihost.fetch(task.params_for_eval(self.ctx.model, params)),
-          batches, num_classes=info.num_classes)
-    else:
-      images, labels = task.data[split]
-      n = min(n, len(labels))
-      geo = vit_geometry.analyze_vit(self.ctx.model, multihost.fetch(params), images[:n],
-                                     labels[:n], num_classes=info.num_classes, batch_size=250,
-                                     mean=info.mean, std=info.std)
+    info = task.data["info"]
+    # Each host reads its block of every batch: all of them, in order, on every host.
+    batches = ({**b, "image": pipeline.host_normalize(b["image"], mean=info.mean, std=info.std)}
+               for b in map(multihost.gather_rows, task.eval_batches(
+                   split, min(n, 250), limit=n)))
+    geo = vit_geometry.analyze_batches(
+        self.ctx.model, multihost.fetch(task.eval_params(self.ctx.model, weights.params)),
+        batches, num_classes=info.num_classes)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
