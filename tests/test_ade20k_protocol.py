@@ -149,9 +149,10 @@ def test_probe_learns_the_planted_colour_map(ade_root):
   mesh = sharding.make_mesh({"data": 8})
   out = ade20k_probe.segmentation_probe(
       _mean_colour_patches(4), {}, ade20k_stream.FolderSource(ade_root, "train"),
-      ade20k_stream.FolderSource(ade_root, "validation"), mean=(0.5,) * 3, std=(0.25,) * 3,
-      mesh=mesh, rules=sharding.DEFAULT_RULES, crop=32, windows=4, steps=60, batch_size=8,
-      lr=0.05, warmup_steps=5, eval_batch_size=8)
+      ade20k_stream.FolderSource(ade_root, "validation"),
+      ade20k_probe.Protocol(crop=32, windows=4, steps=60, batch_size=8, lr=0.05,
+                            warmup_steps=5, eval_batch_size=8),
+      mean=(0.5,) * 3, std=(0.25,) * 3, mesh=mesh, rules=sharding.DEFAULT_RULES)
   assert out["steps"] == 60 and out["batch_size"] == 8 and len(out["iou"]) == 150
   assert out["train_loss"][-1] < 0.5 * out["train_loss"][0]
   # Chance over the 4 classes present is about 0.1; the map is linear in colour.
@@ -166,8 +167,22 @@ def test_probe_runs_on_a_dino_teacher(ade_root, initial_state):
   feats = features.feature_function(_tiny_model(), (2, 2), 1, ("patches",))
   out = ade20k_probe.segmentation_probe(
       feats, initial_state.params, ade20k_stream.FolderSource(ade_root, "train"),
-      ade20k_stream.FolderSource(ade_root, "validation"), mean=(0.5,) * 3, std=(0.25,) * 3,
-      mesh=sharding.make_mesh({"data": 8}), rules=sharding.DEFAULT_RULES, crop=16, windows=2,
-      steps=3, batch_size=8, eval_batch_size=8, eval_limit=3)
+      ade20k_stream.FolderSource(ade_root, "validation"),
+      ade20k_probe.Protocol(crop=16, windows=2, steps=3, batch_size=8, eval_batch_size=8),
+      mean=(0.5,) * 3, std=(0.25,) * 3, mesh=sharding.make_mesh({"data": 8}),
+      rules=sharding.DEFAULT_RULES, eval_limit=3)
   assert out["steps"] == 3 and np.all(np.isfinite(out["train_loss"]))
   assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
+
+
+def test_the_protocol_is_dinov2s_and_the_evaluator_section_sets_it():
+  from laplax.train import evaluator as evaluator_lib
+  p = ade20k_probe.Protocol()
+  assert (p.crop, p.windows, p.steps, p.batch_size, p.lr, p.weight_decay, p.warmup_steps,
+          p.warmup_ratio, p.ratio_range) == (512, 4, 40_000, 16, 1e-3, 1e-4, 1500, 1e-6,
+                                             (0.5, 2.0))
+  section = evaluator_lib.section("ade20k", dir="x", crop=64, ratio_range=[0.75, 1.5])
+  assert evaluator_lib.protocol(ade20k_probe.Protocol, section) == ade20k_probe.Protocol(crop=64,
+                                                                    ratio_range=(0.75, 1.5))
+  with pytest.raises(ValueError, match="need steps, crop, windows >= 1 and lr > 0"):
+    ade20k_probe.Protocol(steps=0)

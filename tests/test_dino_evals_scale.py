@@ -152,16 +152,18 @@ def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, 
   model, params = model_params
   mesh = sharding.make_mesh({"data": 8})
   fn = features_lib.feature_function(model, (CROP // 4,) * 2, 2, ("last",))
-  out = dino_linear.streamed_linear_probe(fn, params, train, {"val": val}, num_classes=3, mean=MEAN,
-                                 std=STD, mesh=mesh, rules=RULES, epochs=8, batch_size=16,
-                                 base_lr=20.0, crop=CROP, resize=RESIZE)
+  protocol = dino_linear.Protocol(epochs=8, batch_size=16, base_lr=20.0, crop=CROP,
+                                  resize=RESIZE)
+  out = dino_linear.streamed_linear_probe(fn, params, train, {"val": val}, protocol,
+                                          num_classes=3, mean=MEAN, std=STD, mesh=mesh,
+                                          rules=RULES)
   assert out["steps"] == 8 * 48 // 16 and len(out["train_loss"]) == 8
   loss = out["train_loss"]
   assert loss[-1] < 0.5 * loss[0], loss
   assert out["val"] > 0.9, out
   with pytest.raises(ValueError, match="multiple of the 8"):
-    dino_linear.streamed_linear_probe(fn, params, train, {}, num_classes=3, mean=MEAN, std=STD,
-                             mesh=mesh, rules=RULES, batch_size=12)
+    dino_linear.streamed_linear_probe(fn, params, train, {}, dino_linear.Protocol(batch_size=12),
+                                      num_classes=3, mean=MEAN, std=STD, mesh=mesh, rules=RULES)
 
 
 def test_epoch_cosine_is_stepped_per_epoch():

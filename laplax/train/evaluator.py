@@ -100,6 +100,12 @@ class Evaluator(abc.ABC):
                      if not k.endswith("count") and isinstance(v, float))
 
 
+def protocol(cls, section: ml_collections.ConfigDict):
+  """A protocol dataclass (e.g. laplax.evals.dino.ade20k.Protocol) with each field read from
+  the evaluator section's key of that name."""
+  return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+
+
 def flat(result: dict[str, Any], prefix: str = "") -> dict[str, float | int]:
   """The numbers of a (nested) result, keys joined by '_' (lists and strings left out)."""
   out: dict[str, float | int] = {}

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
-
 from laplax import multihost
 from laplax.data import pipeline
 from laplax.evals.classification import accuracy

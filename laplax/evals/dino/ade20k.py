@@ -33,6 +33,7 @@ devices and the hosts; 'patches' tokens have no final LayerNorm (the BN normalis
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -50,19 +51,25 @@ NUM_CLASSES = 150  # labels 1..150; 0 ignored
 BN_MOMENTUM = 0.1  # torch BatchNorm's running-stat momentum
 BN_EPS = 1e-5
 
-# DINOv2's linear ADE20K protocol (the module docstring).
-PROTOCOL = {
-    "crop": 512,
-    "windows": 4,  # eval windows along the long side: img_scale (2048, 512) = (4 S, S)
-    "steps": 40_000,
-    "batch_size": 16,
-    "lr": 1e-3,
-    "weight_decay": 1e-4,
-    "warmup_steps": 1500,
-    "warmup_ratio": 1e-6,
-    "ratio_range": (0.5, 2.0),
-    "eval_batch_size": 16,  # images (each `windows` crops) per global eval batch
-}
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """DINOv2's linear ADE20K protocol (the module docstring): the ade20k evaluator's keys."""
+  crop: int = 512
+  windows: int = 4  # eval windows along the long side: img_scale (2048, 512) = (4 S, S)
+  steps: int = 40_000
+  batch_size: int = 16
+  lr: float = 1e-3
+  weight_decay: float = 1e-4
+  warmup_steps: int = 1500
+  warmup_ratio: float = 1e-6
+  ratio_range: tuple[float, float] = (0.5, 2.0)
+  eval_batch_size: int = 16  # images (each `windows` crops) per global eval batch
+
+  def __post_init__(self):
+    if self.steps < 1 or self.lr <= 0 or self.crop < 1 or self.windows < 1:
+      raise ValueError(f"need steps, crop, windows >= 1 and lr > 0, got {self.steps}, "
+                       f"{self.crop}, {self.windows}, {self.lr}")
+    object.__setattr__(self, "ratio_range", tuple(self.ratio_range))
 
 
 def poly_warmup(base_lr: float, steps: int, warmup_steps: int, warmup_ratio: float
@@ -135,33 +142,29 @@ def global_batch(batch_size: int, mesh, hosts: int) -> int:
   return -(-batch_size // multiple) * multiple
 
 
-def segmentation_probe(features, params, train_source, eval_source, *, mean, std, mesh,
-                       rules, crop: int = 512, windows: int = 4, steps: int = 40_000,
-                       batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 1e-4,
-                       warmup_steps: int = 1500, warmup_ratio: float = 1e-6,
-                       ratio_range=(0.5, 2.0), eval_batch_size: int = 16, seed: int = 0,
-                       train_limit: int = 0, eval_limit: int = 0, key: str = "patches",
-                       num_workers: int = 0, num_threads: int = 1,
-                       prefetch: int = 2) -> dict[str, Any]:
+def segmentation_probe(features, params, train_source, eval_source, protocol: Protocol, *,
+                       mean, std, mesh, rules, seed: int = 0, train_limit: int = 0,
+                       eval_limit: int = 0, key: str = "patches",
+                       loader: dict[str, int] | None = None) -> dict[str, Any]:
   """Trains the BN + linear head on the frozen `features` online and scores it on eval_source.
 
   features: features(params, images (B, S, S, 3) normalised) -> {key: (B, h, w, d)}, not jitted
     (laplax.features.extract.feature_function with 'patches').
   train_source, eval_source: random-access ADE20K records (ade20k_stream.FolderSource).
+  train_limit, eval_limit: > 0: the first n records only. loader: the grain loader's
+    num_workers / num_threads / prefetch (default: decode in this process).
   Returns {'miou', 'pixel_acc', 'iou' (150,), 'train_loss' (steps,), 'steps', 'batch_size'}.
   """
-  if steps < 1 or lr <= 0 or crop < 1 or windows < 1:
-    raise ValueError(f"need steps, crop, windows >= 1 and lr > 0, got {steps}, {crop}, "
-                     f"{windows}, {lr}")
+  c, loader = protocol, dict(loader or {})
   hosts = jax.process_count()
-  batch = global_batch(batch_size, mesh, hosts)
+  batch = global_batch(c.batch_size, mesh, hosts)
   block, rows = sharding.host_block(mesh, batch)
   stream = ade20k_stream.train_dataset(
-      train_source, batch_size=rows, steps=steps, seed=seed, crop=crop,
-      ratio_range=ratio_range, process_index=block, process_count=hosts, limit=train_limit,
-      num_workers=num_workers, num_threads=num_threads, prefetch=prefetch)
-  tx = optax.adamw(poly_warmup(lr, steps, warmup_steps, warmup_ratio), b1=0.9, b2=0.999,
-                   eps=1e-8, weight_decay=weight_decay)
+      train_source, batch_size=rows, steps=c.steps, seed=seed, crop=c.crop,
+      ratio_range=c.ratio_range, process_index=block, process_count=hosts, limit=train_limit,
+      **loader)
+  tx = optax.adamw(poly_warmup(c.lr, c.steps, c.warmup_steps, c.warmup_ratio), b1=0.9,
+                   b2=0.999, eps=1e-8, weight_decay=c.weight_decay)
   replicated = sharding.replicated(mesh)
 
   def feats_of(params, images):
@@ -206,13 +209,12 @@ def segmentation_probe(features, params, train_source, eval_source, *, mean, std
     try:
       head, _, losses = online_head.fit(init, step, stream, params, mesh=mesh, seed=seed)
     except ValueError:
-      raise ValueError(f"steps={steps} gave no training batch") from None
-    eval_batch = global_batch(eval_batch_size, mesh, hosts)
+      raise ValueError(f"steps={c.steps} gave no training batch") from None
+    eval_batch = global_batch(c.eval_batch_size, mesh, hosts)
     eval_block, eval_rows = sharding.host_block(mesh, eval_batch)
     for host_batch in ade20k_stream.eval_dataset(
-        eval_source, batch_size=eval_rows, crop=crop, windows=windows,
-        process_index=eval_block, process_count=hosts, limit=eval_limit,
-        num_workers=num_workers, num_threads=num_threads, prefetch=prefetch):
+        eval_source, batch_size=eval_rows, crop=c.crop, windows=c.windows,
+        process_index=eval_block, process_count=hosts, limit=eval_limit, **loader):
       counts.append(evaluate(head, params, sharding.host_batch_to_global(host_batch, mesh)))
   total = np.sum(np.asarray(jax.device_get(counts), np.int64), axis=0)  # int32 per batch
   out = scores(total)

@@ -15,6 +15,7 @@ backbone at the global-crop grid (laplax.features.extract).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -33,26 +34,10 @@ from laplax.features import stream as stream_features
 from laplax.geometry import dino as dino_geometry
 from laplax.models import dino as dino_lib
 from laplax.train import ranges as ranges_lib
+from laplax.train import evaluator as evaluator_lib
 from laplax.train.evaluator import Evaluator
 
-# The probe protocol (DINO's k-NN: 20-NN at temperature 0.07 and more k; AdamW probes on fixed
-# features; DINO's own linear protocol when linear_probe='dino').
-PROBE_PROTOCOL = {
-    "probe_train_size": 10000,  # linear-probe training examples (0: all); the k-NN bank is
-    # always the whole training split
-    "knn_ks": (10, 20, 100),  # DINO reports 10, 20, 100, 200
-    "knn_temperature": 0.07,
-    "probe_epochs": 30,
-    "probe_lr": 1e-3,
-    "probe_weight_decay": 1e-4,
-    "last_layers": 4,  # 'last': the last n blocks' class tokens, concatenated
-    # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
-    # DINO's protocol on augmented crops (linear_dino: SGD + momentum, lr scaled by batch / 256).
-    "linear_probe": "fast",
-    "dino_probe_epochs": 100,
-    "dino_probe_batch_size": 256,
-    "dino_probe_lr": 1e-3,
-}
+PROBE_PROTOCOL = dataclasses.asdict(probes.Protocol())  # the probe evaluators' keys
 PROBE_RANGES = {
     "probe_train_size": ranges_lib.COUNT, "knn_ks": ranges_lib.Range(1, integer=True, each=True),
     "knn_temperature": ranges_lib.POSITIVE, "probe_epochs": ranges_lib.AT_LEAST_ONE,
@@ -109,10 +94,14 @@ class _ProbeEvaluator(_TeacherEvaluator):
   @classmethod
   def check(cls, config, task) -> None:
     super().check(config, task)
-    if not tuple(config.knn_ks):  # each k in [1, the training split]: Probes.__init__
-      raise ValueError("knn_ks=() needs at least one k")
-    if config.linear_probe not in ("fast", "dino"):
-      raise ValueError(f"linear_probe={config.linear_probe!r}: use 'fast' or 'dino'")
+    evaluator_lib.protocol(probes.Protocol, config)  # each k <= the bank: Probes.__init__
+
+  def __init__(self, name, config, ctx):
+    super().__init__(name, config, ctx)
+    self.protocol = evaluator_lib.protocol(probes.Protocol, config)
+    c = ctx.task.config
+    self.probe_kw = dict(batch_size=c.data.eval_batch_size, size=c.multicrop.global_size,
+                         seed=c.seed, **self.kw)
 
 
 class Probes(_ProbeEvaluator):
@@ -136,7 +125,7 @@ class Probes(_ProbeEvaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     return probes.probe_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.data,
-                               self.ctx.task.config, self.config, **self.kw)
+                               self.protocol, **self.probe_kw)
 
   def summary(self, result) -> str:
     return probes.summary_line(result)
@@ -218,11 +207,13 @@ class StreamProbes(_TeacherEvaluator):
         temperature=c.knn_temperature)
     del bank, test  # the devices' memory, before the probe
     if c.linear:
+      protocol = stream_linear.Protocol(epochs=c.linear_epochs, batch_size=c.linear_batch_size,
+                                        base_lr=c.linear_lr, crop=c.crop, resize=c.resize)
       probe = stream_linear.streamed_linear_probe(
-          self.features, params, task.data["train"], {"val": self.eval_source},
-          num_classes=self.num_classes, epochs=c.linear_epochs, batch_size=c.linear_batch_size,
-          base_lr=c.linear_lr, seed=task.config.seed, limit=c.train_limit,
-          eval_limit=c.eval_limit, **kw)
+          self.features, params, task.data["train"], {"val": self.eval_source}, protocol,
+          num_classes=self.num_classes, mean=info.mean, std=info.std, mesh=self.ctx.mesh,
+          rules=self.ctx.rules, seed=task.config.seed, limit=c.train_limit,
+          eval_limit=c.eval_limit)
       scores["linear_dino"] = probe["val"]
     scores["count"] = len(streaming.subset(self.eval_source, c.eval_limit))
     return {"val": scores}
@@ -245,9 +236,8 @@ class Transfer(_ProbeEvaluator):
     self.sets = probes.load_transfer(ctx.task.config, config)
 
   def run(self, weights, step) -> dict[str, Any]:
-    return probes.transfer_scores(self.feature_fn, weights.extra["teacher"],
-                                  self.ctx.task.config, self.config, self.sets,
-                                  log=self.ctx.log, **self.kw)
+    return probes.transfer_scores(self.feature_fn, weights.extra["teacher"], self.protocol,
+                                  self.sets, log=self.ctx.log, **self.probe_kw)
 
   def summary(self, result) -> str:
     return ", ".join(f"{self.name} {n}: " + probes.summary_line({"test": s["test"]})
@@ -289,7 +279,7 @@ class Ade20k(_TeacherEvaluator):
   on the validation split -> {'miou', 'pixel_acc', 'iou' (150,), 'train_loss', ...}."""
 
   type = "ade20k"
-  defaults = {"dir": "", **ade20k_lib.PROTOCOL,
+  defaults = {"dir": "", **dataclasses.asdict(ade20k_lib.Protocol()),
               "train_limit": 0,  # > 0: the first n training images only
               "eval_limit": 0,  # > 0: the first n validation images only
               "num_workers": 0}  # grain worker processes (0: decode in this process)
@@ -307,6 +297,7 @@ class Ade20k(_TeacherEvaluator):
     super().check(config, task)
     if not config.dir:
       raise ValueError("dir='' : set it to the ADEChallengeData2016 folder")
+    evaluator_lib.protocol(ade20k_lib.Protocol, config)
     p = task.build_model().backbone.patch_size
     if config.crop % p:
       raise ValueError(f"crop={config.crop} is not divisible by model.patch_size={p}")
@@ -324,12 +315,10 @@ class Ade20k(_TeacherEvaluator):
     c, info = self.config, self.ctx.task.info()
     return ade20k_lib.segmentation_probe(
         self.features, weights.extra["teacher"], self.sources["train"],
-        self.sources["validation"], mean=info.mean, std=info.std, crop=c.crop,
-        windows=c.windows, steps=c.steps, batch_size=c.batch_size, lr=c.lr,
-        weight_decay=c.weight_decay, warmup_steps=c.warmup_steps, warmup_ratio=c.warmup_ratio,
-        ratio_range=tuple(c.ratio_range), eval_batch_size=c.eval_batch_size,
+        self.sources["validation"], evaluator_lib.protocol(ade20k_lib.Protocol, c),
+        mean=info.mean, std=info.std,
         seed=self.ctx.task.config.seed, train_limit=c.train_limit, eval_limit=c.eval_limit,
-        num_workers=c.num_workers, **self.kw)
+        loader={"num_workers": c.num_workers}, **self.kw)
 
   def summary(self, result) -> str:
     return f"ADE20K: linear mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"

@@ -29,28 +29,58 @@ from laplax.features.extract import extract_features
 from laplax.geometry import plots
 
 
-def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collections.ConfigDict,
-                 e: ml_collections.ConfigDict, *, mesh, rules) -> dict[str, dict[str, float]]:
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """The probe protocol: DINO's k-NN (20-NN at temperature 0.07, and more k), AdamW probes on
+  fixed features, and with linear_probe='dino' also DINO's own linear protocol on augmented
+  crops (SGD + momentum, lr scaled by batch / 256). The dino_probes / dino_transfer keys."""
+  probe_train_size: int = 10000  # linear-probe training examples (0: all); the k-NN bank is
+  # always the whole training split
+  knn_ks: tuple[int, ...] = (10, 20, 100)  # DINO reports 10, 20, 100, 200
+  knn_temperature: float = 0.07
+  probe_epochs: int = 30
+  probe_lr: float = 1e-3
+  probe_weight_decay: float = 1e-4
+  last_layers: int = 4  # 'last': the last n blocks' class tokens, concatenated
+  # 'fast': the AdamW probes on fixed features only (linear_cls, linear_last); 'dino': also
+  # DINO's protocol on augmented crops (linear_dino).
+  linear_probe: str = "fast"
+  dino_probe_epochs: int = 100
+  dino_probe_batch_size: int = 256
+  dino_probe_lr: float = 1e-3
+
+  def __post_init__(self):
+    object.__setattr__(self, "knn_ks", tuple(int(k) for k in self.knn_ks))
+    if not self.knn_ks:
+      raise ValueError("knn_ks=() needs at least one k")
+    if self.linear_probe not in ("fast", "dino"):
+      raise ValueError(f"linear_probe={self.linear_probe!r}: use 'fast' or 'dino'")
+
+
+def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *,
+                 batch_size: int, size: int, seed: int, mesh, rules
+                 ) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
-  eval.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`).
+  protocol.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`, on
+  crops of `size`).
 
   The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
-  devices, laplax.evals.dino.knn); the linear probes train on its first e.probe_train_size examples
-  (0: all). `config`: the run's; `e`: the probe protocol (a dino_probes evaluator section,
-  laplax.evals.dino.evaluators). Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  devices, laplax.evals.dino.knn); the linear probes train on its first probe_train_size
+  examples (0: all). data: load_data's {'info', 'train', 'val', 'test'}; batch_size: the
+  feature passes'. Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
+  e = protocol
   info = data["info"]
   train_x, train_y = data["train"]
   cap = min(e.probe_train_size or len(train_x), len(train_x))
-  kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
-            rules=rules)
+  kw = dict(batch_size=batch_size, mean=info.mean, std=info.std, mesh=mesh, rules=rules)
   train = extract_features(feature_fn, params, train_x[:cap], **kw)
   bank = train["cls"]
   if cap < len(train_x):  # the rest of the bank: class tokens only
     bank = np.concatenate([bank, extract_features(feature_fn, params, train_x[cap:],
                                                   keys=("cls",), **kw)["cls"]])
   probe_kw = dict(num_classes=info.num_classes, epochs=e.probe_epochs, lr=e.probe_lr,
-                  weight_decay=e.probe_weight_decay, seed=config.seed)
+                  weight_decay=e.probe_weight_decay, seed=seed)
   probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
             for k in ("cls", "last")}
   dino = None
@@ -58,15 +88,15 @@ def probe_scores(feature_fn, params, data: dict[str, Any], config: ml_collection
     dino = dino_linear_probe(
         feature_fn, params, (train_x[:cap], train_y[:cap]),
         {split: data[split] for split in ("val", "test")}, num_classes=info.num_classes,
-        size=config.multicrop.global_size, mean=info.mean, std=info.std,
-        epochs=e.dino_probe_epochs, batch_size=e.dino_probe_batch_size,
-        base_lr=e.dino_probe_lr, seed=config.seed, mesh=mesh, rules=rules)
+        size=size, mean=info.mean, std=info.std, epochs=e.dino_probe_epochs,
+        batch_size=e.dino_probe_batch_size, base_lr=e.dino_probe_lr, seed=seed, mesh=mesh,
+        rules=rules)
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
     feats = extract_features(feature_fn, params, x, **kw)
     s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
-                             ks=tuple(e.knn_ks), temperature=e.knn_temperature, mesh=mesh)
+                             ks=e.knn_ks, temperature=e.knn_temperature, mesh=mesh)
     s["linear_cls"] = float(np.mean(
         np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
     s["linear_last"] = float(np.mean(
@@ -171,14 +201,13 @@ def load_transfer(config: ml_collections.ConfigDict, e: ml_collections.ConfigDic
           for name, source_dir in dict(e.data).items()}
 
 
-def transfer_scores(feature_fn, params, config: ml_collections.ConfigDict,
-                    e: ml_collections.ConfigDict, datasets: dict[str, dict[str, Any]], *, mesh,
-                    rules, log=print
-                    ) -> dict[str, dict[str, dict[str, float]]]:
-  """probe_scores on every data set of load_transfer -> {name: {'val': ..., 'test': ...}}."""
+def transfer_scores(feature_fn, params, protocol: Protocol, datasets: dict[str, dict[str, Any]],
+                    *, log=print, **kw) -> dict[str, dict[str, dict[str, float]]]:
+  """probe_scores (kw: its keywords) on every data set of load_transfer -> {name: {'val': ...,
+  'test': ...}}."""
   out = {}
   for name, data in datasets.items():
-    scores = probe_scores(feature_fn, params, data, config, e, mesh=mesh, rules=rules)
+    scores = probe_scores(feature_fn, params, data, protocol, **kw)
     log(f"transfer to {name}: {summary_line({'test': scores['test']})}")
     out[name] = scores
   return out

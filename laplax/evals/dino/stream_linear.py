@@ -22,6 +22,7 @@ step in that stream.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -39,6 +40,22 @@ from laplax.features import stream as stream_features
 TRAIN_AUGMENT = ("rrc(0.08,1,interp=bilinear)", "flip")  # torchvision RRC(224) defaults + flip
 
 
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """DINO's linear protocol (the module docstring's lines): `batch_size` is the global batch (a
+  multiple of the data-parallel devices and the hosts), lr = base_lr * batch_size / 256."""
+  epochs: int = 100
+  batch_size: int = 1024
+  base_lr: float = 1e-3
+  crop: int = 224
+  resize: int = 256
+  augment: tuple[str, ...] = TRAIN_AUGMENT
+
+  def __post_init__(self):
+    if self.epochs < 1 or self.base_lr <= 0:
+      raise ValueError(f"need epochs >= 1 and base_lr > 0, got {self.epochs}, {self.base_lr}")
+
+
 def epoch_cosine(base_lr: float, epochs: int, examples_per_step: int, n: int) -> optax.Schedule:
   """CosineAnnealingLR(epochs, eta_min=0) stepped per epoch: step t of a stream of
   examples_per_step-example batches over n-example epochs has lr base (1 + cos(pi e / epochs)) / 2,
@@ -50,34 +67,33 @@ def epoch_cosine(base_lr: float, epochs: int, examples_per_step: int, n: int) ->
 
 
 def streamed_linear_probe(features, params, train_source, eval_sources: dict[str, Any],
-                          *, num_classes: int, mean, std, mesh, rules, epochs: int = 100,
-                          batch_size: int = 1024, base_lr: float = 1e-3, seed: int = 0,
-                          crop: int = 224, resize: int = 256, augment=TRAIN_AUGMENT,
-                          key: str = "last", limit: int = 0, eval_limit: int = 0,
-                          num_workers: int = 0, num_threads: int = 1,
-                          prefetch: int = 2) -> dict[str, Any]:
+                          protocol: Protocol, *, num_classes: int, mean, std, mesh, rules,
+                          seed: int = 0, key: str = "last", limit: int = 0,
+                          eval_limit: int = 0, loader: dict[str, int] | None = None
+                          ) -> dict[str, Any]:
   """Trains DINO's linear layer on the frozen `features` of streamed, augmented crops and scores
   it on each eval split.
 
   features: features(params, images (B, crop, crop, C) normalised) -> {key: (B, d)}, not jitted
     (laplax.features.extract.feature_function).
   train_source, eval_sources: random-access TFDS splits (`streaming.open_source`).
-  batch_size: the global batch (a multiple of the data-parallel devices and the hosts).
+  limit, eval_limit: > 0: the first n records only. loader: the grain loader's num_workers /
+    num_threads / prefetch (default: decode in this process).
   Returns {split: top-1 accuracy, 'train_loss': per-epoch mean losses [epochs], 'steps': int}.
   """
+  c, loader = protocol, dict(loader or {})
+  epochs, batch_size, crop = c.epochs, c.batch_size, c.crop
   hosts, dp = jax.process_count(), sharding.data_parallel_size(mesh)
   if batch_size % math.lcm(dp, hosts):
     raise ValueError(f"batch_size={batch_size} must be a multiple of the {dp} data-parallel "
                      f"devices and the {hosts} hosts")
-  if epochs < 1 or base_lr <= 0:
-    raise ValueError(f"need epochs >= 1 and base_lr > 0, got {epochs}, {base_lr}")
   n = len(streaming.subset(train_source, limit))
   block, rows = sharding.host_block(mesh, batch_size)
   stream = streaming.train_dataset(
-      train_source, batch_size=rows, seed=seed, image_size=crop, augment=augment,
-      process_index=block, process_count=hosts, limit=limit, num_epochs=epochs,
-      num_workers=num_workers, num_threads=num_threads, prefetch=prefetch)
-  tx = optax.sgd(epoch_cosine(base_lr * batch_size / 256, epochs, batch_size, n), momentum=0.9)
+      train_source, batch_size=rows, seed=seed, image_size=crop, augment=c.augment,
+      process_index=block, process_count=hosts, limit=limit, num_epochs=epochs, **loader)
+  tx = optax.sgd(epoch_cosine(c.base_lr * batch_size / 256, epochs, batch_size, n),
+                 momentum=0.9)
   replicated = sharding.replicated(mesh)
 
   def feats_of(params, images):
@@ -120,9 +136,8 @@ def streamed_linear_probe(features, params, train_source, eval_sources: dict[str
       eval_block, _ = sharding.host_block(mesh, global_batch)
       hits = 0
       for batch in stream_features.host_stream(
-          source, global_batch=global_batch, resize=resize, crop=crop, process_index=eval_block,
-          process_count=hosts, limit=eval_limit, num_workers=num_workers,
-          num_threads=num_threads, prefetch=prefetch):
+          source, global_batch=global_batch, resize=c.resize, crop=crop,
+          process_index=eval_block, process_count=hosts, limit=eval_limit, **loader):
         hits = hits + correct(layer, params, sharding.host_batch_to_global(batch, mesh))
       out[split] = float(hits) / m
   steps = len(losses)
