@@ -219,3 +219,17 @@ def test_an_old_lm_run_reads_back_with_its_loss_chunk_moved(tmp_path):
   read = restore.read_config(tmp_path)
   assert read.loss.chunk == 8 and "loss_chunk" not in read.model
   task_lib.for_config(read).build_model()  # the model section builds the GPT again
+
+
+def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
+  """Evaluator.reads: an image evaluator in a language model's config is refused before
+  anything is written, naming the interface it needs; the classification task gives it."""
+  c = make_config("lm")
+  c.evals.acc = evaluator_lib.section("accuracy", split="val")
+  with pytest.raises(ValueError, match=r"^evals.acc: accuracy reads EvalImages \(info, "
+                                       r"eval_size, eval_batches, eval_params\), which a 'lm' "
+                                       r"task does not give$"):
+    evaluator_lib.check(c, task_lib.for_config(c))
+  vit = make_config("vit")
+  assert isinstance(task_lib.for_config(vit), task_lib.EvalImages)
+  evaluator_lib.check(vit, task_lib.for_config(vit))

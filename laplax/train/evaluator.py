@@ -19,8 +19,9 @@ each `type` to its class. Adding one: a subclass, a line in TYPES (or `register(
 run time, e.g. from a test), a config section naming the type. A config declares a section with
 `section(type, **keys)` (configs/common.py's `evaluator`): every key of COMMON and of the
 class's `defaults` is then a field, so `--config.evals.NAME.KEY=V` sets any of them; the class's
-`ranges` (laplax.train.ranges values) are checked with every section. An evaluator whose test
-items could be trained on keeps them out (`screen_training`: the chat task asks every
+`ranges` (laplax.train.ranges values) are checked with every section, and so is `reads`, the
+typed data interface it reads from the task (laplax.train.task.EvalImages). An evaluator whose
+test items could be trained on keeps them out (`screen_training`: the chat task asks every
 evaluator, with its training mixture, before config.json).
 """
 
@@ -71,6 +72,9 @@ class Evaluator(abc.ABC):
   # The range of each of its numeric keys that has one (laplax.train.ranges' values), checked
   # with the section before `check`; cross-key and task-dependent rules stay in `check`.
   ranges: ClassVar[dict[str, ranges_lib.Range]] = {}
+  # The data interface it reads from the task (a Protocol of laplax.train.task, e.g.
+  # EvalImages), checked with every section; None: what `check` verifies itself.
+  reads: ClassVar[type | None] = None
 
   def __init__(self, name: str, config: ml_collections.ConfigDict, ctx: Context):
     """Loads what the evaluator needs (missing data stops a run before its first step)."""
@@ -212,8 +216,13 @@ def sections(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
 def check(config: ml_collections.ConfigDict, task: Task) -> None:
   """Every section of config.evals, before anything is written."""
   for name, section in sections(config).items():
+    cls = get(section.type)
+    if cls.reads is not None and not isinstance(task, cls.reads):
+      methods = ", ".join(n for n in vars(cls.reads) if not n.startswith("_"))
+      raise ValueError(f"evals.{name}: {section.type} reads {cls.reads.__name__} ({methods}), "
+                       f"which a {task.name!r} task does not give")
     try:
-      get(section.type).check(section, task)
+      cls.check(section, task)
     except ValueError as e:
       raise ValueError(f"evals.{name}: {e}") from None
 

@@ -36,7 +36,7 @@ import dataclasses
 import importlib
 import pathlib
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
@@ -272,6 +272,30 @@ class Task(abc.ABC):
   def model_identity(self, model: nn.Module) -> dict[str, Any]:
     """The resolved model section: the built module's fields as 'model.<field>'."""
     return identity_lib.module_fields(model, "model")
+
+# --- What evaluators read ------------------------------------------------------------------
+# A data interface an evaluator declares (Evaluator.reads) and a task implements; a task
+# without it is refused in one line before anything is written (laplax.train.evaluator.check).
+
+
+@runtime_checkable
+class EvalImages(Protocol):
+  """Labelled images to evaluate on, one path for in-memory and streamed data
+  (laplax.tasks.classification): accuracy, vit_geometry and the analysis inputs read them."""
+
+  def info(self) -> Any:
+    """The data set's builders.ImageDatasetInfo (classes, image shape, mean / std)."""
+
+  def eval_size(self, split: str) -> int:
+    """How many examples of `split` an evaluation reads."""
+
+  def eval_batches(self, split: str, batch_size: int, *, limit: int | None = None,
+                   process_index: int | None = None, process_count: int | None = None):
+    """A host's padded, masked batches {'image', 'label', 'mask'} of the first `limit`."""
+
+  def eval_params(self, model: nn.Module, params: Any) -> Any:
+    """The parameters evaluation applies (at the evaluation resolution)."""
+
 
 # --- The registry ----------------------------------------------------------------------------
 # Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in

@@ -19,6 +19,7 @@ from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
 from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
+from laplax.train.task import EvalImages
 
 _SPLITS = ("train", "val", "test")
 
@@ -26,7 +27,8 @@ _SPLITS = ("train", "val", "test")
 def _check_split(config, task) -> None:
   if config.split not in _SPLITS:
     raise ValueError(f"split={config.split!r}; use one of {_SPLITS}")
-  if task.streaming and config.split == "test" and not task.config.data.get("test_split"):
+  if (getattr(task, "streaming", False) and config.split == "test"
+      and not task.config.data.get("test_split")):
     raise ValueError("split='test' of a streamed data set needs data.test_split")
 
 
@@ -36,6 +38,7 @@ class Accuracy(Evaluator):
 
   type = "accuracy"
   defaults = {"split": "val"}
+  reads = EvalImages
 
   @classmethod
   def check(cls, config, task) -> None:
@@ -68,6 +71,7 @@ class VitGeometry(Evaluator):
 
   type = "vit_geometry"
   defaults = {"split": "test", "examples": 2000}
+  reads = EvalImages
   ranges = {"examples": ranges_lib.AT_LEAST_ONE}
 
   @classmethod
