@@ -13,10 +13,21 @@ from typing import Any, TextIO
 
 from etils import epath
 import numpy as np
-from tensorboardX import record_writer
-from tensorboardX import summary as tb_summary
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto import event_pb2, summary_pb2
+
+# tensorboardX's writer imports torch when it is installed, only to accept torch tensors; laplax
+# logs numbers, so it is imported without it unless torch is loaded already: 1.7 s less at the
+# start of every train.py / eval.py process on a machine with torch (4.4 -> 2.7 s measured).
+_HIDE_TORCH = "torch" not in sys.modules
+if _HIDE_TORCH:
+  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
+try:
+  from tensorboardX import record_writer
+  from tensorboardX import summary as tb_summary
+  from tensorboardX.event_file_writer import EventsWriter
+  from tensorboardX.proto import event_pb2, summary_pb2
+finally:
+  if _HIDE_TORCH:
+    del sys.modules["torch"]
 
 from laplax.train.workdir import as_path, file_mode, is_local, json_safe
 
