@@ -233,3 +233,9 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
   vit = make_config("vit")
   assert isinstance(task_lib.for_config(vit), task_lib.EvalImages)
   evaluator_lib.check(vit, task_lib.for_config(vit))
+  vit.evals.bpb = evaluator_lib.section("lm_geometry")
+  with pytest.raises(ValueError, match=r"^evals.bpb: lm_geometry reads EvalTokens \(tokenizer, "
+                                       r"val_batches, val_windows\), which a 'classification' "):
+    evaluator_lib.check(vit, task_lib.for_config(vit))
+  lm = task_lib.for_config(make_config("lm"))
+  assert isinstance(lm, task_lib.EvalTokens) and not isinstance(lm, task_lib.EvalImages)

@@ -19,7 +19,6 @@ import numpy as np
 
 from laplax import heads as heads_lib
 from laplax.data import pipeline, streaming
-from laplax.data.text import pipeline as text_pipeline
 from laplax.models import dino as dino_lib
 from laplax.models import vit as vit_lib
 
@@ -132,8 +131,7 @@ def token_batches(task, examples: int, batch_size: int
                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(inputs int32 (B, T), valid bool (B,)) of the first `examples` validation windows of an LM
   run (the window's first T tokens; windows holding padding are not valid)."""
-  for b in text_pipeline.eval_batches(task.val_shards, batch_size=batch_size,
-                                      max_windows=examples):
+  for b in task.val_windows(batch_size, examples):
     tokens = np.asarray(b["tokens"])
     valid = np.asarray(b["mask"], bool) & np.all(tokens >= 0, axis=1)
     yield np.maximum(tokens[:, :-1], 0).astype(np.int32), valid

@@ -173,6 +173,13 @@ class LanguageModelTask(Task):
   def describe(self, m: dict[str, float]) -> str:
     return f"loss {m['loss']:.4f}  {m['tokens_per_s']:,.0f} tok/s"
 
+  # --- What the evaluators read (laplax.train.task.EvalTokens) -------------------------------
+
+  def val_windows(self, batch_size: int, limit: int):
+    """The first `limit` validation windows {'tokens': int32 (B, seq_len + 1), 'mask'} in
+    masked batches, on one host (analysis: lm_geometry, the token inputs)."""
+    return text_pipeline.eval_batches(self.val_shards, batch_size=batch_size, max_windows=limit)
+
   def val_batches(self):
     """This host's share of the validation windows (data.eval_windows), in masked batches."""
     hosts = jax.process_count()

@@ -218,7 +218,9 @@ def check(config: ml_collections.ConfigDict, task: Task) -> None:
   for name, section in sections(config).items():
     cls = get(section.type)
     if cls.reads is not None and not isinstance(task, cls.reads):
-      methods = ", ".join(n for n in vars(cls.reads) if not n.startswith("_"))
+      members = [*cls.reads.__annotations__, *(n for n in vars(cls.reads)
+                                                if not n.startswith("_"))]
+      methods = ", ".join(dict.fromkeys(members))
       raise ValueError(f"evals.{name}: {section.type} reads {cls.reads.__name__} ({methods}), "
                        f"which a {task.name!r} task does not give")
     try:

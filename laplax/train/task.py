@@ -297,6 +297,20 @@ class EvalImages(Protocol):
     """The parameters evaluation applies (at the evaluation resolution)."""
 
 
+@runtime_checkable
+class EvalTokens(Protocol):
+  """Validation text to evaluate on (laplax.tasks.lm, and the chat task built on it): bpb,
+  lm_tasks, lm_geometry and the token analysis inputs read it."""
+
+  tokenizer: Any  # the run's laplax.data.tokenizer.Tokenizer, once load_data / load_assets ran
+
+  def val_batches(self):
+    """This host's share of the validation set in masked batches (what bpb averages)."""
+
+  def val_windows(self, batch_size: int, limit: int):
+    """The first `limit` validation windows {'tokens', 'mask'} in masked batches, one host."""
+
+
 # --- The registry ----------------------------------------------------------------------------
 # Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in
 # TASKS (or `register(name, cls)` at run time, e.g. from a notebook or a test).

@@ -5,7 +5,7 @@
                     'final': False}
   evals.geometry = {'type': 'lm_geometry', 'examples': 256, 'final': False, 'analysis': True}
 
-They read the task's data (laplax.tasks.lm: tokenizer, validation shards).
+They read the task's validation text and tokenizer (laplax.train.task.EvalTokens; laplax.tasks.lm).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 
 from laplax.data.shared import shared_data_dir
-from laplax.data.text import pipeline as text_pipeline
 from laplax.evals.lm import bpb as bpb_lib
 from laplax.evals.lm import tasks as lm_tasks
 from laplax.geometry import lm as lm_geometry
 from laplax.geometry import plots
 from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
+from laplax.train.task import EvalTokens
 
 
 class BitsPerByte(Evaluator):
@@ -30,6 +30,7 @@ class BitsPerByte(Evaluator):
   (data.eval_windows, data.eval_batch_size) -> {'loss', 'bpb', ...}."""
 
   type = "bpb"
+  reads = EvalTokens
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -50,6 +51,7 @@ class Benchmarks(Evaluator):
   `data_dir` ('': $LAPLAX_SHARED_DATA or ../shared/data) -> {'arc_easy/letter': {...}, ...}."""
 
   type = "lm_tasks"
+  reads = EvalTokens
   defaults = {"tasks": (), "limit": 0, "data_dir": "", "batch_size": 8}
   ranges = {"limit": ranges_lib.COUNT, "batch_size": ranges_lib.AT_LEAST_ONE}  # limit 0: all
 
@@ -81,6 +83,7 @@ class LmGeometry(Evaluator):
   analysis/spectrum.png -> the geometry dict."""
 
   type = "lm_geometry"
+  reads = EvalTokens
   defaults = {"examples": 256, "batch_size": 8, "window": 0}
   ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
             "window": ranges_lib.COUNT}
@@ -93,9 +96,7 @@ class LmGeometry(Evaluator):
                        f"[2, data.seq_len={seq_len}]")
 
   def run(self, weights, step) -> dict[str, Any]:
-    batches = text_pipeline.eval_batches(self.ctx.task.val_shards,
-                                         batch_size=self.config.batch_size,
-                                         max_windows=self.config.examples)
+    batches = self.ctx.task.val_windows(self.config.batch_size, self.config.examples)
     windows = np.concatenate([b["tokens"][np.asarray(b["mask"], bool)] for b in batches])
     geo = lm_geometry.analyze_lm(self.ctx.model, {"params": weights.params}, windows,
                                  batch_size=self.config.batch_size, window=self.config.window)
