@@ -311,7 +311,6 @@ def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   import flax.linen as nn
   import jax
   from laplax import sharding
-  from laplax.evals import inputs
   from laplax.geometry import dino as dino_geometry
   from laplax.train import evaluator as evaluator_lib
   from laplax.train import task as task_lib
@@ -335,9 +334,9 @@ def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   maps = evs["attention"].run(weights, 6)
   assert maps["num_images"] == 9 and (tmp_path / "pca_photos.png").stat().st_size > 0
   assert len(maps["runs"]["dino_tiny"]["cls_entropy"]) == 2  # one per head
-  resize, crop = inputs.stream_crop(task)
+  resize, crop = task.eval_crop()
   assert (resize, crop) == (37, 32)
-  batch = next(iter(streaming.eval_dataset(inputs.stream_source(task), batch_size=20,
+  batch = next(iter(streaming.eval_dataset(task.eval_source(), batch_size=20,
                                            resize=resize, crop=crop, limit=20)))
   info = task.info()
   want = dino_geometry.patch_spectra(model, params, batch["image"], base_grid=(4, 4),

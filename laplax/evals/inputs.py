@@ -3,7 +3,7 @@
   subject(task, model, weights)     the transformer to analyse: a classifier's ViT, a DINO
                                     run's teacher backbone (a ViT), or a GPT, with its params
   image_batches(task, split, n, b)  the first n images of a split, in order, in fixed-shape
-                                    batches (in memory or streamed: data.tfds_name)
+                                    batches (the task's eval_batches: in memory or streamed)
   token_batches(task, n, b)         the first n validation windows of an LM run
 
 The evaluators (laplax.evals.mechanism, attention_maps, the streamed DINO spectra) run on one
@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.data import pipeline, streaming
+from laplax.data import pipeline
 from laplax.models import dino as dino_lib
 from laplax.models import vit as vit_lib
 
@@ -94,37 +94,12 @@ def image_batches(task, split: str, examples: int, batch_size: int
   images of `split` ('val' / 'test'; a streamed DINO run: data.eval_split at its evaluation
   crop), in order; the last batch padded. One host (analysis evaluators)."""
   info = task.info()
-  if task.name == "classification":  # both data modes: the task's evaluation batches
-    n = max(min(examples, task.eval_size(split)), 1)
-    stream = task.eval_batches(split, min(batch_size, n), limit=examples, process_index=0,
-                               process_count=1)
-  elif not task.streaming:
-    images, labels = task.data[split]
-    n = min(examples, len(images))
-    stream = pipeline.eval_batches(images[:n], labels[:n], batch_size=min(batch_size, n),
-                                   mean=info.mean, std=info.std)
-  else:
-    source = stream_source(task)
-    resize, crop = stream_crop(task)
-    stream = streaming.eval_dataset(source, batch_size=min(batch_size, max(
-        len(streaming.subset(source, examples)), 1)), resize=resize, crop=crop, limit=examples)
-  for b in stream:
+  # One path for both image tasks and both data modes: the task's evaluation batches.
+  n = max(min(examples, task.eval_size(split)), 1)
+  for b in task.eval_batches(split, min(batch_size, n), limit=examples, process_index=0,
+                             process_count=1):
     yield (pipeline.host_normalize(b["image"], mean=info.mean, std=info.std),
            np.asarray(b["mask"], bool))
-
-
-def stream_source(task):
-  """A streamed DINO run's evaluation split (data.eval_split) as a random-access source (TFDS or
-  parquet, by data.source: streaming.open_split)."""
-  d = task.config.data
-  return streaming.open_split(d, d.get("eval_split", "validation"))[0]
-
-
-def stream_crop(task) -> tuple[int, int]:
-  """(resize, crop) of a streamed DINO run's analysis images: DINO's evaluation transform at
-  the global-crop size (Resize(size * 256 / 224) on the shorter side, CenterCrop(size))."""
-  size = task.config.multicrop.global_size
-  return int(round(size * 256 / 224)), size
 
 
 def token_batches(task, examples: int, batch_size: int

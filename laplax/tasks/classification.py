@@ -157,6 +157,18 @@ def mixup_config(config: ml_collections.ConfigDict) -> mixup_lib.MixupConfig:
     raise ValueError(f"bad loss.mixup section: {e}") from None
 
 
+def memory_eval_batches(data: dict[str, Any], split: str, batch_size: int, limit: int | None,
+                        process_index: int, process_count: int):
+  """eval_batches of in-memory splits (load_data's {'info', split: (uint8 images, labels)}):
+  the first `limit` (None: all), normalised on the host (the classification and DINO tasks)."""
+  images, labels = data[split]
+  n = len(labels) if limit is None else min(limit, len(labels))
+  info = data["info"]
+  return pipeline.eval_batches(images[:n], labels[:n], batch_size=batch_size, mean=info.mean,
+                               std=info.std, process_index=process_index,
+                               process_count=process_count)
+
+
 def classification_loss(logits: jax.Array, targets: jax.Array, loss: str, *,
                         binary_targets: bool = False) -> jax.Array:
   """Mean loss of logits (B, K) against float targets (B, K) (rows of soft labels)."""
@@ -366,11 +378,7 @@ class ClassificationTask(Task):
           self.data[split], batch_size=batch_size, resize=resize, crop=crop, process_index=pi,
           process_count=pc, limit=d.get("eval_subset", 0) if limit is None else limit,
           **self._loader_options())
-    images, labels = self.data[split]
-    n = len(labels) if limit is None else min(limit, len(labels))
-    info = self.data["info"]
-    return pipeline.eval_batches(images[:n], labels[:n], batch_size=batch_size, mean=info.mean,
-                                 std=info.std, process_index=pi, process_count=pc)
+    return memory_eval_batches(self.data, split, batch_size, limit, pi, pc)
 
   def eval_params(self, model: vit.ViT, params):
     """The parameters evaluation applies: streamed data is evaluated at data.eval_crop and

@@ -43,6 +43,7 @@ from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import (image_info, is_streaming, loader_options,
+                                         memory_eval_batches,
                                          steps_from_epochs, streaming_info, vit_from_config)
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
@@ -314,6 +315,40 @@ class DinoTask(Task):
     source, self._tfds_info = streaming.open_split(d, split)
     self.data = {"train": source}
     log(f"data: {d.tfds_name} from {d.tfds_data_dir}, train {self._num_train():,} ({split})")
+
+  # --- What the evaluators read (laplax.evals.dino, laplax.evals.inputs) --------------------
+
+  def eval_source(self):
+    """A streamed run's evaluation split (data.eval_split) as a random-access source (TFDS or
+    parquet, by data.source: streaming.open_split), opened on first use."""
+    if getattr(self, "_eval_source", None) is None:
+      d = self.config.data
+      self._eval_source = streaming.open_split(d, d.get("eval_split", "validation"))[0]
+    return self._eval_source
+
+  def eval_crop(self) -> tuple[int, int]:
+    """(resize, crop) of a streamed run's evaluation images: DINO's evaluation transform at the
+    global-crop size (Resize(size * 256 / 224) on the shorter side, CenterCrop(size))."""
+    size = self.config.multicrop.global_size
+    return int(round(size * 256 / 224)), size
+
+  def eval_size(self, split: str) -> int:
+    """Examples of `split` an evaluation can read (streamed: data.eval_split's)."""
+    return len(self.eval_source()) if self.streaming else len(self.data[split][1])
+
+  def eval_batches(self, split: str, batch_size: int, *, limit: int | None = None,
+                   process_index: int | None = None, process_count: int | None = None):
+    """The classification task's contract (laplax.tasks.classification): padded, masked
+    batches of the first `limit` images of `split`; streamed, data.eval_split at eval_crop
+    (uint8), whatever `split`."""
+    pi = jax.process_index() if process_index is None else process_index
+    pc = jax.process_count() if process_count is None else process_count
+    if not self.streaming:
+      return memory_eval_batches(self.data, split, batch_size, limit, pi, pc)
+    resize, crop = self.eval_crop()
+    return streaming.eval_dataset(self.eval_source(), batch_size=batch_size, resize=resize,
+                                  crop=crop, process_index=pi, process_count=pc,
+                                  limit=limit or 0)
 
   def _num_train(self) -> int:
     if not hasattr(self, "data"):  # ahead-of-time compiles load no data: the info stands in

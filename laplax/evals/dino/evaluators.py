@@ -24,7 +24,6 @@ from laplax import sharding
 from laplax.data import ade20k_stream, builders, streaming
 from laplax.data import photos as photos_lib
 from laplax.data.images import cache_dir
-from laplax.evals import inputs
 from laplax.evals.dino import ade20k as ade20k_lib
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import probes
@@ -402,7 +401,7 @@ class Spectra(Evaluator):
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
     if getattr(ctx.task, "streaming", False):  # the split is opened now: missing data stops
-      self.source = inputs.stream_source(ctx.task)  # a run before its first step
+      self.source = ctx.task.eval_source()  # a run before its first step
 
   def run(self, weights, step) -> dict[str, Any]:
     task, model, c = self.ctx.task, self.ctx.model, self.config
@@ -438,5 +437,5 @@ class Spectra(Evaluator):
 
 
 def _stream_crop(config, task) -> tuple[int, int]:
-  resize, crop = inputs.stream_crop(task)
+  resize, crop = task.eval_crop()
   return config.resize or resize, config.crop or crop
