@@ -69,34 +69,34 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
   examples (0: all). data: load_data's {'info', 'train', 'val', 'test'}; batch_size: the
   feature passes'. Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
-  e = protocol
+  p = protocol
   info = data["info"]
   train_x, train_y = data["train"]
-  cap = min(e.probe_train_size or len(train_x), len(train_x))
+  cap = min(p.probe_train_size or len(train_x), len(train_x))
   kw = dict(batch_size=batch_size, mean=info.mean, std=info.std, mesh=mesh, rules=rules)
   train = extract_features(feature_fn, params, train_x[:cap], **kw)
   bank = train["cls"]
   if cap < len(train_x):  # the rest of the bank: class tokens only
     bank = np.concatenate([bank, extract_features(feature_fn, params, train_x[cap:],
                                                   keys=("cls",), **kw)["cls"]])
-  probe_kw = dict(num_classes=info.num_classes, epochs=e.probe_epochs, lr=e.probe_lr,
-                  weight_decay=e.probe_weight_decay, seed=seed)
+  probe_kw = dict(num_classes=info.num_classes, epochs=p.probe_epochs, lr=p.probe_lr,
+                  weight_decay=p.probe_weight_decay, seed=seed)
   probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
             for k in ("cls", "last")}
   dino = None
-  if e.linear_probe == "dino":
+  if p.linear_probe == "dino":
     dino = dino_linear_probe(
         feature_fn, params, (train_x[:cap], train_y[:cap]),
         {split: data[split] for split in ("val", "test")}, num_classes=info.num_classes,
-        size=size, mean=info.mean, std=info.std, epochs=e.dino_probe_epochs,
-        batch_size=e.dino_probe_batch_size, base_lr=e.dino_probe_lr, seed=seed, mesh=mesh,
+        size=size, mean=info.mean, std=info.std, epochs=p.dino_probe_epochs,
+        batch_size=p.dino_probe_batch_size, base_lr=p.dino_probe_lr, seed=seed, mesh=mesh,
         rules=rules)
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
     feats = extract_features(feature_fn, params, x, **kw)
     s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
-                             ks=e.knn_ks, temperature=e.knn_temperature, mesh=mesh)
+                             ks=p.knn_ks, temperature=p.knn_temperature, mesh=mesh)
     s["linear_cls"] = float(np.mean(
         np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
     s["linear_last"] = float(np.mean(
