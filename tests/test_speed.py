@@ -86,12 +86,58 @@ def test_zero_drop_path_rate_is_deterministic_in_training():
 
 def test_xla_flags_add_laplax_cpu_flags_and_keep_the_users():
   ynn = "--xla_cpu_experimental_ynn_fusion_type"
-  assert cli.xla_flags("") == f"{ynn}=individual_dot"
+  assert cli.xla_flags("").split() == list(cli.CPU_XLA_FLAGS)
+  assert f"{ynn}=individual_dot" in cli.CPU_XLA_FLAGS
   assert cli.xla_flags(" --xla_force_host_platform_device_count=8 ").split() == [
-      "--xla_force_host_platform_device_count=8", f"{ynn}=individual_dot"]
-  # A user's own value of the flag wins, and applying twice adds nothing.
-  assert cli.xla_flags(f"{ynn}=") == f"{ynn}="
+      "--xla_force_host_platform_device_count=8", *cli.CPU_XLA_FLAGS]
+  # A user's own value of a flag wins, and applying twice adds nothing.
+  assert cli.xla_flags(f"{ynn}=").split()[0] == f"{ynn}="
+  assert f"{ynn}=individual_dot" not in cli.xla_flags(f"{ynn}=")
   assert cli.xla_flags(cli.xla_flags("")) == cli.xla_flags("")
+
+
+_STRAGGLER = """
+import time, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from laplax import cli
+if CONFIGURE:
+  cli.configure_xla()
+mesh = jax.make_mesh((8,), ("d",))
+
+def late(i):  # device 7 reaches the all-reduce SECONDS s after the other seven
+  if int(i) == 7:
+    time.sleep(SECONDS)
+  return np.float32(i)
+
+def f(x):
+  i = jax.lax.axis_index("d")
+  return jax.lax.psum(x + jax.pure_callback(late, jax.ShapeDtypeStruct((), jnp.float32), i), "d")
+
+g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P()))
+print(float(g(jax.device_put(jnp.ones(8), NamedSharding(mesh, P("d"))))[0]))
+"""
+
+
+@pytest.mark.integration
+def test_a_device_thread_late_to_an_all_reduce_is_waited_for():
+  """XLA:CPU aborts the process when one device's thread reaches a collective the flag's
+  seconds after the others (40 s by default; 3 s here, to see it without waiting): laplax's
+  flags set it to 10 minutes, so the same late thread is waited for."""
+  limit = "--xla_cpu_collective_call_terminate_timeout_seconds"
+  assert f"{limit}=600" in cli.CPU_XLA_FLAGS
+  cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def run(configure, flags):
+    code = _STRAGGLER.replace("CONFIGURE", str(configure)).replace("SECONDS", "5")
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {flags}"})
+  aborted = run(False, f"{limit}=3 --xla_cpu_collective_call_warn_stuck_timeout_seconds=1")
+  assert aborted.returncode != 0 and "Termination timeout" in aborted.stderr, aborted.stderr
+  waited = run(True, "")
+  assert waited.returncode == 0, waited.stderr
+  assert float(waited.stdout.split()[-1]) == 8 + sum(range(8))
 
 
 _PROBE = """
