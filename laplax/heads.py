@@ -364,6 +364,12 @@ def describe(spec: ModelSpec, num_heads: int, depth: int) -> str:
   return auto.name if table == GATE.name else f"{table} {auto.name}"
 
 
+def model_heads(model) -> str:
+  """`describe` of a built model's heads: every laplax model (ViT, GPT, DINO) exposes
+  laplacian_heads, num_heads and depth (its attention layers)."""
+  return describe(model.laplacian_heads, model.num_heads, model.depth)
+
+
 def describe_table(table: Sequence[Sequence[Operator]]) -> str:
   """Short human name of a head table: 'k=0', 'k=4 (all)', 'k=[0,0,2,2]', 'heads=.L/L.',
   'mix(plain)' (one operator everywhere), 'heads=..mm/..22' (codes: Operator.code)."""

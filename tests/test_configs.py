@@ -10,6 +10,7 @@ import pytest
 
 from configs import common
 from laplax import cli
+from laplax import heads as heads_lib
 from laplax.data import builders
 from laplax.study import fit
 from laplax.train import evaluator as evaluator_lib
@@ -68,7 +69,7 @@ def test_per_layer_head_list_from_the_command_line(name):
   spec = "(" + ",".join(str(i % (heads + 1)) for i in range(depth)) + ")"
   config = _parse(name, f"--config.model.laplacian_heads={spec}")
   task = task_lib.for_config(config)
-  assert task.describe_heads(task.build_model()) == "k=[" + spec[1:-1] + "]" or depth == 1
+  assert heads_lib.model_heads(task.build_model()) == "k=[" + spec[1:-1] + "]" or depth == 1
   task.validate(dp=1, hosts=1)
 
 
@@ -101,7 +102,7 @@ def test_pod_config_flags(name):
     ("test:dino_rgb", {"evals.photos.size": 30},
      "evals.photos: size=30 is not divisible by model.patch_size=8"),
     ("test:dino", {"total_steps": -5}, "total_steps=-5 must be an integer >= 0"),
-    ("test:vit", {"evals.test.split": "dev"}, "evals.test: split='dev'; use one of"),
+    ("test:vit", {"evals.test.split": "dev"}, "evals.test: split='dev'; this run evaluates on"),
     ("test:vit", {"optim.b1": 1.5}, "optim.b1=1.5 must be in \\[0, 1\\)"),
     ("test:vit", {"optim.b2": float("nan")}, "optim.b2=nan must be in \\[0, 1\\)"),
     ("test:vit", {"loss.label_smoothing": 1.5}, "loss.label_smoothing=1.5 must be in \\[0, 1\\]"),

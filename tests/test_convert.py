@@ -35,6 +35,7 @@ timm = _require("timm")
 F = torch.nn.functional
 
 from laplax import convert  # noqa: E402
+from laplax import heads as heads_lib  # noqa: E402
 from laplax.convert import checkpoints, gpt as gpt_convert, vit as vit_convert  # noqa: E402
 from laplax.data.tokenizer import Tokenizer  # noqa: E402
 from laplax.evals import offline  # noqa: E402
@@ -299,7 +300,7 @@ def test_nanochat_checkpoint_to_export_and_back(nanochat_files, tmp_path):
                                    tokenizer=src / "tokenizer.pkl")
   run = offline.load(tmp_path / "export")
   assert run.step == 7 and run.model.config.rope_theta == 100000.0
-  assert run.model.config.qk_scale == 1.2 and run.task.describe_heads(run.model) == "k=2"
+  assert run.model.config.qk_scale == 1.2 and heads_lib.model_heads(run.model) == "k=2"
   assert run.task.tokenizer.fingerprint() == tok.fingerprint()
   assert json.loads(manifest.read_text())["files"]["tokenizer.json"]["sha256"]
   tokens = tok.encode("To be, or not to be")[None]

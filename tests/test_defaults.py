@@ -227,8 +227,8 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
   c = make_config("lm")
   c.evals.acc = evaluator_lib.section("accuracy", split="val")
   with pytest.raises(ValueError, match=r"^evals.acc: accuracy reads EvalImages \(info, "
-                                       r"eval_size, eval_batches, eval_params\), which a 'lm' "
-                                       r"task does not give$"):
+                                       r"eval_splits, eval_size, eval_batches, eval_params\), "
+                                       r"which a 'lm' task does not give$"):
     evaluator_lib.check(c, task_lib.for_config(c))
   vit = make_config("vit")
   assert isinstance(task_lib.for_config(vit), task_lib.EvalImages)

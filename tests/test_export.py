@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, make_config
+from laplax import heads as heads_lib
 from laplax.evals import offline
 from laplax.train import export
 from laplax.train import task as task_lib
@@ -124,7 +125,7 @@ def test_another_sources_export_is_never_overwritten(exported, tmp_path):
 def test_heads_switch_evaluates_the_same_weights_with_another_spec(exported, tmp_path):
   run = offline.load(exported)
   switched = offline.switch_heads(run, offline.parse_heads("((1, 0), 2)"))
-  assert switched.task.describe_heads(switched.model) == "heads=L./LL"
+  assert heads_lib.model_heads(switched.model) == "heads=L./LL"
   x = np.random.RandomState(0).rand(4, 28, 28, 1).astype(np.float32)
   same = run.model.apply({"params": run.params}, x)
   other = switched.model.apply({"params": run.params}, x)

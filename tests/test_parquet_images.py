@@ -11,6 +11,7 @@ import pytest
 
 from laplax.data import parquet_images, streaming
 from laplax.data.builders import DataError
+from laplax.train import evaluator as evaluator_lib
 from laplax.train import task as task_lib
 
 N_TRAIN, N_VAL, CLASSES = 45, 11, 5
@@ -132,6 +133,13 @@ def test_the_streamed_task_evaluates_through_eval_batches(planted, tmp_path):
       pipeline.normalize(whole[0]["image"], mean=info.mean, std=info.std))
   (short,) = task.eval_batches("val", 8, limit=3, process_index=0, process_count=1)
   assert int(short["mask"].sum()) == 3
+  # No data.test_split: an evaluator of 'test' is refused before anything is written.
+  assert task.eval_splits() == ("train", "val")
+  c.evals = {"test": evaluator_lib.section("accuracy", split="test")}
+  with pytest.raises(ValueError, match=r"^evals.test: split='test'; this run evaluates on "
+                                       r"\('train', 'val'\); a streamed data set's 'test' needs "
+                                       r"data.test_split$"):
+    evaluator_lib.check(c, task)
 
 
 def test_bad_shards_are_one_line_errors(planted, tmp_path):

@@ -37,6 +37,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from laplax import heads as heads_lib
 from laplax.convert import checkpoints
 from laplax.convert import gpt as gpt_convert
 from laplax.convert import vit as vit_convert
@@ -242,7 +243,7 @@ def to_torch(source: epath.PathLike, out: epath.PathLike, target: str,
     flat = checkpoints.unrolled(export_lib.flatten(params), model.depth)
     state, kwargs = vit_convert.to_timm(flat, model)
     if target == "timm" and kwargs.get("num_vanilla_heads") is not None:
-      raise ValueError(f"{source} has Laplacian heads ({run.task.describe_heads(run.model)}): "
+      raise ValueError(f"{source} has Laplacian heads ({heads_lib.model_heads(run.model)}): "
                        "timm's VisionTransformer has none; use --to=deit_mixed (the authors' "
                        "MixedVisionTransformer)")
     if target == "deit_mixed":

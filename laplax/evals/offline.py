@@ -256,8 +256,8 @@ def evaluate_workdir(workdir, out, options: EvalOptions = EvalOptions(), *, log=
     results, _, summary = evaluator_lib.run_all(evaluators, weights, run.step)
     result: dict[str, Any] = {"task": task.name, "step": run.step, **results}
     if options.heads is not None:
-      result["heads"] = {"trained": trained.task.describe_heads(trained.model),
-                         "evaluated": task.describe_heads(run.model)}
+      result["heads"] = {"trained": heads_lib.model_heads(trained.model),
+                         "evaluated": heads_lib.model_heads(run.model)}
     if options.export:
       # whole arrays on every host (an all-gather of a pod's shards), written by process 0;
       # the trained model's export, with the task that loaded the data (streamed class names)

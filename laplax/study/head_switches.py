@@ -79,14 +79,14 @@ def study(workdir, out, *, split: str = "test", log=print) -> dict[str, Any]:
     rows.append({"layer": i, "head": h,
                  "from": None if i is None else table[i][h].name,
                  "to": None if i is None else switched_spec(table, i, h)[i][h],
-                 "heads": task.describe_heads(switched.model),
+                 "heads": heads_lib.model_heads(switched.model),
                  "accuracy": float(hits.mean()), "delta": float(diff.mean()),
                  "ci95": [float(diff.mean() - 1.96 * se), float(diff.mean() + 1.96 * se)]})
     done = n + 1
     log(f"[head switches] {done}/{len(cases)} {rows[-1]['heads']}: accuracy "
         f"{rows[-1]['accuracy']:.4f} ({rows[-1]['delta']:+.4f}); ETA "
         f"{(time.time() - t0) / done * (len(cases) - done):.0f} s")
-  result = {"workdir": str(workdir), "trained": task.describe_heads(run.model), "split": split,
+  result = {"workdir": str(workdir), "trained": heads_lib.model_heads(run.model), "split": split,
             "count": int(len(labels)), "accuracy": float(base.mean()), "step": run.step,
             "switches": rows[:-1], "all_switched": rows[-1]}
   out.mkdir(parents=True, exist_ok=True)

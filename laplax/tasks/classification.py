@@ -353,6 +353,13 @@ class ClassificationTask(Task):
 
   # --- What the evaluators read (laplax.evals.classification, laplax.evals.inputs) ---------
 
+  def eval_splits(self) -> tuple[str, ...]:
+    """The splits eval_batches serves, known from the config (before load_data): all three in
+    memory; streamed, 'test' only with data.test_split."""
+    if self.streaming and not self.config.data.get("test_split"):
+      return ("train", "val")
+    return ("train", "val", "test")
+
   def eval_size(self, split: str) -> int:
     """The examples of `split` ('train' / 'val' / 'test') an evaluation reads (data.eval_subset
     applied)."""

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from laplax import flops as flops_lib
+from laplax import heads as heads_lib
 from laplax.data import builders, dino_stream, streaming
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import pipeline
@@ -379,7 +380,7 @@ class DinoTask(Task):
 
   def describe_model(self, model, num_params: int) -> str:
     crops = multicrop_config(self.config)
-    return (f"DINO ViT {self.describe_heads(model)}, {num_params:,} student parameters; crops "
+    return (f"DINO ViT {heads_lib.model_heads(model)}, {num_params:,} student parameters; crops "
             f"2x{crops.global_size}px + {crops.num_local}x{crops.local_size}px")
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:

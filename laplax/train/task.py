@@ -209,12 +209,8 @@ class Task(abc.ABC):
     del params
     return None
 
-  def describe_heads(self, model: nn.Module) -> str:
-    """Every model exposes laplacian_heads, num_heads and depth (its attention layers)."""
-    return heads_lib.describe(model.laplacian_heads, model.num_heads, model.depth)
-
   def describe_model(self, model: nn.Module, num_params: int) -> str:
-    return f"{type(model).__name__} {self.describe_heads(model)}, {num_params:,} parameters"
+    return f"{type(model).__name__} {heads_lib.model_heads(model)}, {num_params:,} parameters"
 
   # --- Optimisation --------------------------------------------------------------------------
 
@@ -285,6 +281,9 @@ class EvalImages(Protocol):
 
   def info(self) -> Any:
     """The data set's builders.ImageDatasetInfo (classes, image shape, mean / std)."""
+
+  def eval_splits(self) -> tuple[str, ...]:
+    """The splits eval_batches serves (known before the data loads: evaluators' checks)."""
 
   def eval_size(self, split: str) -> int:
     """How many examples of `split` an evaluation reads."""

@@ -296,7 +296,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
     evaluate(state, step, {n: evaluated[n] if n in evaluated else periodic[n].run(state, step)
                            for n in periodic})
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
-               "params": n_params, "laplacian_heads": task.describe_heads(model),
+               "params": n_params, "laplacian_heads": heads_lib.model_heads(model),
                **({"auto_heads": auto.choice} if auto is not None and auto.frozen else {}),
                "last_train_metrics": last, "train_time_s": train_time,
                "devices": {"chips": int(mesh.devices.size), "hosts": jax.process_count(),

@@ -21,15 +21,12 @@ from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 from laplax.train.task import EvalImages
 
-_SPLITS = ("train", "val", "test")
-
-
-def _check_split(config, task) -> None:
-  if config.split not in _SPLITS:
-    raise ValueError(f"split={config.split!r}; use one of {_SPLITS}")
-  if (getattr(task, "streaming", False) and config.split == "test"
-      and not task.config.data.get("test_split")):
-    raise ValueError("split='test' of a streamed data set needs data.test_split")
+def _check_split(config, task: EvalImages) -> None:
+  splits = task.eval_splits()
+  if config.split not in splits:
+    hint = ("; a streamed data set's 'test' needs data.test_split"
+            if config.split == "test" else "")
+    raise ValueError(f"split={config.split!r}; this run evaluates on {splits}{hint}")
 
 
 class Accuracy(Evaluator):
@@ -46,7 +43,7 @@ class Accuracy(Evaluator):
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
-    info = ctx.task.data["info"]
+    info = ctx.task.info()
     self._eval_fn = accuracy.make_eval_fn(ctx.model, ctx.mesh, ctx.rules, mean=info.mean,
                                           std=info.std)
 
@@ -80,7 +77,7 @@ class VitGeometry(Evaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     task, n, split = self.ctx.task, self.config.examples, self.config.split
-    info = task.data["info"]
+    info = task.info()
     # Each host reads its block of every batch: all of them, in order, on every host.
     batches = ({**b, "image": pipeline.host_normalize(b["image"], mean=info.mean, std=info.std)}
                for b in map(multihost.gather_rows, task.eval_batches(
