@@ -135,29 +135,35 @@ def test_linear_probe_rejects_labels_out_of_range():
     linear_probe.train_linear_probe(np.zeros((4, 2)), np.array([0, 1, 2, 3]), num_classes=3)
 
 
-def test_dino_linear_probe_learns_a_planted_colour_problem():
+@pytest.mark.parametrize("channels", [3, 1])
+def test_dino_linear_probe_learns_a_planted_problem_from_arrays_in_memory(channels):
+  """DINO's protocol (the streamed implementation) on in-memory uint8 arrays (ArraySource),
+  RGB and grey: class c is bright in channel c (grey: class 1 bright), which a crop or flip
+  keeps, so the features (mean of the normalised crop) separate the classes linearly."""
   import jax
   import jax.numpy as jnp
   from laplax import sharding
+  from laplax.data.streaming import ArraySource
   from laplax.evals.dino import probes
-  # Class c: images whose channel c is bright; a crop or flip keeps the colour, so the
-  # "features" (mean colour of the normalised crop) separate the classes linearly.
+  classes = max(channels, 2)
   rng = np.random.default_rng(0)
   def planted(n):
-    y = rng.integers(0, 3, n)
-    x = rng.integers(0, 100, (n, 12, 12, 3))
-    x[np.arange(n), :, :, y] += 150
-    return x.astype(np.uint8), y.astype(np.int32)
-  feature_fn = jax.jit(lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params})
+    y = rng.integers(0, classes, n)
+    x = rng.integers(0, 100, (n, 12, 12, channels))
+    if channels == 1:
+      x[y == 1] += 150
+    else:
+      x[np.arange(n), :, :, y] += 150
+    return ArraySource(x.astype(np.uint8), y.astype(np.int32))
+  features = lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params}
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  kw = dict(num_classes=3, size=8, mean=(0.5,) * 3, std=(0.25,) * 3, epochs=5, batch_size=32,
-            base_lr=0.5, mesh=mesh, rules=sharding.DEFAULT_RULES)
+  kw = dict(num_classes=classes, size=8, mean=(0.5,) * channels, std=(0.25,) * channels,
+            epochs=5, batch_size=32, base_lr=0.5, mesh=mesh, rules=sharding.DEFAULT_RULES)
   train, test = planted(256), planted(128)
-  scores = probes.dino_linear_probe(feature_fn, 1.0, train, {"test": test}, **kw)
-  assert scores["test"] > 0.95
+  assert probes.dino_linear_probe(features, 1.0, train, {"test": test}, **kw)["test"] > 0.95
   # A test set whose labels are rotated: the learnt colour -> class map gets none right.
-  rotated = (test[0], (test[1] + 1) % 3)
-  assert probes.dino_linear_probe(feature_fn, 1.0, train, {"test": rotated}, **kw)["test"] < 0.05
+  rotated = ArraySource(test.images, (test.labels + 1) % classes)
+  assert probes.dino_linear_probe(features, 1.0, train, {"test": rotated}, **kw)["test"] < 0.05
 
 
 def test_segmentation_scores_on_hand_made_masks():

@@ -158,6 +158,34 @@ def test_eval_crop_is_the_centre(val_source):
   assert np.abs(centre_x - 127.5).max() < 8 and np.abs(centre_y - 127.5).max() < 8
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_in_memory_arrays_stream_through_the_same_pipelines(channels):
+  """ArraySource: in-memory uint8 arrays read by the streamed pipelines. Evaluation at their
+  own size gives the arrays back exactly, every host its block, the tail padded with zero
+  images of their channels; training crops keep the channels; bad arrays are one line."""
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (10, 12, 12, channels)).astype(np.uint8)
+  source = streaming.ArraySource(images, np.arange(10))
+  hosts = [list(streaming.eval_dataset(source, batch_size=2, resize=12, crop=12,
+                                       process_index=p, process_count=2)) for p in (0, 1)]
+  rows = [np.concatenate([hosts[0][j][k], hosts[1][j][k]]) for j in range(3)
+          for k in ("image", "label", "mask")]
+  got, labels, mask = (np.concatenate(rows[i::3]) for i in range(3))
+  assert got.shape == (12, 12, 12, channels) and mask.tolist() == [True] * 10 + [False] * 2
+  np.testing.assert_array_equal(got[:10], images)
+  assert labels[:10].tolist() == list(range(10)) and not got[10:].any()
+  batch = next(iter(streaming.train_dataset(source, batch_size=4, seed=0, image_size=8,
+                                            augment=("rrc(0.5,1)", "flip"))))
+  assert batch["image"].shape == (4, 8, 8, channels) and batch["image"].dtype == np.uint8
+  pad = next(iter(streaming.train_dataset(source, batch_size=4, seed=0, image_size=12,
+                                          augment=("pad_crop(2)",))))
+  assert pad["image"].shape == (4, 12, 12, channels)
+  with pytest.raises(ValueError, match=r"uint8 \(N, H, W, 1 or 3\) images, got float32"):
+    streaming.ArraySource(images.astype(np.float32), np.arange(10))
+  with pytest.raises(ValueError, match=r"10 images but labels of shape \(9,\)"):
+    streaming.ArraySource(images, np.arange(9))
+
+
 def test_a_vit_evaluates_at_another_resolution():
   from laplax.models import vit
   model = vit.ViT(num_classes=3, patch_size=8, **vit.preset("mu"))

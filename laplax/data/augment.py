@@ -230,7 +230,7 @@ def pad_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *, pad
   """DeiT-III's simple random crop of a decoded PIL image: shorter side resized to `size`,
   padded by `pad` ('reflect' or 'constant' zeros), a random size x size crop -> uint8
   (size, size, 3)."""
-  x = np.asarray(resize_shorter(image, size))
+  x = np.atleast_3d(np.asarray(resize_shorter(image, size)))
   x = np.pad(x, ((pad, pad), (pad, pad), (0, 0)), mode=mode)
   top = int(rng.integers(0, x.shape[0] - size + 1))
   left = int(rng.integers(0, x.shape[1] - size + 1))

@@ -5,7 +5,8 @@ encoded; or parquet shards in the Hugging Face layout, laplax.data.parquet_image
 picks by data.source), decoded with PIL and augmented one record at a time as grain transforms, then batched;
 batches leave the host as uint8 and are normalised on the device
 (`laplax.data.pipeline.device_normalize`). Nothing is held per example except the
-ArrayRecord index, so host memory does not grow with the data set.
+ArrayRecord index, so host memory does not grow with the data set. `ArraySource` gives
+in-memory arrays the same random-access interface, so these pipelines serve them too.
 
 Training stream (`train_dataset`): the same global stream as the in-memory pipeline
 (`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
@@ -45,16 +46,19 @@ def _center_crop(image: np.ndarray, size: int) -> np.ndarray:
   return image[top:top + size, left:left + size]
 
 
-def decode(encoded: bytes) -> Image.Image:
-  """JPEG / PNG bytes -> an RGB PIL image (grey and CMYK files converted)."""
+def decode(encoded: bytes | np.ndarray) -> Image.Image:
+  """JPEG / PNG bytes -> an RGB PIL image (grey and CMYK files converted); an ArraySource's
+  uint8 (H, W, C) pixels -> a PIL image of them (C = 1 stays grey)."""
+  if isinstance(encoded, np.ndarray):
+    return Image.fromarray(encoded[..., 0] if encoded.shape[-1] == 1 else encoded)
   image = Image.open(io.BytesIO(encoded))
   return image if image.mode == 'RGB' else image.convert('RGB')
 
 
 def resize_center_crop(image: Image.Image, *, resize: int, crop: int) -> np.ndarray:
-  """Evaluation: Resize(resize) on the shorter side, CenterCrop(crop) -> uint8 (crop, crop, 3)."""
-  return np.ascontiguousarray(_center_crop(np.asarray(augment.resize_shorter(image, resize)),
-                                           crop))
+  """Evaluation: Resize(resize) on the shorter side, CenterCrop(crop) -> uint8 (crop, crop, C)."""
+  return np.ascontiguousarray(np.atleast_3d(
+      _center_crop(np.asarray(augment.resize_shorter(image, resize)), crop)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,22 +75,23 @@ class TrainTransform(grain.transforms.RandomMap):
   ops: tuple[ops_lib.Op, ...] = ()
 
   def random_map(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    x = ops_lib.run_images(self.ops, self.crop.decoded(decode(record['image']), self.size, rng),
-                           rng)
+    crop = np.atleast_3d(self.crop.decoded(decode(record['image']), self.size, rng))
+    x = ops_lib.run_images(self.ops, crop, rng)
     return {'image': np.ascontiguousarray(x, dtype=np.uint8),
             'label': np.int32(record['label'])}
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalTransform(grain.transforms.Map):
-  """record ({} for padding) -> {'image': uint8 (S, S, 3), 'label': int32, 'mask': bool}."""
+  """record ({} for padding) -> {'image': uint8 (S, S, C), 'label': int32, 'mask': bool}."""
   resize: int
   crop: int
+  channels: int = 3  # C of the padding's zero images (an ArraySource's may be 1)
 
   def map(self, record: dict[str, Any]) -> dict[str, Any]:
     if not record:
-      return {'image': np.zeros((self.crop, self.crop, 3), np.uint8), 'label': np.int32(0),
-              'mask': np.bool_(False)}
+      return {'image': np.zeros((self.crop, self.crop, self.channels), np.uint8),
+              'label': np.int32(0), 'mask': np.bool_(False)}
     return {'image': resize_center_crop(decode(record['image']), resize=self.resize,
                                         crop=self.crop),
             'label': np.int32(record['label']), 'mask': np.bool_(True)}
@@ -146,6 +151,34 @@ def open_source(name: str, data_dir: str, split: str):
   return source, builder.info
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ArraySource:
+  """In-memory images as a random-access source of the streamed splits' kind: record i is
+  {'image': uint8 (H, W, C), 'label': int}, which `decode` reads as it reads encoded bytes, so
+  `train_dataset` and `eval_dataset` serve in-memory data too (C = 1 stays grey; files decode
+  to RGB)."""
+  images: np.ndarray  # uint8 (N, H, W, C), C in (1, 3)
+  labels: np.ndarray  # int (N,)
+
+  def __post_init__(self):
+    x, y = self.images, np.asarray(self.labels)
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] not in (1, 3):
+      raise ValueError(f'ArraySource takes uint8 (N, H, W, 1 or 3) images, got {x.dtype} '
+                       f'{x.shape}')
+    if y.shape != (len(x),):
+      raise ValueError(f'ArraySource: {len(x)} images but labels of shape {y.shape}')
+
+  @property
+  def channels(self) -> int:
+    return int(self.images.shape[-1])
+
+  def __len__(self) -> int:
+    return len(self.images)
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    return {'image': self.images[i], 'label': int(self.labels[i])}
+
+
 SOURCES = ('tfds', 'parquet')
 
 
@@ -199,7 +232,8 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
   """This host's training batches (see the module docstring).
 
   Args:
-    source: random-access records {'image': encoded bytes, 'label': int} (`open_source`).
+    source: random-access records {'image': encoded bytes, 'label': int} (`open_source`,
+      `open_split`) or an `ArraySource`.
     batch_size: examples per batch on THIS host (global: batch_size * process_count).
     seed: shuffle and augmentation seed (same on every host).
     image_size: side S of the square training crop.
@@ -237,8 +271,9 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
   its contiguous block p; all hosts get ceil(N / G) batches, the missing places padded.
 
   Returns:
-    grain.IterDataset of {'image': uint8 (B, crop, crop, 3), 'label': int32 (B,), 'mask': bool
-    (B,)}; padded entries are zero images, label 0, mask False.
+    grain.IterDataset of {'image': uint8 (B, crop, crop, C), 'label': int32 (B,), 'mask': bool
+    (B,)} (C = 3, or an ArraySource's channels); padded entries are zero images, label 0, mask
+    False.
   """
   if not 0 < crop <= resize:
     raise ValueError(f'eval crop={crop} must be in [1, resize={resize}]')
@@ -247,7 +282,8 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
   # grain drops None elements: padding is the empty record.
   ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
   ds = ds.map(lambda position: records[position] if position < n else {})
-  ds = ds.map(EvalTransform(resize=resize, crop=crop)).batch(batch_size)
+  ds = ds.map(EvalTransform(resize=resize, crop=crop, channels=getattr(source, 'channels', 3)))
+  ds = ds.batch(batch_size)
   return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
                              prefetch=prefetch)
 

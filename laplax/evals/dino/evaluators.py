@@ -79,8 +79,9 @@ class _TeacherEvaluator(Evaluator):
     super().__init__(name, config, ctx)
     size = ctx.task.config.multicrop.global_size
     last = config[self.last_layers_key] if self.last_layers_key else 4
-    self.feature_fn = features_lib.make_feature_fn(
-        ctx.model, dino_lib.patch_grid(ctx.model, (size, size)), ctx.mesh, ctx.rules, last)
+    self.grid = dino_lib.patch_grid(ctx.model, (size, size))
+    self.feature_fn = features_lib.make_feature_fn(ctx.model, self.grid, ctx.mesh, ctx.rules,
+                                                   last)
     self.kw = dict(mesh=ctx.mesh, rules=ctx.rules)
 
 
@@ -99,8 +100,11 @@ class _ProbeEvaluator(_TeacherEvaluator):
     super().__init__(name, config, ctx)
     self.protocol = evaluator_lib.protocol(probes.Protocol, config)
     c = ctx.task.config
+    # DINO's protocol (linear_probe='dino') trains through the features inside its own step.
+    features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
+                                             ("last",))
     self.probe_kw = dict(batch_size=c.data.eval_batch_size, size=c.multicrop.global_size,
-                         seed=c.seed, **self.kw)
+                         seed=c.seed, features=features, **self.kw)
 
 
 class Probes(_ProbeEvaluator):
@@ -184,11 +188,9 @@ class StreamProbes(_TeacherEvaluator):
     self.eval_source, tfds_info = streaming.open_split(d, d.get("eval_split", "validation"))
     # The data set's own classes (a DINO run's data.num_classes may be unset: labels unused).
     self.num_classes = int(tfds_info.features["label"].num_classes)
-    size = ctx.task.config.multicrop.global_size
-    grid = dino_lib.patch_grid(ctx.model, (size, size))
-    self.features = features_lib.feature_function(ctx.model, grid, config.last_layers,
+    self.features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
                                                   ("cls", "last"))
-    self.cls_features = features_lib.feature_function(ctx.model, grid, config.last_layers,
+    self.cls_features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
                                                       ("cls",))
 
   def run(self, weights, step) -> dict[str, Any]:

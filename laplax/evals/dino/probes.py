@@ -2,27 +2,30 @@
 the Weizmann-horse and ADE20K segmentation probes and PCA pictures (DINO's evaluations).
 
 Every function takes a jitted feature_fn (laplax.features.extract.make_feature_fn) and params,
-so it works on a training state's teacher and on a restored run alike.
+so it works on a training state's teacher and on a restored run alike; DINO's linear protocol
+trains through the unjitted feature function inside its step, and is one implementation for
+in-memory and streamed data (laplax.evals.dino.stream_linear over `streaming.ArraySource`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from laplax.data import builders, multicrop, pipeline
+from laplax import sharding
+from laplax.data import builders, pipeline, streaming
 from laplax.data import images as images_lib
 from laplax.data.images import load_image_data
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import linear_probe
 from laplax.evals.dino import segmentation
+from laplax.evals.dino import stream_linear
 from laplax.features import masks as masks_lib
 from laplax.features import pca as pca_lib
 from laplax.features.extract import extract_features
@@ -58,16 +61,16 @@ class Protocol:
 
 
 def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *,
-                 batch_size: int, size: int, seed: int, mesh, rules
+                 batch_size: int, size: int, seed: int, mesh, rules, features=None
                  ) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
   protocol.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`, on
-  crops of `size`).
+  crops of `size`, through `features`: the unjitted feature function with 'last').
 
   The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
   devices, laplax.evals.dino.knn); the linear probes train on its first probe_train_size
-  examples (0: all). data: load_data's {'info', 'train', 'val', 'test'}; batch_size: the
-  feature passes'. Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+  examples (0: all). data: load_data's {'info', 'train', 'val', 'test'}, uint8 images;
+  batch_size: the feature passes'. Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
   """
   p = protocol
   info = data["info"]
@@ -85,12 +88,15 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
             for k in ("cls", "last")}
   dino = None
   if p.linear_probe == "dino":
+    if features is None:
+      raise ValueError("linear_probe='dino' trains through `features` (the unjitted "
+                       "laplax.features.extract.feature_function); none was given")
     dino = dino_linear_probe(
-        feature_fn, params, (train_x[:cap], train_y[:cap]),
-        {split: data[split] for split in ("val", "test")}, num_classes=info.num_classes,
-        size=size, mean=info.mean, std=info.std, epochs=p.dino_probe_epochs,
-        batch_size=p.dino_probe_batch_size, base_lr=p.dino_probe_lr, seed=seed, mesh=mesh,
-        rules=rules)
+        features, params, streaming.ArraySource(train_x[:cap], train_y[:cap]),
+        {split: streaming.ArraySource(*data[split]) for split in ("val", "test")},
+        num_classes=info.num_classes, size=size, mean=info.mean, std=info.std,
+        epochs=p.dino_probe_epochs, batch_size=p.dino_probe_batch_size,
+        base_lr=p.dino_probe_lr, seed=seed, mesh=mesh, rules=rules)
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
@@ -108,67 +114,23 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
   return scores
 
 
-def dino_linear_probe(feature_fn, params, train: tuple[np.ndarray, np.ndarray],
-                      evaluate: dict[str, tuple[np.ndarray, np.ndarray]], *, num_classes: int,
+def dino_linear_probe(features, params, train, evaluate: dict[str, Any], *, num_classes: int,
                       size: int, mean, std, epochs: int = 100, batch_size: int = 256,
                       base_lr: float = 1e-3, seed: int = 0, key: str = "last", mesh, rules
                       ) -> dict[str, float]:
-  """DINO's linear-probe protocol (eval_linear.py): a linear layer (weights N(0, 0.01), bias 0)
-  on the frozen model's feature `key` ('last': the last n blocks' class tokens concatenated),
-  trained by SGD with momentum 0.9 and no weight decay, lr = base_lr * batch_size / 256 on a
-  cosine to 0, for `epochs` epochs over random-resized crops (scale 0.08-1) + flips of the uint8
-  training images (N, H, W, C), recomputing the features of every augmented batch. Scored on
-  the un-augmented images resized to `size`. -> {split: top-1 accuracy} for `evaluate`.
-
-  One host: batches go to the devices as one array (the feature_fn replicates its output)."""
-  x, y = train
-  n = len(x)
-  batch_size = min(batch_size, n)
-  steps_per_epoch = -(-n // batch_size)
-  tx = optax.sgd(optax.cosine_decay_schedule(base_lr * batch_size / 256,
-                                             epochs * steps_per_epoch), momentum=0.9)
-
-  @jax.jit
-  def augment(rng, images):
-    k_box, k_flip = jax.random.split(rng)
-    b, h, w, _ = images.shape
-    boxes = multicrop.crop_boxes(jax.random.uniform(k_box, (b, 4)), h, w, (0.08, 1.0),
-                                 (3 / 4, 4 / 3))
-    crops = multicrop.resized_crops(images.astype(jnp.float32) / 255.0, boxes, size)
-    crops = multicrop.flip(crops, jax.random.bernoulli(k_flip, 0.5, (b,)))
-    return multicrop.normalize(crops, mean, std)
-
-  @jax.jit
-  def sgd_step(layer, opt_state, feats, labels):
-    loss = lambda l: optax.softmax_cross_entropy_with_integer_labels(
-        feats @ l["kernel"] + l["bias"], labels).mean()
-    updates, opt_state = tx.update(jax.grad(loss)(layer), opt_state, layer)
-    return optax.apply_updates(layer, updates), opt_state
-
-  rng = jax.random.key(seed)
-  order_rng = np.random.default_rng(seed)
-  dim = feature_fn(params, augment(rng, jnp.asarray(x[:1])))[key].shape[-1]
-  k_init, rng = jax.random.split(rng)
-  layer = {"kernel": 0.01 * jax.random.normal(k_init, (dim, num_classes)),
-           "bias": jnp.zeros((num_classes,))}
-  opt_state = tx.init(layer)
-  for epoch in range(epochs):
-    # The last batch wraps around to the start of the permutation: every batch is full.
-    order = order_rng.permutation(n)[np.arange(steps_per_epoch * batch_size) % n]
-    for i, idx in enumerate(order.reshape(steps_per_epoch, batch_size)):
-      k_step = jax.random.fold_in(rng, epoch * steps_per_epoch + i)
-      images = augment(k_step, jnp.asarray(x[idx]))
-      layer, opt_state = sgd_step(layer, opt_state, feature_fn(params, images)[key],
-                                  jnp.asarray(y[idx], jnp.int32))
-  out = {}
-  for split, (ex, ey) in evaluate.items():
-    if ex.shape[1:3] != (size, size):
-      ex = pipeline.convert_images(ex, size=size, channels=ex.shape[-1])
-    feats = extract_features(feature_fn, params, ex, batch_size=batch_size, mean=mean, std=std,
-                             mesh=mesh, rules=rules, keys=(key,))[key]
-    logits = feats @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
-    out[split] = float(np.mean(np.argmax(logits, axis=-1) == ey))
-  return out
+  """DINO's linear-probe protocol (laplax.evals.dino.stream_linear: the one implementation,
+  multi-host) on random-access sources of any size (`streaming.ArraySource` for in-memory
+  images): trained on random-resized crops + flips of `size`, scored on Resize(size) +
+  CenterCrop(size). The global batch is batch_size, at most the training set, rounded down to
+  a multiple of the data-parallel devices and the hosts. -> {split: top-1 accuracy}."""
+  multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
+  batch = max(multiple, min(batch_size, len(train)) // multiple * multiple)
+  protocol = stream_linear.Protocol(epochs=epochs, batch_size=batch, base_lr=base_lr,
+                                    crop=size, resize=size)
+  out = stream_linear.streamed_linear_probe(
+      features, params, train, evaluate, protocol, num_classes=num_classes, mean=mean,
+      std=std, mesh=mesh, rules=rules, seed=seed, key=key)
+  return {split: out[split] for split in evaluate}
 
 
 def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str,
