@@ -60,8 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.evals.photos = common.evaluator("photo_pca", photos="builtin", size=64)
   # ADE20K's linear segmentation probe: add common.evaluator("ade20k", dir=...) (the official
   # ADEChallengeData2016 folder; DINOv2's protocol, configs/pod/dino_vit_s16.py); on CPU scale
-  # it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100 ('ade20k_patch': the former
-  # per-patch probe at 'size' px).
+  # it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100.
   c.evals.spectra = common.evaluator("dino_spectra", final=False, analysis=True)
   # eval.py --analyze: the teacher's mechanism measurements and class-token attention maps
   # (`eval.py --evals=attention --set=attention.compare=BASELINE_WORKDIR`: side by side).

@@ -148,6 +148,9 @@ def test_a_key_the_evaluator_does_not_have_is_refused_where_the_config_is_built(
     common.evaluator("accuracy", splt="val")
   with pytest.raises(ValueError, match="evaluator type 'acuracy'; choose one of"):
     common.evaluator("acuracy")
+  # A type that is gone says what replaced it, in one line.
+  with pytest.raises(ValueError, match=r"evaluator type 'ade20k_patch' is gone: use 'ade20k'"):
+    common.evaluator("ade20k_patch", dir="ADEChallengeData2016")
 
 
 @pytest.mark.parametrize("config_file, override, key", [

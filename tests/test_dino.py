@@ -10,11 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common
 from conftest import make_config
 from laplax import sharding
 from laplax.data import multicrop as mc
-from laplax.evals.dino import probes
 from laplax.features import extract as features
 from laplax.models import dino as dino_lib
 from laplax.models import vit
@@ -376,24 +374,6 @@ def test_features_on_eight_devices_pad_an_indivisible_batch(initial_state):
   assert out["eight"]["cls"].shape == (37, 16)
   for k in ("cls", "last"):
     np.testing.assert_allclose(out["eight"][k], out["one"][k], rtol=1e-5, atol=1e-5)
-
-
-def test_ade20k_probe_runs_on_the_teacher(initial_state, tmp_path):
-  from test_probes import _write_ade20k
-  root = tmp_path / "ADEChallengeData2016"
-  _write_ade20k(root, [(16, 16)] * 3)
-  _write_ade20k(root, [(12, 20)] * 2, split="validation", start=10)
-  config = _task().config
-  config.data.cache_dir = str(tmp_path / "cache")
-  section = common.evaluator("ade20k_patch", dir=str(root), size=SIZE, train_images=0,
-                             val_images=0, seg_epochs=2)
-  mesh = sharding.make_mesh({"data": 8})
-  feature_fn = features.make_feature_fn(_tiny_model(), (2, 2), mesh, sharding.DEFAULT_RULES, 1)
-  info = dino_task.DinoTask(config).info()
-  out = probes.ade20k_scores(feature_fn, initial_state.params, config, section, info, mesh=mesh,
-                             rules=sharding.DEFAULT_RULES, predict_batch=1)
-  assert (out["train_images"], out["val_images"]) == (3, 2)
-  assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
 
 
 # --- Multi-crop -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from laplax.data import builders
 from laplax.evals.dino import knn
 from laplax.evals.dino import linear_probe
 from laplax.evals.dino import segmentation
@@ -264,40 +265,35 @@ def _write_ade20k(root, sizes, *, split="training", start=1, bad_label=False):
   return written
 
 
-def test_ade20k_builder_reads_the_official_layout(tmp_path):
-  from laplax.data import builders
+def test_ade20k_folder_source_reads_the_official_layout(tmp_path):
+  """The ADEChallengeData2016 folder (or its parent) read per record, in file-name order,
+  the bytes as written."""
+  from laplax.data import ade20k_stream
   root = tmp_path / "ADEChallengeData2016"
   train = _write_ade20k(root, [(24, 32), (24, 32), (24, 32)])
-  val = _write_ade20k(root, [(24, 32), (24, 32)], split="validation", start=10)
-  cache = tmp_path / "cache"
-  data = segmentation.load_ade20k(tmp_path, cache, "train", (24, 32))  # the parent works too
-  assert data.names == tuple(f"{n}.jpg" for n in sorted(train))
-  assert data.images.shape == (3, 24, 32, 3) and data.masks.shape == (3, 24, 32)
+  _write_ade20k(root, [(24, 32), (24, 32)], split="validation", start=10)
+  source = ade20k_stream.FolderSource(tmp_path, "train")  # the parent works too
+  assert len(source) == 3 and len(ade20k_stream.FolderSource(root, "validation")) == 2
   for i, name in enumerate(sorted(train)):
     photo, labels = train[name]
-    np.testing.assert_array_equal(data.masks[i], labels)  # PNG: lossless, same size
-    assert np.mean(np.abs(data.images[i].astype(int) - photo)) < 3  # JPEG: lossy
-  small = segmentation.load_ade20k(root, cache, "validation", 16, limit=1)
-  assert small.images.shape == (1, 16, 16, 3) and small.names == (f"{min(val)}.jpg",)
-  assert set(np.unique(small.masks)) <= {0, int(val[min(val)][1].max()),
-                                         int(val[min(val)][1][-1, 0])}
+    image, label = ade20k_stream.decode(source[i])
+    np.testing.assert_array_equal(np.asarray(label), labels)  # PNG: lossless, same size
+    assert np.mean(np.abs(np.asarray(image).astype(int) - photo)) < 3  # JPEG: lossy
   with pytest.raises(builders.DataError, match="ADE20K not found"):
-    segmentation.load_ade20k(tmp_path / "nowhere", cache, "train", 16)
+    ade20k_stream.FolderSource(tmp_path / "nowhere", "train")
 
 
-def test_ade20k_builder_errors(tmp_path):
-  from laplax.data import builders
+def test_ade20k_folder_errors(tmp_path):
+  from laplax.data import ade20k_stream
   root = tmp_path / "ADEChallengeData2016"
   _write_ade20k(root, [(8, 8), (8, 8)])
-  _write_ade20k(root, [(8, 8)], split="validation")
   (root / "annotations" / "training" / "ADE_train_00000002.png").unlink()
   with pytest.raises(builders.DataError, match="image without an annotation"):
-    segmentation.load_ade20k(root, tmp_path / "c1", "train", 8)
+    ade20k_stream.FolderSource(root, "train")
   bad = tmp_path / "bad" / "ADEChallengeData2016"
   _write_ade20k(bad, [(8, 8)], bad_label=True)
-  _write_ade20k(bad, [(8, 8)], split="validation")
   with pytest.raises(builders.DataError, match="label 151 > 150"):
-    segmentation.load_ade20k(bad, tmp_path / "c2", "train", 8)
+    ade20k_stream.decode(ade20k_stream.FolderSource(bad, "train")[0])
 
 
 def test_segmentation_scores_ignore_unlabelled_pixels():

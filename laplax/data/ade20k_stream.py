@@ -31,6 +31,7 @@ from PIL import Image
 
 from laplax.data import grain_utils, streaming
 from laplax.data.datasets import ade20k as ade20k_lib
+from laplax.data.datasets.common import DataError
 
 CAT_MAX_RATIO = 0.75  # mmseg RandomCrop(cat_max_ratio=0.75)
 CROP_TRIES = 10  # mmseg RandomCrop's retries
@@ -60,6 +61,10 @@ def decode(record: dict[str, bytes]) -> tuple[Image.Image, Image.Image]:
   label = label if label.mode == "L" else label.convert("L")
   if label.size != image.size:
     raise ValueError(f"annotation size {label.size} differs from its image's {image.size}")
+  top = label.getextrema()[1]
+  if top > ade20k_lib.ADE20K_NUM_CLASSES:
+    raise DataError(f"an ADE20K annotation holds label {top} > "
+                    f"{ade20k_lib.ADE20K_NUM_CLASSES}: not an ADEChallengeData2016 annotation")
   return image, label
 
 

@@ -3,8 +3,8 @@
 `load_split` prepares a data set once into `<cache_dir>/tfds` with its builder (one module per
 data set in laplax.data.datasets), decodes a split into NumPy once and caches it as
 `<cache_dir>/arrays/*.npz` (written atomically) so later runs load in well under a second.
-`dataset_info` gives a data set's static facts. DataError, ImageDatasetInfo and the ADE20K
-source (`ade20k_source`, `ADE20K_NUM_CLASSES`) are importable from here too.
+`dataset_info` gives a data set's static facts. DataError, ImageDatasetInfo and
+`ADE20K_NUM_CLASSES` are importable from here too.
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import tensorflow_datasets as tfds
 
 from laplax.data import cache as cache_lib
 from laplax.data.datasets import cifar10, cifar100, fashion_mnist
-from laplax.data.datasets.ade20k import ADE20K_NUM_CLASSES, ade20k_source
+from laplax.data.datasets.ade20k import ADE20K_NUM_CLASSES
 from laplax.data.datasets.common import DataError, ImageDatasetInfo, PathLike
 
-__all__ = ['ADE20K_NUM_CLASSES', 'DataError', 'ImageDatasetInfo', 'ade20k_source',
-           'dataset_info', 'load_split']
+__all__ = ['ADE20K_NUM_CLASSES', 'DataError', 'ImageDatasetInfo', 'dataset_info',
+           'load_split']
 
 _DECODE_CHUNK = 10_000  # records read from the data source at a time (bounds peak memory)
 _ARRAYS_FORMAT = 1  # bump when the cached .npz layout changes

@@ -138,7 +138,6 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "dino_transfer": "laplax.evals.dino.evaluators:Transfer",
     "horse": "laplax.evals.dino.evaluators:Horse",
     "ade20k": "laplax.evals.dino.evaluators:Ade20k",
-    "ade20k_patch": "laplax.evals.dino.evaluators:Ade20kPatch",
     "photo_pca": "laplax.evals.dino.evaluators:PhotoPca",
     "dino_spectra": "laplax.evals.dino.evaluators:Spectra",
     "mechanism": "laplax.evals.mechanism:Mechanism",
@@ -153,7 +152,16 @@ def register(type_: str, cls: type[Evaluator]) -> None:
   TYPES[type_] = cls
 
 
+# Types that are gone, and what to use instead (one line for an old config).
+GONE: dict[str, str] = {
+    "ade20k_patch": "use 'ade20k', DINOv2's linear protocol, the one ADE20K probe (on CPU "
+                    "scale it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100)",
+}
+
+
 def get(type_: str) -> type[Evaluator]:
+  if type_ in GONE:
+    raise ValueError(f"evaluator type {type_!r} is gone: {GONE[type_]}")
   if type_ not in TYPES:
     raise ValueError(f"evaluator type {type_!r}; choose one of {sorted(TYPES)}")
   entry = TYPES[type_]

@@ -7,7 +7,8 @@ tfds_dir)`. laplax.data.builders holds the registry by data set name and the cac
   cifar10        Cifar10Local ('cifar10_local'): the JPEG zip or the official binary archive
   cifar100       Cifar100Local ('cifar100_local'): the official binary archive, fine and coarse
                  labels
-  ade20k         Ade20kLocal ('ade20k_local'): the ADEChallengeData2016 folder (segmentation)
+  ade20k         the ADEChallengeData2016 folder's layout (segmentation; read per record by
+                 laplax.data.ade20k_stream, no builder)
   common         DataError, ImageDatasetInfo, PNG encoding, binary CIFAR records
 
 All are `tfds.core.GeneratorBasedBuilder`s written as `array_record` (random access, read with

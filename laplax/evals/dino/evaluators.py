@@ -5,7 +5,6 @@
   evals.transfer = {'type': 'dino_transfer', 'data': {'fashion_mnist': ''}}
   evals.horse = {'type': 'horse', 'dir': '.../weizmann_horse'}    segmentation + PCA mask IoU
   evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016'}  DINOv2's linear protocol
-  evals.ade20k = {'type': 'ade20k_patch', 'dir': ..., 'size': 224}  the former per-patch probe
   evals.photos = {'type': 'photo_pca', 'photos': 'builtin'}      PCA picture (pca_photos.png)
   evals.spectra = {'type': 'dino_spectra', 'final': False, 'analysis': True}   also streamed
 
@@ -21,9 +20,8 @@ from typing import Any
 import jax
 
 from laplax import sharding
-from laplax.data import ade20k_stream, builders, streaming
+from laplax.data import ade20k_stream, streaming
 from laplax.data import photos as photos_lib
-from laplax.data.images import cache_dir
 from laplax.evals.dino import ade20k as ade20k_lib
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import probes
@@ -323,35 +321,6 @@ class Ade20k(_TeacherEvaluator):
 
   def summary(self, result) -> str:
     return f"ADE20K: linear mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"
-
-
-class Ade20kPatch(_TeacherEvaluator):
-  """The former, non-standard ADE20K probe (kept for CPU studies): a per-patch linear probe
-  on last-block patch tokens at `size` px with per-patch majority labels, features of the
-  whole split in memory (probes.ade20k_scores); `ade20k` is the standard protocol."""
-
-  type = "ade20k_patch"
-  defaults = {"dir": "", "size": 64, "train_images": 0, "val_images": 0, "seg_epochs": 20}
-  ranges = {"size": ranges_lib.AT_LEAST_ONE, "train_images": ranges_lib.COUNT,
-            "val_images": ranges_lib.COUNT, "seg_epochs": ranges_lib.AT_LEAST_ONE}
-  needs_rgb = True
-
-  @classmethod
-  def check(cls, config, task) -> None:
-    super().check(config, task)
-    if not config.dir:
-      raise ValueError("dir='' : set it to the ADEChallengeData2016 folder")
-
-  def __init__(self, name, config, ctx):
-    super().__init__(name, config, ctx)
-    builders.ade20k_source(config.dir, cache_dir(ctx.task.config.data), "train")
-
-  def run(self, weights, step) -> dict[str, Any]:
-    return probes.ade20k_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.config,
-                                self.config, self.ctx.task.info(), **self.kw)
-
-  def summary(self, result) -> str:
-    return f"ADE20K: probe mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"
 
 
 class PhotoPca(_TeacherEvaluator):

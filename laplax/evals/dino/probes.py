@@ -20,7 +20,6 @@ import numpy as np
 
 from laplax import sharding
 from laplax.data import builders, pipeline, streaming
-from laplax.data import images as images_lib
 from laplax.data.images import load_image_data
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import linear_probe
@@ -208,38 +207,6 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
     plots.pca_figure(splits["test"].images[:n], {"teacher": (rgb[:n], mask[:n])}, figure_path,
                      row_labels=splits["test"].names[:n])
   return out
-
-
-def ade20k_scores(feature_fn, params, config: ml_collections.ConfigDict,
-                  e: ml_collections.ConfigDict, info, *, mesh, rules, predict_batch: int = 32
-                  ) -> dict[str, Any]:
-  """ADE20K linear segmentation probe of the frozen model's last-block patch tokens.
-
-  The per-patch probe (laplax.evals.dino.segmentation, unlabelled patches left out) trains on the
-  first e.train_images (0: all) of the training split and is scored on the first
-  e.val_images of the validation split at full mask resolution: mIoU over the 150 classes and
-  pixel accuracy, unlabelled pixels ignored. Photos resized to e.size and normalised with the
-  training data set's mean / std (e: an ade20k evaluator section)."""
-  num_classes = builders.ADE20K_NUM_CLASSES + 1  # class 0 (unlabelled) is never a target
-  cache = images_lib.cache_dir(config.data)
-  splits = {split: segmentation.load_ade20k(e.dir, cache, split, e.size, limit)
-            for split, limit in (("train", e.train_images), ("validation", e.val_images))}
-  kw = dict(batch_size=config.data.eval_batch_size, mean=info.mean, std=info.std, mesh=mesh,
-            rules=rules, keys=("patches",))
-  feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]
-           for split, d in splits.items()}
-  grid = feats["train"].shape[1:3]
-  probe = segmentation.train_patch_probe(
-      feats["train"], segmentation.patch_labels(splits["train"].masks, grid, num_classes),
-      num_classes, epochs=e.seg_epochs, seed=config.seed, ignore_index=0)
-  masks = splits["validation"].masks
-  pred = np.concatenate([  # in batches: full-size logits are (b, H, W, 151) floats
-      np.asarray(segmentation.predict_masks(probe, feats["validation"][i:i + predict_batch],
-                                            mask_size=masks.shape[1:])).astype(np.uint8)
-      for i in range(0, len(masks), predict_batch)])
-  scores = masks_lib.segmentation_scores(pred, masks, num_classes, ignore_index=0)
-  return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
-          "train_images": len(splits["train"].images), "val_images": len(masks)}
 
 
 def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],

@@ -1,5 +1,5 @@
-"""Segmentation from frozen patch features: a linear per-patch probe, scores, Weizmann Horses
-and ADE20K (150 classes, 0 = unlabelled: ignore_index=0 in training and scoring).
+"""Segmentation from frozen patch features: a linear per-patch probe, scores and the Weizmann
+Horses (ADE20K's probe is DINOv2's protocol: laplax.evals.dino.ade20k).
 
 The probe is `laplax.evals.dino.linear_probe` applied to every patch token: features (N, h, w, d)
 and labels at patch resolution (N, h, w) (`patch_labels` pools full-size masks to the grid by
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import functools
-import io
 import pathlib
 from typing import Literal, NamedTuple
 
@@ -20,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from laplax.data import builders
 from laplax.evals.dino import linear_probe
 
 HORSE_TRAIN_FRACTION = 0.7
@@ -139,41 +137,3 @@ def load_weizmann_horse(root: str | pathlib.Path, image_size: int | tuple[int, i
   return HorseData(images, masks, tuple(chosen))
 
 
-class Ade20kData(NamedTuple):
-  """images (N, H, W, 3) uint8; masks (N, H, W) uint8 in 0..150 (0 = unlabelled); names."""
-  images: np.ndarray
-  masks: np.ndarray
-  names: tuple[str, ...]
-
-
-def load_ade20k(source_dir: str | pathlib.Path, cache_dir: str | pathlib.Path, split: str,
-                image_size: int | tuple[int, int], limit: int = 0) -> Ade20kData:
-  """ADE20K photos and annotations of `split` ('train' | 'validation'), in file-name order.
-
-  Prepared once (laplax.data.datasets.ade20k.Ade20kLocal into cache_dir/tfds); the first `limit`
-  records (0: all) are decoded and resized to `image_size` (int: square; or (H, W)), photos
-  bilinear and annotations nearest, ignoring the aspect ratio (as for the horses).
-  """
-  height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-  source = builders.ade20k_source(source_dir, cache_dir, split)
-  n = min(limit, len(source)) if limit else len(source)
-  images = np.empty((n, height, width, 3), np.uint8)
-  masks = np.empty((n, height, width), np.uint8)
-  names = []
-  for start in range(0, n, 256):
-    indices = list(range(start, min(start + 256, n)))
-    for i, record in zip(indices, source.__getitems__(indices)):
-      name = record["file_name"]
-      name = name.decode() if isinstance(name, bytes) else str(name)
-      with Image.open(io.BytesIO(record["image"])) as photo, \
-           Image.open(io.BytesIO(record["annotation"])) as annotation:
-        images[i] = np.asarray(photo.convert("RGB").resize((width, height),
-                                                           Image.Resampling.BILINEAR))
-        labels = annotation.resize((width, height), Image.Resampling.NEAREST)
-        masks[i] = np.asarray(labels.convert("L") if labels.mode != "L" else labels)
-      if masks[i].max() > builders.ADE20K_NUM_CLASSES:
-        raise builders.DataError(f"ADE20K annotation of {name} holds label {masks[i].max()} > "
-                                 f"{builders.ADE20K_NUM_CLASSES}: not an ADEChallengeData2016 "
-                                 "annotation")
-      names.append(name)
-  return Ade20kData(images, masks, tuple(names))
