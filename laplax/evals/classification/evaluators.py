@@ -21,6 +21,7 @@ from laplax.train import ranges as ranges_lib
 from laplax.train.evaluator import Evaluator
 from laplax.train.task import EvalImages
 
+
 def _check_split(config, task: EvalImages) -> None:
   splits = task.eval_splits()
   if config.split not in splits:
