@@ -64,7 +64,7 @@ def _measure(root: str, mode: str) -> dict:
     images = np.stack([streaming.resize_center_crop(streaming.decode(source[i]["image"]),
                                                     resize=256, crop=224)
                        for i in range(len(source))])
-    features_lib.extract_features(features_lib.make_feature_fn(model, (14, 14), mesh, rules),
+    features_lib.extract_features(features_lib.feature_function(model, (14, 14), 4, ("cls",)),
                                   params, images, batch_size=64, mean=mean, std=std, mesh=mesh,
                                   rules=rules, keys=("cls",))
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -87,7 +87,9 @@ def main(argv):
                                   teacher, batch)
     results["spectra"]["shape"] = f"{g} x {size} px over {len(devices)} chips"
     photo = evals["photos"].size
-    fn = features.make_feature_fn(model, base_grid, mesh, rules)
+    # The photo pass (features.extract_features: one global batch, rows kept on their devices).
+    fn = jax.jit(features.feature_function(model, base_grid, keys=("patches",)),
+                 out_shardings=batch_rows)
     images = jax.ShapeDtypeStruct((16, photo, photo, 3), jnp.float32, sharding=batch_rows)
     results["photos"] = _compile(fn, teacher, images)
     results["photos"]["shape"] = f"16 x {photo} px over {len(devices)} chips"

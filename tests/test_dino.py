@@ -368,8 +368,8 @@ def test_features_on_eight_devices_pad_an_indivisible_batch(initial_state):
   out = {}
   for name, mesh in (("eight", sharding.make_mesh({"data": 4, "fsdp": 2})),
                      ("one", sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]))):
-    feature_fn = features.make_feature_fn(model, (2, 2), mesh, sharding.DEFAULT_RULES, 1)
-    out[name] = features.extract_features(feature_fn, params, images, mesh=mesh, **kw)
+    fn = features.feature_function(model, (2, 2), 1)
+    out[name] = features.extract_features(fn, params, images, mesh=mesh, **kw)
     assert sharding.host_block(mesh, 16) == (0, 16)  # one host: the whole batch
   assert out["eight"]["cls"].shape == (37, 16)
   for k in ("cls", "last"):

@@ -96,14 +96,13 @@ def test_streamed_features_equal_the_in_memory_path_on_one_and_two_hosts(source,
   grid = (CROP // 4,) * 2
   mesh = sharding.make_mesh({"data": 8})
   keys = ("cls", "last")
-  # The in-memory path on the same images (the eval transform's resize + centre crop).
+  # The same images in memory (the eval transform's resize + centre crop), gathered.
   images = np.stack([streaming.resize_center_crop(streaming.decode(source[i]["image"]),
                                                   resize=RESIZE, crop=CROP)
                      for i in range(N_TRAIN)])
-  want = features_lib.extract_features(
-      features_lib.make_feature_fn(model, grid, mesh, RULES, 2), params, images, batch_size=8,
-      mean=MEAN, std=STD, mesh=mesh, rules=RULES)
   fn = features_lib.feature_function(model, grid, 2, keys)
+  want = features_lib.extract_features(fn, params, images, batch_size=8, mean=MEAN, std=STD,
+                                       mesh=mesh, rules=RULES)
   one = stream_features.streamed_features(fn, params, source, batch_size=8, resize=RESIZE,
                                           crop=CROP, mean=MEAN, std=STD, mesh=mesh, rules=RULES)
   assert one.features["cls"].shape == (3, 8, 16) and one.count == N_TRAIN

@@ -14,11 +14,12 @@ from PIL import Image, ImageFilter, ImageOps
 
 import configs.dino_tiny
 from configs import common
-from laplax.data import augment, dino_stream, ops, streaming
+from laplax.data import augment, dino_stream, ops, pipeline, streaming
 from laplax.data.multicrop import MultiCropConfig
 from laplax.train import trainer
 from laplax.train.metrics import read_metrics
 from test_streaming import _records
+import oracles
 
 N = 4000  # draws per probability (binomial tolerance: 4 standard deviations)
 
@@ -303,9 +304,9 @@ def test_streamed_dino_run_resumes_exactly(tmp_path, data_dir):
     np.testing.assert_allclose(got[step], want[step], rtol=1e-6, err_msg=f"step {step}")
 
 
-def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
+def test_streamed_spectra_match_numpy(tmp_path, data_dir):
   """dino_spectra on a streamed run: global batches sharded over 8 devices, float32 sums on the
-  devices, the last batch padded -> the in-memory float64 path's numbers on the same images;
+  devices, the last batch padded -> numpy's float64 spectra of the same images' tokens;
   the photo PCA and attention maps of a streamed run at twice its crop size."""
   import types
   import flax.linen as nn
@@ -336,15 +337,11 @@ def test_streamed_spectra_equal_the_in_memory_ones(tmp_path, data_dir):
   assert len(maps["runs"]["dino_tiny"]["cls_entropy"]) == 2  # one per head
   resize, crop = task.eval_crop()
   assert (resize, crop) == (37, 32)
-  batch = next(iter(streaming.eval_dataset(task.eval_source(), batch_size=20,
+  batch = next(iter(streaming.eval_dataset(task.eval_source("test"), batch_size=20,
                                            resize=resize, crop=crop, limit=20)))
   info = task.info()
-  want = dino_geometry.patch_spectra(model, params, batch["image"], base_grid=(4, 4),
-                                     mean=info.mean, std=info.std, batch_size=20)
-  assert got["num_images"] == want["num_images"] == 20 and got["num_tokens"] == 20 * 16
-  for g, w in zip(got["layers"], want["layers"]):
-    assert g["components_99"] == w["components_99"]
-    assert g["per_sequence_num_sequences"] == w["per_sequence_num_sequences"] == 20
-    for key in ("effective_rank", "per_sequence_components_99", "per_sequence_effective_rank"):
-      assert g[key] == pytest.approx(w[key], rel=1e-4), key
+  x = pipeline.normalize(batch["image"], mean=info.mean, std=info.std)
+  hidden = dino_geometry.make_tokens_fn(model, (4, 4))(params, x)
+  assert got["num_images"] == 20 and got["num_tokens"] == 20 * 16
+  oracles.assert_spectra_match_tokens(got["layers"], hidden)
   assert (tmp_path / "analysis" / "spectra.json").exists()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import make_config
+import oracles
 from laplax.data.images import load_image_data
 from laplax.evals import offline
 from laplax.evals.dino import probes
@@ -93,22 +94,7 @@ def test_patch_spectra_match_numpy(finished_dino_study):
   x = (images.astype(np.float32) / 255.0 - np.float32(info.mean)) / np.float32(info.std)
   hidden = np.asarray(dino_geometry.make_tokens_fn(model, grid)(teacher, x), np.float64)
   assert hidden.shape == (2, n, 16, 32)
-  count = lambda eig, f: int(np.sum(np.cumsum(eig) / eig.sum() < f) + 1)
-  for layer, got in zip(hidden, stored["layers"]):
-    tokens = layer.reshape(-1, 32)
-    eig = np.sort(np.linalg.eigvalsh(np.cov(tokens, rowvar=False, bias=True)))[::-1]
-    assert got["components_99"] == count(eig, 0.99)
-    p = eig[eig > 0] / eig.sum()
-    assert got["effective_rank"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-4)
-    # Per image: each image's 16 patch tokens, its own covariance (rank <= 15).
-    per_image = [count(np.clip(np.sort(np.linalg.eigvalsh(np.cov(x, rowvar=False,
-                                                                  bias=True)))[::-1], 0, None),
-                       0.99) for x in layer]
-    assert got["per_sequence_components_99"] == pytest.approx(np.mean(per_image))
-    assert got["per_sequence_rank_bound"] == 15 and got["per_sequence_num_sequences"] == n
-  with pytest.raises(ValueError, match="expected \\(N >= 1"):
-    dino_geometry.patch_spectra(model, teacher, images[0], base_grid=grid, mean=info.mean,
-                                std=info.std)
+  oracles.assert_spectra_match_tokens(stored["layers"], hidden)
 
 
 @pytest.mark.slow

@@ -1,14 +1,15 @@
 """Frozen-model features for probes: class tokens, last-layer class tokens, patch tokens.
 
-`make_feature_fn` jits the feature extractor of a DINO backbone (any image size: the position
-table is resized); `extract_features` streams uint8 images through it; `FrozenTeacher` /
-`frozen_teacher(workdir)` hold a trained DINO run's teacher ready for features on one device.
+`feature_function` is the feature extractor of a DINO backbone (any image size: the position
+table is resized); `extract_features` passes in-memory uint8 images through it by the one
+feature pass there is (laplax.features.stream, over a `streaming.ArraySource`) and gathers them
+onto every host; `FrozenTeacher` / `frozen_teacher(workdir)` hold a trained DINO run's teacher
+ready for features on one device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-import math
 import pathlib
 from typing import Any, NamedTuple
 
@@ -19,7 +20,8 @@ import ml_collections
 import numpy as np
 
 from laplax import sharding
-from laplax.data import builders, pipeline
+from laplax.data import builders, streaming
+from laplax.features import stream as stream_lib
 from laplax.models import dino as dino_lib
 from laplax.train import restore
 
@@ -52,39 +54,26 @@ def feature_function(model: dino_lib.DINO, base_grid: tuple[int, int], last_laye
   return features
 
 
-def make_feature_fn(model: dino_lib.DINO, base_grid: tuple[int, int], mesh, rules,
-                    last_layers: int = 4):
-  """-> jitted features(params, images (B, H, W, C) normalised) -> {'cls': (B, E), 'last':
-  (B, n E), 'patches': (B, h, w, E)}, replicated (`feature_function`'s keys)."""
-  features = feature_function(model, base_grid, last_layers)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return jax.jit(features, out_shardings=sharding.replicated(mesh))
-
-
-def extract_features(feature_fn, params, images: np.ndarray, *, batch_size: int, mean, std,
+def extract_features(features, params, images: np.ndarray, *, batch_size: int, mean, std,
                      mesh, rules, keys: tuple[str, ...] = ("cls", "last")
                      ) -> dict[str, np.ndarray]:
-  """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} through the frozen model, in order.
+  """uint8 images (N, S, S, C) -> {key: float32 (N, ...)} through the frozen model, in order, on
+  every host.
 
-  Every host passes all N images. The global batch is batch_size rounded up to a multiple of
-  the data-parallel devices and the hosts; each host feeds its block of it, the last batch is
-  padded, and padded rows are dropped from the (replicated) features."""
-  labels = np.zeros(len(images), np.int32)
-  multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
-  batch_size = min(batch_size, max(len(images), 1))  # never a batch of mostly padding
-  global_batch = -(-batch_size // multiple) * multiple
-  block, rows = sharding.host_block(mesh, global_batch)
-  out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    batches = pipeline.eval_batches(images, labels, batch_size=rows, mean=mean, std=std,
-                                    process_index=block, process_count=jax.process_count())
-    for j, batch in enumerate(batches):
-      feats = feature_fn(params, sharding.host_batch_to_global({"image": batch["image"]},
-                                                                mesh)["image"])
-      keep = np.arange(j * global_batch, (j + 1) * global_batch) < len(images)
-      for k in keys:
-        out[k].append(np.asarray(feats[k])[keep])
-  return {k: np.concatenate(v) for k, v in out.items()}
+  features: `feature_function`'s features(params, images), not jitted. The streamed pass
+  (laplax.features.stream.streamed_features) over the images as an ArraySource at their own
+  size, every host its block of each global batch (batch_size rounded up to a multiple of the
+  data-parallel devices and the hosts), then the rows gathered."""
+  images = np.asarray(images)
+  if images.ndim != 4 or images.shape[1] != images.shape[2]:
+    raise ValueError(f"images of shape {images.shape}: expected square (N, S, S, C) uint8")
+  selected = lambda p, x: {k: v for k, v in features(p, x).items() if k in keys}
+  size = images.shape[1]
+  bank = stream_lib.streamed_features(
+      selected, params, streaming.ArraySource(images, np.zeros(len(images), np.int32)),
+      batch_size=batch_size, resize=size, crop=size, mean=mean, std=std, mesh=mesh,
+      rules=rules)
+  return {k: bank.rows(k) for k in keys}
 
 
 class FrozenTeacher(NamedTuple):
@@ -96,12 +85,12 @@ class FrozenTeacher(NamedTuple):
   base_grid: tuple[int, int]
   mesh: Any
   rules: Any
-  feature_fn: Callable
+  feature_function: Callable  # `feature_function`'s features(params, images)
 
   def features(self, images: np.ndarray, *, batch_size: int,
                keys: tuple[str, ...] = ("cls", "last")) -> dict[str, np.ndarray]:
-    """uint8 images (N, H, W, C) -> {key: float32 (N, ...)} (make_feature_fn's keys)."""
-    return extract_features(self.feature_fn, self.params, images, batch_size=batch_size,
+    """uint8 images (N, S, S, C) -> {key: float32 (N, ...)} (feature_function's keys)."""
+    return extract_features(self.feature_function, self.params, images, batch_size=batch_size,
                             mean=self.info.mean, std=self.info.std, mesh=self.mesh,
                             rules=self.rules, keys=keys)
 
@@ -109,7 +98,7 @@ class FrozenTeacher(NamedTuple):
 def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None, *,
                    last_layers: int = 4) -> FrozenTeacher:
   """The teacher of a DINO workdir (latest good checkpoint, or `step`) on a one-device mesh,
-  with the run's axis rules and its jitted feature_fn ('last': the last `last_layers` blocks'
+  with the run's axis rules and its feature function ('last': the last `last_layers` blocks'
   class tokens)."""
   run = restore.load_run(workdir, step=step, log=lambda s: None)
   if run.task.name != "dino":
@@ -118,7 +107,6 @@ def frozen_teacher(workdir: str | pathlib.Path, step: int | None = None, *,
   base_grid = dino_lib.patch_grid(run.model, (size, size))
   mesh = sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
   rules = sharding.rules_from_config(run.config.get("axis_rules"))
-  feature_fn = make_feature_fn(run.model, base_grid, mesh, rules, last_layers)
   return FrozenTeacher(run.model, run.extra["teacher"], run.config,
                        builders.dataset_info(run.config.data.name), base_grid, mesh, rules,
-                       feature_fn)
+                       feature_function(run.model, base_grid, last_layers))

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
@@ -35,8 +36,10 @@ class FeatureBank(NamedTuple):
   count: int
 
   def rows(self, key: str) -> np.ndarray:
-    """The N feature rows of `key` in record order, gathered to this host (tests, small N)."""
-    x = np.asarray(jax.device_get(self.features[key]))
+    """The N feature rows of `key` in record order, gathered onto every host (N rows fit)."""
+    x = self.features[key]
+    x = (np.asarray(jax.device_get(x)) if x.is_fully_addressable
+         else multihost_utils.process_allgather(x, tiled=True))
     return x.reshape(-1, *x.shape[2:])[:self.count]
 
 

@@ -9,10 +9,10 @@ block l), over the PATCH tokens (class token excluded) of a set of images:
     of its h * w patch tokens, averaged over images (laplax.geometry.spectra; its rank is at
     most `per_sequence_rank_bound` = min(h w - 1, E), so compare runs at one resolution).
 Each batch is reduced to `spectra_sums` (per layer: token count, mean, centred second moment,
-per-image sums), which a `SpectraAccumulator` adds in float64 on the host. In memory
-(`patch_spectra`) the sums are taken in float64 of float32 tokens; streamed (`streamed_patch_spectra`:
-pod runs, data.tfds_name) in float32 on the devices, the global batch sharded over them, so
-neither the tokens nor the images ever reach a host and memory does not grow with the images.
+per-image sums), which a `SpectraAccumulator` adds in float64 on the host. The sums are taken
+in float32 on the devices (`streamed_patch_spectra`, one path for in-memory and streamed data),
+the global batch sharded over them, so neither the tokens nor the images ever reach a host and
+memory does not grow with the images.
 
 PCA figure: `pca_comparison` draws several teachers side by side on any images (the Weizmann
 horses, whose masks then score the thresholded first component; the photos of
@@ -84,7 +84,7 @@ _finalize_per_image = jax.jit(spectra_lib.SequenceSpectrumStats.finalize)
 
 
 class SpectraAccumulator:
-  """Float64 totals of `spectra_sums` per layer -> patch_spectra's result."""
+  """Float64 totals of `spectra_sums` per layer -> streamed_patch_spectra's result."""
 
   def __init__(self, fractions: Sequence[float] = FRACTIONS):
     self.fractions = tuple(fractions)
@@ -126,30 +126,6 @@ class SpectraAccumulator:
             "dim": int(self.pooled[0].dim)}
 
 
-def patch_spectra(model: dino_lib.DINO, params, images: np.ndarray, *,
-                  base_grid: tuple[int, int], mean, std, batch_size: int = 250,
-                  fractions=FRACTIONS) -> dict[str, Any]:
-  """Per-layer spectral decay (pooled and per image) of the patch tokens of uint8 images
-  (N, H, W, C), in memory, the sums in float64 -> SpectraAccumulator.finalize()'s dict."""
-  images = np.asarray(images)
-  if images.ndim != 4 or len(images) == 0:
-    raise ValueError(f"images have shape {images.shape}; expected (N >= 1, H, W, C) uint8")
-  if batch_size < 1:
-    raise ValueError(f"batch_size={batch_size} must be >= 1")
-  tokens_fn = make_tokens_fn(model, base_grid)
-  acc = SpectraAccumulator(fractions)
-  labels = np.zeros(len(images), np.int32)
-  sums_fn = jax.jit(lambda t, v: spectra_sums(t, v, fractions))
-  for batch in pipeline.eval_batches(images, labels, batch_size=min(batch_size, len(images)),
-                                     mean=mean, std=std):
-    mask = np.asarray(batch["mask"], bool)
-    hidden = np.asarray(tokens_fn(params, batch["image"]))  # float32, outside 64-bit mode
-    with jax.enable_x64(True):
-      sums = jax.device_get(sums_fn(jnp.asarray(hidden, jnp.float64), jnp.asarray(mask)))
-    acc.add(sums, mask.sum(), hidden.shape[2])
-  return acc.finalize()
-
-
 def spectra_step(model: dino_lib.DINO, *, base_grid: tuple[int, int], mean, std,
                  fractions=FRACTIONS):
   """-> step(params, batch {'image': uint8 (G, H, W, C), 'mask': bool (G,)}) -> (spectra_sums
@@ -166,10 +142,11 @@ def spectra_step(model: dino_lib.DINO, *, base_grid: tuple[int, int], mean, std,
 def streamed_patch_spectra(model: dino_lib.DINO, params, batches: Iterable[dict[str, Any]], *,
                            base_grid: tuple[int, int], mean, std, mesh, rules,
                            fractions=FRACTIONS) -> dict[str, Any]:
-  """patch_spectra of a stream of global batches ({'image': uint8 (G, H, W, C), 'mask': bool
-  (G,)} global arrays sharded over the data-parallel devices, e.g. from
-  laplax.features.stream.host_stream): every batch's spectra_sums in float32 on the
-  devices (replicated: a few (E, E) arrays per layer), added in float64 on each host."""
+  """Per-layer spectral decay (pooled and per image) of the patch tokens of a stream of global
+  batches ({'image': uint8 (G, H, W, C), 'mask': bool (G,)} global arrays sharded over the
+  data-parallel devices, e.g. from laplax.features.stream.host_stream): every batch's
+  spectra_sums in float32 on the devices (replicated: a few (E, E) arrays per layer), added in
+  float64 on each host -> SpectraAccumulator.finalize()'s dict."""
   acc = SpectraAccumulator(fractions)
   compute = spectra_step(model, base_grid=base_grid, mean=mean, std=std, fractions=fractions)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

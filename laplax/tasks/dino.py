@@ -44,7 +44,6 @@ from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import (image_info, is_streaming, loader_options,
-                                         memory_eval_batches,
                                          steps_from_epochs, streaming_info, vit_from_config)
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
@@ -319,35 +318,41 @@ class DinoTask(Task):
 
   # --- What the evaluators read (laplax.evals.dino, laplax.evals.inputs) --------------------
 
-  def eval_source(self):
-    """A streamed run's evaluation split (data.eval_split) as a random-access source (TFDS or
-    parquet, by data.source: streaming.open_split), opened on first use."""
+  def eval_source(self, split: str):
+    """`split` as a random-access source of {'image' uint8, 'label'} records, one kind for both
+    data modes: in memory a `streaming.ArraySource` of the loaded split; streamed, whatever
+    `split`, data.eval_split (TFDS or parquet, by data.source: streaming.open_split), opened on
+    first use."""
+    if not self.streaming:
+      return streaming.ArraySource(*self.data[split])
     if getattr(self, "_eval_source", None) is None:
       d = self.config.data
       self._eval_source = streaming.open_split(d, d.get("eval_split", "validation"))[0]
     return self._eval_source
 
   def eval_crop(self) -> tuple[int, int]:
-    """(resize, crop) of a streamed run's evaluation images: DINO's evaluation transform at the
-    global-crop size (Resize(size * 256 / 224) on the shorter side, CenterCrop(size))."""
+    """(resize, crop) of the evaluation images: in memory their own size (nothing changes);
+    streamed, DINO's evaluation transform at the global-crop size (Resize(size * 256 / 224) on
+    the shorter side, CenterCrop(size))."""
+    if not self.streaming:
+      size = self.info().image_shape[0]
+      return size, size
     size = self.config.multicrop.global_size
     return int(round(size * 256 / 224)), size
 
   def eval_size(self, split: str) -> int:
     """Examples of `split` an evaluation can read (streamed: data.eval_split's)."""
-    return len(self.eval_source()) if self.streaming else len(self.data[split][1])
+    return len(self.eval_source(split))
 
   def eval_batches(self, split: str, batch_size: int, *, limit: int | None = None,
                    process_index: int | None = None, process_count: int | None = None):
     """The classification task's contract (laplax.tasks.classification): padded, masked
-    batches of the first `limit` images of `split`; streamed, data.eval_split at eval_crop
-    (uint8), whatever `split`."""
+    batches of the first `limit` images of `split` (uint8, at eval_crop), one path for both
+    data modes (streaming.eval_dataset over eval_source)."""
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    if not self.streaming:
-      return memory_eval_batches(self.data, split, batch_size, limit, pi, pc)
     resize, crop = self.eval_crop()
-    return streaming.eval_dataset(self.eval_source(), batch_size=batch_size, resize=resize,
+    return streaming.eval_dataset(self.eval_source(split), batch_size=batch_size, resize=resize,
                                   crop=crop, process_index=pi, process_count=pc,
                                   limit=limit or 0)
 

@@ -58,7 +58,8 @@ def _check_in_memory(type_: str, task) -> None:
 
 
 class _TeacherEvaluator(Evaluator):
-  """Jitted features of the teacher (its own, per evaluator) at the global-crop grid."""
+  """The teacher's features at the global-crop grid (laplax.features.extract.feature_function:
+  'cls', 'last', 'patches'; not jitted, so they pass through the one feature pass)."""
 
   last_layers_key = None  # the section key that sets the 'last' feature's depth, if any
   needs_rgb = False  # photos: a grey model cannot read them
@@ -78,8 +79,7 @@ class _TeacherEvaluator(Evaluator):
     size = ctx.task.config.multicrop.global_size
     last = config[self.last_layers_key] if self.last_layers_key else 4
     self.grid = dino_lib.patch_grid(ctx.model, (size, size))
-    self.feature_fn = features_lib.make_feature_fn(ctx.model, self.grid, ctx.mesh, ctx.rules,
-                                                   last)
+    self.features = features_lib.feature_function(ctx.model, self.grid, last)
     self.kw = dict(mesh=ctx.mesh, rules=ctx.rules)
 
 
@@ -98,11 +98,8 @@ class _ProbeEvaluator(_TeacherEvaluator):
     super().__init__(name, config, ctx)
     self.protocol = evaluator_lib.protocol(probes.Protocol, config)
     c = ctx.task.config
-    # DINO's protocol (linear_probe='dino') trains through the features inside its own step.
-    features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
-                                             ("last",))
     self.probe_kw = dict(batch_size=c.data.eval_batch_size, size=c.multicrop.global_size,
-                         seed=c.seed, features=features, **self.kw)
+                         seed=c.seed, **self.kw)
 
 
 class Probes(_ProbeEvaluator):
@@ -125,7 +122,7 @@ class Probes(_ProbeEvaluator):
                        "bank: the training split)")
 
   def run(self, weights, step) -> dict[str, Any]:
-    return probes.probe_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.data,
+    return probes.probe_scores(self.features, weights.extra["teacher"], self.ctx.task.data,
                                self.protocol, **self.probe_kw)
 
   def summary(self, result) -> str:
@@ -186,6 +183,7 @@ class StreamProbes(_TeacherEvaluator):
     self.eval_source, tfds_info = streaming.open_split(d, d.get("eval_split", "validation"))
     # The data set's own classes (a DINO run's data.num_classes may be unset: labels unused).
     self.num_classes = int(tfds_info.features["label"].num_classes)
+    # Only the keys each pass stores in its bank.
     self.features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
                                                   ("cls", "last"))
     self.cls_features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
@@ -235,7 +233,7 @@ class Transfer(_ProbeEvaluator):
     self.sets = probes.load_transfer(ctx.task.config, config)
 
   def run(self, weights, step) -> dict[str, Any]:
-    return probes.transfer_scores(self.feature_fn, weights.extra["teacher"], self.protocol,
+    return probes.transfer_scores(self.features, weights.extra["teacher"], self.protocol,
                                   self.sets, log=self.ctx.log, **self.probe_kw)
 
   def summary(self, result) -> str:
@@ -261,7 +259,7 @@ class Horse(_TeacherEvaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     self.ctx.out.mkdir(parents=True, exist_ok=True)
-    return probes.horse_scores(self.feature_fn, weights.extra["teacher"], self.ctx.task.config,
+    return probes.horse_scores(self.features, weights.extra["teacher"], self.ctx.task.config,
                                self.config, self.ctx.task.info(),
                                figure_path=self.ctx.out / "pca_horses.png", **self.kw)
 
@@ -338,7 +336,7 @@ class PhotoPca(_TeacherEvaluator):
 
   def run(self, weights, step) -> dict[str, Any]:
     self.ctx.out.mkdir(parents=True, exist_ok=True)
-    return probes.photo_pca(self.feature_fn, weights.extra["teacher"], self.photos,
+    return probes.photo_pca(self.features, weights.extra["teacher"], self.photos,
                             self.ctx.task.config, self.ctx.task.info(),
                             figure_path=self.ctx.out / "pca_photos.png", **self.kw)
 
@@ -348,12 +346,12 @@ class PhotoPca(_TeacherEvaluator):
 
 class Spectra(Evaluator):
   """Per-layer spectral decay of the teacher's patch tokens, pooled and per image
-  (laplax.geometry.dino), on the first `examples` test images; for a streamed run (pod:
-  data.tfds_name) the first `examples` records of data.eval_split, decoded with `resize` /
-  `crop` (0: DINO's evaluation transform at the global-crop size, Resize(size * 256 / 224) +
-  CenterCrop(size)) and measured on the devices in global batches of `batch_size` (memory does
-  not grow with `examples`). Writes analysis/spectra.json and analysis/spectrum.png ->
-  {'layers': [...], ...}."""
+  (laplax.geometry.dino), on the first `examples` images of the task's evaluation source
+  (in memory the test split, streamed data.eval_split: DinoTask.eval_source), decoded with
+  `resize` / `crop` (0: the task's evaluation transform, DinoTask.eval_crop: in memory the
+  images' own size, streamed Resize(size * 256 / 224) + CenterCrop(size)), measured on the
+  devices in global batches of `batch_size` (memory does not grow with `examples`). Writes
+  analysis/spectra.json and analysis/spectrum.png -> {'layers': [...], ...}."""
 
   type = "dino_spectra"
   defaults = {"examples": 2000, "batch_size": 250, "resize": 0, "crop": 0}
@@ -362,40 +360,32 @@ class Spectra(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
-    if getattr(task, "streaming", False):
-      resize, crop = _stream_crop(config, task)
-      p = task.build_model().backbone.patch_size
-      if crop % p or not 0 < crop <= resize:
-        raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
-                         f"[1, resize={resize}]")
+    resize, crop = _eval_crop(config, task)
+    p = task.build_model().backbone.patch_size
+    if crop % p or not 0 < crop <= resize:
+      raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
+                       f"[1, resize={resize}]")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
-    if getattr(ctx.task, "streaming", False):  # the split is opened now: missing data stops
-      self.source = ctx.task.eval_source()  # a run before its first step
+    self.source = ctx.task.eval_source("test")  # opened now: missing data stops a run early
 
   def run(self, weights, step) -> dict[str, Any]:
-    task, model, c = self.ctx.task, self.ctx.model, self.config
+    task, model, c, mesh = self.ctx.task, self.ctx.model, self.config, self.ctx.mesh
     size, info = task.config.multicrop.global_size, task.info()
-    base_grid = dino_lib.patch_grid(model, (size, size))
-    if getattr(task, "streaming", False):
-      resize, crop = _stream_crop(c, task)
-      n = len(streaming.subset(self.source, c.examples))
-      mesh = self.ctx.mesh
-      global_batch = stream_features.global_batch_size(min(c.batch_size, max(n, 1)), mesh,
-                                                       jax.process_count())
-      block, _ = sharding.host_block(mesh, global_batch)
-      stream = stream_features.host_stream(
-          self.source, global_batch=global_batch, resize=resize, crop=crop,
-          process_index=block, process_count=jax.process_count(), limit=c.examples)
-      spectra = dino_geometry.streamed_patch_spectra(
-          model, weights.extra["teacher"], (sharding.host_batch_to_global(b, mesh)
-                                            for b in stream),
-          base_grid=base_grid, mean=info.mean, std=info.std, mesh=mesh, rules=self.ctx.rules)
-    else:
-      spectra = dino_geometry.patch_spectra(
-          model, weights.extra["teacher"], task.data["test"][0][:c.examples],
-          base_grid=base_grid, mean=info.mean, std=info.std, batch_size=c.batch_size)
+    resize, crop = _eval_crop(c, task)
+    n = len(streaming.subset(self.source, c.examples))
+    global_batch = stream_features.global_batch_size(min(c.batch_size, max(n, 1)), mesh,
+                                                     jax.process_count())
+    block, _ = sharding.host_block(mesh, global_batch)
+    stream = stream_features.host_stream(
+        self.source, global_batch=global_batch, resize=resize, crop=crop,
+        process_index=block, process_count=jax.process_count(), limit=c.examples)
+    spectra = dino_geometry.streamed_patch_spectra(
+        model, weights.extra["teacher"], (sharding.host_batch_to_global(b, mesh)
+                                          for b in stream),
+        base_grid=dino_lib.patch_grid(model, (size, size)), mean=info.mean, std=info.std,
+        mesh=mesh, rules=self.ctx.rules)
     if jax.process_index() == 0:
       dino_geometry.write_spectra(spectra, self.ctx.out / "analysis",
                                   task.config.get("name", "run"))
@@ -407,6 +397,6 @@ class Spectra(Evaluator):
             f"{last['per_sequence_components_99']:.1f}, pooled {last['components_99']}")
 
 
-def _stream_crop(config, task) -> tuple[int, int]:
+def _eval_crop(config, task) -> tuple[int, int]:
   resize, crop = task.eval_crop()
   return config.resize or resize, config.crop or crop

@@ -1,10 +1,11 @@
 """Probes of a frozen model's features: k-NN and linear probes, transfer to other data sets,
 the Weizmann-horse and ADE20K segmentation probes and PCA pictures (DINO's evaluations).
 
-Every function takes a jitted feature_fn (laplax.features.extract.make_feature_fn) and params,
-so it works on a training state's teacher and on a restored run alike; DINO's linear protocol
-trains through the unjitted feature function inside its step, and is one implementation for
-in-memory and streamed data (laplax.evals.dino.stream_linear over `streaming.ArraySource`).
+Every function takes `features` (laplax.features.extract.feature_function: features(params,
+images) -> {'cls', 'last', 'patches'}, not jitted) and params, so it works on a training state's
+teacher and on a restored run alike. In-memory images go through the one feature pass
+(laplax.features.stream, over `streaming.ArraySource`), and DINO's linear protocol is one
+implementation for in-memory and streamed data (laplax.evals.dino.stream_linear).
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ class Protocol:
       raise ValueError(f"linear_probe={self.linear_probe!r}: use 'fast' or 'dino'")
 
 
-def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *,
-                 batch_size: int, size: int, seed: int, mesh, rules, features=None
+def probe_scores(features, params, data: dict[str, Any], protocol: Protocol, *,
+                 batch_size: int, size: int, seed: int, mesh, rules
                  ) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
   protocol.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`, on
-  crops of `size`, through `features`: the unjitted feature function with 'last').
+  crops of `size`).
 
   The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
   devices, laplax.evals.dino.knn); the linear probes train on its first probe_train_size
@@ -76,10 +77,10 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
   train_x, train_y = data["train"]
   cap = min(p.probe_train_size or len(train_x), len(train_x))
   kw = dict(batch_size=batch_size, mean=info.mean, std=info.std, mesh=mesh, rules=rules)
-  train = extract_features(feature_fn, params, train_x[:cap], **kw)
+  train = extract_features(features, params, train_x[:cap], **kw)
   bank = train["cls"]
   if cap < len(train_x):  # the rest of the bank: class tokens only
-    bank = np.concatenate([bank, extract_features(feature_fn, params, train_x[cap:],
+    bank = np.concatenate([bank, extract_features(features, params, train_x[cap:],
                                                   keys=("cls",), **kw)["cls"]])
   probe_kw = dict(num_classes=info.num_classes, epochs=p.probe_epochs, lr=p.probe_lr,
                   weight_decay=p.probe_weight_decay, seed=seed)
@@ -87,9 +88,6 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
             for k in ("cls", "last")}
   dino = None
   if p.linear_probe == "dino":
-    if features is None:
-      raise ValueError("linear_probe='dino' trains through `features` (the unjitted "
-                       "laplax.features.extract.feature_function); none was given")
     dino = dino_linear_probe(
         features, params, streaming.ArraySource(train_x[:cap], train_y[:cap]),
         {split: streaming.ArraySource(*data[split]) for split in ("val", "test")},
@@ -99,7 +97,7 @@ def probe_scores(feature_fn, params, data: dict[str, Any], protocol: Protocol, *
   scores = {}
   for split in ("val", "test"):
     x, y = data[split]
-    feats = extract_features(feature_fn, params, x, **kw)
+    feats = extract_features(features, params, x, **kw)
     s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
                              ks=p.knn_ks, temperature=p.knn_temperature, mesh=mesh)
     s["linear_cls"] = float(np.mean(
@@ -162,19 +160,19 @@ def load_transfer(config: ml_collections.ConfigDict, e: ml_collections.ConfigDic
           for name, source_dir in dict(e.data).items()}
 
 
-def transfer_scores(feature_fn, params, protocol: Protocol, datasets: dict[str, dict[str, Any]],
+def transfer_scores(features, params, protocol: Protocol, datasets: dict[str, dict[str, Any]],
                     *, log=print, **kw) -> dict[str, dict[str, dict[str, float]]]:
   """probe_scores (kw: its keywords) on every data set of load_transfer -> {name: {'val': ...,
   'test': ...}}."""
   out = {}
   for name, data in datasets.items():
-    scores = probe_scores(feature_fn, params, data, protocol, **kw)
+    scores = probe_scores(features, params, data, protocol, **kw)
     log(f"transfer to {name}: {summary_line({'test': scores['test']})}")
     out[name] = scores
   return out
 
 
-def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
+def horse_scores(features, params, config: ml_collections.ConfigDict,
                  e: ml_collections.ConfigDict, info, *, mesh, rules,
                  figure_path: pathlib.Path | None = None) -> dict[str, Any]:
   """Weizmann Horse evaluations of the frozen model's last-block patch tokens.
@@ -190,7 +188,7 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
             rules=rules, keys=("patches",))
   splits = {split: segmentation.load_weizmann_horse(e.dir, e.size, split)
             for split in ("train", "test")}
-  feats = {split: extract_features(feature_fn, params, d.images, **kw)["patches"]
+  feats = {split: extract_features(features, params, d.images, **kw)["patches"]
            for split, d in splits.items()}
   grid = feats["train"].shape[1:3]
   probe = segmentation.train_patch_probe(
@@ -209,14 +207,14 @@ def horse_scores(feature_fn, params, config: ml_collections.ConfigDict,
   return out
 
 
-def photo_pca(feature_fn, params, photos: tuple[list[str], np.ndarray],
+def photo_pca(features, params, photos: tuple[list[str], np.ndarray],
               config: ml_collections.ConfigDict, info, *, mesh, rules,
               figure_path: pathlib.Path) -> dict[str, Any]:
   """PCA picture of the frozen model's last-block patch tokens on (names, uint8 photos
   (N, S, S, 3)), e.g. laplax.data.photos.load_photos, one PCA per photo -> {'names',
   'explained_variance_ratio' (mean over the photos)}."""
   names, images = photos
-  feats = extract_features(feature_fn, params, images, batch_size=config.data.eval_batch_size,
+  feats = extract_features(features, params, images, batch_size=config.data.eval_batch_size,
                            mean=info.mean, std=info.std, mesh=mesh, rules=rules,
                            keys=("patches",))["patches"]
   rgb, mask, pca = pca_lib.pca_panel(feats, per_image=True)  # unrelated photos
