@@ -196,9 +196,10 @@ def test_streamed_dino_run_runs_knn_and_the_linear_probe(tmp_path):
   c.head.out_dim, c.head.hidden_dim, c.head.bottleneck_dim = 64, 32, 16
   for k, v in dict(global_size=32, local_size=16, num_local=2, hue=0.1).items():
     c.multicrop[k] = v
-  c.evals = {"probes": common.evaluator("dino_stream_probes", knn_ks=(1, 5), batch_size=16,
-                                        resize=40, crop=32, linear_epochs=2,
-                                        linear_batch_size=16, last_layers=2)}
+  c.evals = {"probes": common.evaluator(
+      "dino_probes", knn_ks=(1, 5), batch_size=16, resize=40, crop=32, linear_probe="dino",
+      dino_probe_epochs=2, dino_probe_batch_size=16, probe_train_size=24, probe_epochs=5,
+      last_layers=2)}
   task = dino_task.DinoTask(c)
   evaluator.check(c, task)
   task.load_data(tmp_path, lambda s: None)
@@ -209,11 +210,13 @@ def test_streamed_dino_run_runs_knn_and_the_linear_probe(tmp_path):
   ctx = evaluator.Context(task, model, mesh, RULES, epath.Path(tmp_path))
   evs = evaluator.build(c, ctx)
   result = evs["probes"].run(types.SimpleNamespace(params=params, extra={"teacher": params}), 0)
+  assert set(result) == {"val"}  # data.eval_split
   s = result["val"]
-  assert set(s) == {"knn_top1_k1", "knn_top1_k5", "linear_dino", "count"} and s["count"] == 20
+  assert set(s) == {"knn_top1_k1", "knn_top1_k5", "linear_cls", "linear_last", "linear_dino",
+                    "count"} and s["count"] == 20
   assert s["knn_top1_k5"] > 0.9  # flat colours: neighbours share the class
-  assert 0.0 <= s["linear_dino"] <= 1.0
-  # The in-memory evaluator still refuses a streamed run, and points here.
-  c.evals = {"probes": common.evaluator("dino_probes")}
-  with pytest.raises(ValueError, match="dino_stream_probes"):
+  assert all(0.0 <= s[k] <= 1.0 for k in ("linear_cls", "linear_last", "linear_dino"))
+  # The streamed evaluator's old name is refused in one line that names the new one.
+  c.evals = {"probes": {"type": "dino_stream_probes"}}
+  with pytest.raises(ValueError, match="is gone: use 'dino_probes'"):
     evaluator.check(c, task)

@@ -158,8 +158,9 @@ def test_dino_linear_probe_learns_a_planted_problem_from_arrays_in_memory(channe
     return ArraySource(x.astype(np.uint8), y.astype(np.int32))
   features = lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params}
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  kw = dict(num_classes=classes, size=8, mean=(0.5,) * channels, std=(0.25,) * channels,
-            epochs=5, batch_size=32, base_lr=0.5, mesh=mesh, rules=sharding.DEFAULT_RULES)
+  kw = dict(num_classes=classes, resize=8, crop=8, mean=(0.5,) * channels,
+            std=(0.25,) * channels, epochs=5, batch_size=32, base_lr=0.5, mesh=mesh,
+            rules=sharding.DEFAULT_RULES)
   train, test = planted(256), planted(128)
   assert probes.dino_linear_probe(features, 1.0, train, {"test": test}, **kw)["test"] > 0.95
   # A test set whose labels are rotated: the learnt colour -> class map gets none right.

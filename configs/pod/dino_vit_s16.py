@@ -36,11 +36,11 @@ own vit_small also uses trunc_normal(0.02)); cosine to DINO's min_lr 1e-6.
 
 Evaluations: the ADE20K linear segmentation probe at DINOv2's protocol, 512 px crops
 (evals.ade20k.dir: the ADEChallengeData2016 folder; laplax.evals.dino.ade20k); DINO's k-NN
-and linear probe, streamed with banks sharded over hosts (evals.probes: dino_stream_probes,
-final only): eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 + CenterCrop 224 (lines
-33-34, 193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x
-1024 / 256 cosine per epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244,
-256-270); the values are laplax.evals.dino.evaluators.STREAM_PROTOCOL's defaults. Geometry (final):
+and linear probe, streamed with banks sharded over hosts (evals.probes: dino_probes, final
+only; also its AdamW probes on the fixed features of the first 10,000 training images):
+eval_knn.py's 10/20/100/200-NN at T 0.07 on Resize 256 + CenterCrop 224 (lines 33-34,
+193-196), eval_linear.py's last-4 class tokens, SGD 0.9, lr 0.001 x 1024 / 256 cosine per
+epoch, 100 epochs, RRC 224 + flip (lines 86-87, 103-109, 243-244, 256-270). Geometry (final):
 the patch-token spectra, pooled and per image (the paper's "within an image"), of the first
 10,000 validation images at 224 px (evals.spectra: streamed, sums on the chips), and at 448 px
 (a 28 x 28 patch grid; the position table resized) the PCA picture of the packaged photos
@@ -89,9 +89,11 @@ def get_config() -> ml_collections.ConfigDict:
   # crops streamed per record (features never stored); the folder must exist on every host.
   c.evals.ade20k = common.evaluator("ade20k", dir=str(common.SHARED / "ade20k"), crop=512,
                                     steps=40_000, batch_size=16, lr=1e-3, num_workers=8)
-  c.evals.probes = common.evaluator("dino_stream_probes", knn_ks=(10, 20, 100, 200),
-                                    knn_temperature=0.07, resize=256, crop=224, linear_epochs=100,
-                                    linear_batch_size=1024, linear_lr=1e-3, last_layers=4)
+  c.evals.probes = common.evaluator("dino_probes", knn_ks=(10, 20, 100, 200),
+                                    knn_temperature=0.07, resize=256, crop=224, batch_size=1024,
+                                    linear_probe="dino", dino_probe_epochs=100,
+                                    dino_probe_batch_size=1024, dino_probe_lr=1e-3,
+                                    last_layers=4)
   c.evals.spectra = common.evaluator("dino_spectra", examples=10_000, batch_size=1024,
                                      analysis=True)
   c.evals.photos = common.evaluator("photo_pca", photos="builtin", size=448)

@@ -11,10 +11,10 @@ Laplacian heads x seeds 0, 1, 2: 6 cells, each pretrained on the whole mesh, the
 The paper: ADE20K linear mIoU 29.81 % -> 32.27 % (ViT-S-5L), and a better ImageNet linear
 probe. Scores of the frozen teachers (the base config's evaluators, at the end): DINO's k-NN
 (10/20/100/200-NN) and linear probe on ImageNet's validation split, the bank sharded over the
-hosts (dino_stream_probes); the ADE20K linear segmentation probe at DINOv2's protocol
-(ade20k: mIoU, pixel accuracy). Streamed runs have no patch-token spectra or PCA pictures
-(the in-memory evaluators are refused for them). Paired over seeds, with each cell's wall
-time, chips, images/s and MFU.
+hosts (dino_probes); the ADE20K linear segmentation probe at DINOv2's protocol
+(ade20k: mIoU, pixel accuracy); the patch-token spectra of study.analysis_examples
+validation images (dino_spectra, streamed). Paired over seeds, with each cell's wall time,
+chips, images/s and MFU.
 
 Target: TPU v5e:4x4 (16 chips). Fit check: benchmarks/README.md "Pod studies". Time, not
 measured: 125,100 steps at 92 ms (an assumed 40 % MFU) = 3.2 h a cell of pretraining, plus

@@ -8,7 +8,7 @@ building blocks beside it:
                    LAMBADA; generate.py: batched greedy decoding; sandbox.py: HumanEval's
                    isolated process, which base models (lm_tasks) and chat models both use)
   chat/            chat (+ engine.py: generation with the calculator tool; calculator.py)
-  dino/            dino_probes, dino_stream_probes, dino_transfer, horse, ade20k, photo_pca,
+  dino/            dino_probes, dino_transfer, horse, ade20k, photo_pca,
                    dino_spectra (+ probes, knn, linear_probe, stream_linear, ade20k,
                    segmentation, online_head)
 chat builds on lm (its benchmarks are lm's tasks in chat format); no other subpackage imports

@@ -37,10 +37,18 @@ class FeatureBank(NamedTuple):
 
   def rows(self, key: str) -> np.ndarray:
     """The N feature rows of `key` in record order, gathered onto every host (N rows fit)."""
-    x = self.features[key]
-    x = (np.asarray(jax.device_get(x)) if x.is_fully_addressable
-         else multihost_utils.process_allgather(x, tiled=True))
-    return x.reshape(-1, *x.shape[2:])[:self.count]
+    return _gather(self.features[key], self.count)
+
+  def label_rows(self) -> np.ndarray:
+    """The N labels, int32 (N,), in record order, on every host."""
+    return _gather(self.labels, self.count)
+
+
+def _gather(x: jax.Array, n: int) -> np.ndarray:
+  """(R, G, ...) global array -> its first n rows (n, ...) on every host."""
+  x = (np.asarray(jax.device_get(x)) if x.is_fully_addressable
+       else multihost_utils.process_allgather(x, tiled=True))
+  return x.reshape(-1, *x.shape[2:])[:n]
 
 
 def global_batch_size(batch_size: int, mesh, process_count: int) -> int:

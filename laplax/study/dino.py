@@ -64,8 +64,8 @@ def scale(key: str) -> tuple[float, int]:
 
 def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   """Trains (or resumes) one cell -> {'results', 'spectra'} (its spectra evaluator measures
-  the first study.analysis_examples test images at the end)."""
-  if "spectra" in cfg.evals:  # in-memory runs (streamed ones have no spectra evaluator)
+  the first study.analysis_examples evaluation images at the end)."""
+  if "spectra" in cfg.evals:
     with cfg.unlocked():  # a config from the command line is locked
       cfg.evals.spectra.update(final=True, examples=int(study.analysis_examples))
   if not (cell_dir / "results.json").exists():
@@ -108,8 +108,8 @@ def setup(config) -> str:
   b = config.base
   evals = evaluator_lib.sections(b)  # their defaults filled in
   train_size = evals["probes"].get("probe_train_size")
-  measured = (f"spectra over {config.study.analysis_examples} test images" if "spectra" in evals
-              else "no spectra (streamed data)")
+  measured = (f"spectra over {config.study.analysis_examples} evaluation images"
+              if "spectra" in evals else "no spectra")
   if "ade20k" in evals:
     measured += f"; ADE20K linear probe at {evals['ade20k'].crop} px"
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}; DINO head "

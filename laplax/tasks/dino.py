@@ -298,10 +298,11 @@ class DinoTask(Task):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
 
   def info(self) -> builders.ImageDatasetInfo:
-    if self.streaming:  # labels unused: data.num_classes 0 needs no TFDS metadata
+    if self.streaming:
       data = ml_collections.ConfigDict(self.config.data.to_dict())
-      data.num_classes = data.get("num_classes", 0) or 1
-      return streaming_info(data, self._tfds_info)
+      if self._tfds_info is None:  # before load_data: training needs no labels, any count
+        data.num_classes = data.get("num_classes", 0) or 1
+      return streaming_info(data, self._tfds_info)  # the probes' classes, once loaded
     return image_info(self.config.data)
 
   def load_data(self, workdir, log) -> None:
@@ -318,13 +319,20 @@ class DinoTask(Task):
 
   # --- What the evaluators read (laplax.evals.dino, laplax.evals.inputs) --------------------
 
+  def eval_splits(self) -> tuple[str, ...]:
+    """The splits eval_source serves, known from the config: in memory 'train', 'val', 'test';
+    streamed 'train' (data.train_split) and 'val' (data.eval_split)."""
+    return ("train", "val") if self.streaming else ("train", "val", "test")
+
   def eval_source(self, split: str):
     """`split` as a random-access source of {'image' uint8, 'label'} records, one kind for both
-    data modes: in memory a `streaming.ArraySource` of the loaded split; streamed, whatever
-    `split`, data.eval_split (TFDS or parquet, by data.source: streaming.open_split), opened on
-    first use."""
+    data modes: in memory a `streaming.ArraySource` of the loaded split; streamed, 'train' the
+    training split and any other data.eval_split (TFDS or parquet, by data.source:
+    streaming.open_split), opened on first use."""
     if not self.streaming:
       return streaming.ArraySource(*self.data[split])
+    if split == "train":
+      return self.data["train"]
     if getattr(self, "_eval_source", None) is None:
       d = self.config.data
       self._eval_source = streaming.open_split(d, d.get("eval_split", "validation"))[0]

@@ -134,7 +134,6 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "chat": "laplax.evals.chat.evaluators:ChatEval",
     "head_coefficients": "laplax.evals.coefficients:HeadCoefficients",
     "dino_probes": "laplax.evals.dino.evaluators:Probes",
-    "dino_stream_probes": "laplax.evals.dino.evaluators:StreamProbes",
     "dino_transfer": "laplax.evals.dino.evaluators:Transfer",
     "horse": "laplax.evals.dino.evaluators:Horse",
     "ade20k": "laplax.evals.dino.evaluators:Ade20k",
@@ -156,6 +155,9 @@ def register(type_: str, cls: type[Evaluator]) -> None:
 GONE: dict[str, str] = {
     "ade20k_patch": "use 'ade20k', DINOv2's linear protocol, the one ADE20K probe (on CPU "
                     "scale it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100)",
+    "dino_stream_probes": "use 'dino_probes', which streams too (linear=True is "
+                          "linear_probe='dino'; linear_epochs, linear_batch_size, linear_lr are "
+                          "dino_probe_epochs, dino_probe_batch_size, dino_probe_lr)",
 }
 
 

@@ -1,7 +1,6 @@
 """DINO's evaluators, all of the frozen teacher (state.extra['teacher']; laplax.evals.dino.probes):
 
-  evals.probes = {'type': 'dino_probes', 'at_init': True}        k-NN and linear probes
-  evals.probes = {'type': 'dino_stream_probes'}   the same, streamed (data.tfds_name runs)
+  evals.probes = {'type': 'dino_probes', 'at_init': True}   k-NN and linear probes (also streamed)
   evals.transfer = {'type': 'dino_transfer', 'data': {'fashion_mnist': ''}}
   evals.horse = {'type': 'horse', 'dir': '.../weizmann_horse'}    segmentation + PCA mask IoU
   evals.ade20k = {'type': 'ade20k', 'dir': '.../ADEChallengeData2016'}  DINOv2's linear protocol
@@ -23,9 +22,7 @@ from laplax import sharding
 from laplax.data import ade20k_stream, streaming
 from laplax.data import photos as photos_lib
 from laplax.evals.dino import ade20k as ade20k_lib
-from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import probes
-from laplax.evals.dino import stream_linear
 from laplax.features import extract as features_lib
 from laplax.features import stream as stream_features
 from laplax.geometry import dino as dino_geometry
@@ -46,15 +43,6 @@ PROBE_RANGES = {
 
 def _grey(task) -> bool:
   return task.info().image_shape[-1] != 3
-
-
-def _check_in_memory(type_: str, task) -> None:
-  """One-line ValueError when an evaluator that reads the in-memory splits meets a streamed
-  run (data.tfds_name)."""
-  if getattr(task, "streaming", False):
-    name = task.config.data.tfds_name
-    raise ValueError(f"{type_} reads the in-memory splits, but data.tfds_name={name!r} streams "
-                     "the data: use dino_stream_probes (or drop this evaluator)")
 
 
 class _TeacherEvaluator(Evaluator):
@@ -97,123 +85,62 @@ class _ProbeEvaluator(_TeacherEvaluator):
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
     self.protocol = evaluator_lib.protocol(probes.Protocol, config)
-    c = ctx.task.config
-    self.probe_kw = dict(batch_size=c.data.eval_batch_size, size=c.multicrop.global_size,
-                         seed=c.seed, **self.kw)
+
+
+# The feature passes' keys (dino_probes): DINO's eval_knn.py reads Resize(256) + CenterCrop(224)
+# in batches of 128 per GPU (lines 33-34, 193-196); 0 here: the task's own evaluation transform.
+PASS = {
+    "batch_size": 0,  # global batch of the feature passes (0: data.eval_batch_size)
+    "resize": 0,  # 0: DinoTask.eval_crop (in memory the images' size, streamed size * 256 / 224)
+    "crop": 0,
+    "train_limit": 0,  # > 0: the first n training records only (bank and DINO's protocol)
+    "eval_limit": 0,  # > 0: the first n records of each evaluation split
+    "num_workers": 0,  # grain worker processes of DINO's protocol (0: decode in this process)
+}
+PASS_RANGES = {"batch_size": ranges_lib.COUNT, "resize": ranges_lib.COUNT,
+               "crop": ranges_lib.COUNT, "train_limit": ranges_lib.COUNT,
+               "eval_limit": ranges_lib.COUNT, "num_workers": ranges_lib.Range(-1, integer=True)}
 
 
 class Probes(_ProbeEvaluator):
-  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen teacher on the run's
-  val and test splits -> {'val': {...}, 'test': {...}} (probes.probe_scores)."""
+  """k-NN (on 'cls') and linear probes (on 'cls' and 'last'; with linear_probe='dino' also
+  DINO's protocol) of the frozen teacher, one path for in-memory and streamed data: the bank is
+  the training split, scored on the task's other evaluation splits (in memory 'val' and 'test';
+  streamed 'val': data.eval_split), every feature bank sharded over the devices and hosts ->
+  {split: {...}} (probes.probe_scores)."""
 
   type = "dino_probes"
-  defaults = dict(PROBE_PROTOCOL)
+  defaults = {**PROBE_PROTOCOL, **PASS}
+  ranges = {**PROBE_RANGES, **PASS_RANGES}
 
   @classmethod
   def check(cls, config, task) -> None:
-    _check_in_memory(cls.type, task)
     super().check(config, task)
+    resize, crop = _eval_crop(config, task)
+    p = task.build_model().backbone.patch_size
+    if crop % p or not 0 < crop <= resize:
+      raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
+                       f"[1, resize={resize}]")
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
-    bank, ks = len(ctx.task.data["train"][0]), tuple(config.knn_ks)
+    task = ctx.task
+    self.train = task.eval_source("train")
+    self.evaluate = {s: task.eval_source(s) for s in task.eval_splits() if s != "train"}
+    bank, ks = len(streaming.subset(self.train, config.train_limit)), tuple(config.knn_ks)
     if max(ks) > bank:
       raise ValueError(f"evals.{name}.knn_ks={ks} must lie in [1, {bank}] (the k-NN memory "
                        "bank: the training split)")
 
   def run(self, weights, step) -> dict[str, Any]:
-    return probes.probe_scores(self.features, weights.extra["teacher"], self.ctx.task.data,
-                               self.protocol, **self.probe_kw)
-
-  def summary(self, result) -> str:
-    return probes.summary_line(result)
-
-
-# DINO's protocols at ImageNet scale (facebookresearch/dino): eval_knn.py (nb_knn 10 20 100 200,
-# temperature 0.07, batch 128 per GPU, Resize(256, bicubic) + CenterCrop(224): lines 33-34,
-# 193-196) and eval_linear.py (laplax.evals.dino.stream_linear cites its lines).
-STREAM_PROTOCOL = {
-    "knn_ks": (10, 20, 100, 200),
-    "knn_temperature": 0.07,
-    "batch_size": 1024,  # global batch of the feature passes (128 per GPU x 8)
-    "resize": 256,
-    "crop": 224,
-    "linear": True,  # also DINO's linear probe (100 epochs of the training split: costly)
-    "linear_epochs": 100,
-    "linear_batch_size": 1024,
-    "linear_lr": 1e-3,  # x linear_batch_size / 256
-    "last_layers": 4,
-    "train_limit": 0,  # > 0: the first n training records only (bank and probe)
-    "eval_limit": 0,  # > 0: the first n records of data.eval_split
-}
-
-
-class StreamProbes(_TeacherEvaluator):
-  """DINO's k-NN (on 'cls') and linear probe (on 'last', streamed RRC + flip crops) of the
-  frozen teacher for a streamed run (data.tfds_name): the train split's bank is a global array
-  sharded over the data-parallel devices and hosts (laplax.features.stream), never on
-  one host -> {'val': {'knn_top1_k20': ..., 'linear_dino': ..., 'count': ...}}, val being
-  data.eval_split."""
-
-  type = "dino_stream_probes"
-  defaults = dict(STREAM_PROTOCOL)
-  ranges = {"knn_ks": PROBE_RANGES["knn_ks"], "knn_temperature": ranges_lib.POSITIVE,
-            "batch_size": ranges_lib.AT_LEAST_ONE, "resize": ranges_lib.AT_LEAST_ONE,
-            "crop": ranges_lib.AT_LEAST_ONE, "linear_epochs": ranges_lib.AT_LEAST_ONE,
-            "linear_batch_size": ranges_lib.AT_LEAST_ONE, "linear_lr": ranges_lib.POSITIVE,
-            "last_layers": ranges_lib.AT_LEAST_ONE, "train_limit": ranges_lib.COUNT,
-            "eval_limit": ranges_lib.COUNT}
-  last_layers_key = "last_layers"
-
-  @classmethod
-  def check(cls, config, task) -> None:
-    if not getattr(task, "streaming", False):
-      raise ValueError(f"{cls.type} streams data.tfds_name, which is unset: use dino_probes")
-    super().check(config, task)
-    if not tuple(config.knn_ks):
-      raise ValueError("knn_ks=() needs at least one k")
-    p = task.build_model().backbone.patch_size
-    if config.crop % p or config.crop > config.resize:
-      raise ValueError(f"crop={config.crop} must divide by model.patch_size={p} and lie in "
-                       f"[1, resize={config.resize}]")
-
-  def __init__(self, name, config, ctx):
-    super().__init__(name, config, ctx)
-    d = ctx.task.config.data
-    self.eval_source, tfds_info = streaming.open_split(d, d.get("eval_split", "validation"))
-    # The data set's own classes (a DINO run's data.num_classes may be unset: labels unused).
-    self.num_classes = int(tfds_info.features["label"].num_classes)
-    # Only the keys each pass stores in its bank.
-    self.features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
-                                                  ("cls", "last"))
-    self.cls_features = features_lib.feature_function(ctx.model, self.grid, config.last_layers,
-                                                      ("cls",))
-
-  def run(self, weights, step) -> dict[str, Any]:
     c, task = self.config, self.ctx.task
-    info, params = task.info(), weights.extra["teacher"]
-    kw = dict(resize=c.resize, crop=c.crop, mean=info.mean, std=info.std, mesh=self.ctx.mesh,
-              rules=self.ctx.rules)
-    bank = stream_features.streamed_features(self.cls_features, params, task.data["train"],
-                                             batch_size=c.batch_size, limit=c.train_limit, **kw)
-    test = stream_features.streamed_features(self.cls_features, params, self.eval_source,
-                                             batch_size=c.batch_size, limit=c.eval_limit, **kw)
-    scores = knn_lib.knn_accuracy_sharded(
-        bank.features["cls"], bank.labels, bank.valid, test.features["cls"], test.labels,
-        test.valid, num_classes=self.num_classes, mesh=self.ctx.mesh, ks=tuple(c.knn_ks),
-        temperature=c.knn_temperature)
-    del bank, test  # the devices' memory, before the probe
-    if c.linear:
-      protocol = stream_linear.Protocol(epochs=c.linear_epochs, batch_size=c.linear_batch_size,
-                                        base_lr=c.linear_lr, crop=c.crop, resize=c.resize)
-      probe = stream_linear.streamed_linear_probe(
-          self.features, params, task.data["train"], {"val": self.eval_source}, protocol,
-          num_classes=self.num_classes, mean=info.mean, std=info.std, mesh=self.ctx.mesh,
-          rules=self.ctx.rules, seed=task.config.seed, limit=c.train_limit,
-          eval_limit=c.eval_limit)
-      scores["linear_dino"] = probe["val"]
-    scores["count"] = len(streaming.subset(self.eval_source, c.eval_limit))
-    return {"val": scores}
+    info, (resize, crop) = task.info(), _eval_crop(c, task)
+    return probes.probe_scores(
+        self.features, weights.extra["teacher"], self.train, self.evaluate, self.protocol,
+        num_classes=info.num_classes, mean=info.mean, std=info.std, resize=resize, crop=crop,
+        batch_size=c.batch_size or task.config.data.eval_batch_size, seed=task.config.seed,
+        train_limit=c.train_limit, eval_limit=c.eval_limit,
+        loader={"num_workers": c.num_workers}, **self.kw)
 
   def summary(self, result) -> str:
     return probes.summary_line(result)
@@ -233,8 +160,10 @@ class Transfer(_ProbeEvaluator):
     self.sets = probes.load_transfer(ctx.task.config, config)
 
   def run(self, weights, step) -> dict[str, Any]:
+    c = self.ctx.task.config
     return probes.transfer_scores(self.features, weights.extra["teacher"], self.protocol,
-                                  self.sets, log=self.ctx.log, **self.probe_kw)
+                                  self.sets, log=self.ctx.log, batch_size=c.data.eval_batch_size,
+                                  seed=c.seed, **self.kw)
 
   def summary(self, result) -> str:
     return ", ".join(f"{self.name} {n}: " + probes.summary_line({"test": s["test"]})

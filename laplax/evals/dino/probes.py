@@ -16,6 +16,7 @@ import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -28,17 +29,19 @@ from laplax.evals.dino import segmentation
 from laplax.evals.dino import stream_linear
 from laplax.features import masks as masks_lib
 from laplax.features import pca as pca_lib
+from laplax.features import stream as stream_features
 from laplax.features.extract import extract_features
 from laplax.geometry import plots
 
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-  """The probe protocol: DINO's k-NN (20-NN at temperature 0.07, and more k), AdamW probes on
-  fixed features, and with linear_probe='dino' also DINO's own linear protocol on augmented
-  crops (SGD + momentum, lr scaled by batch / 256). The dino_probes / dino_transfer keys."""
-  probe_train_size: int = 10000  # linear-probe training examples (0: all); the k-NN bank is
-  # always the whole training split
+  """The probe protocol: DINO's k-NN (20-NN at temperature 0.07, and more k) on the whole
+  training split, AdamW probes on fixed features of its first probe_train_size records, and
+  with linear_probe='dino' also DINO's own linear protocol on augmented crops (SGD + momentum,
+  lr scaled by batch / 256). The dino_probes / dino_transfer keys."""
+  probe_train_size: int = 10000  # AdamW-probe training examples (0: all); the k-NN bank and
+  # DINO's protocol use the whole training split (the evaluator's train_limit)
   knn_ks: tuple[int, ...] = (10, 20, 100)  # DINO reports 10, 20, 100, 200
   knn_temperature: float = 0.07
   probe_epochs: int = 30
@@ -49,7 +52,7 @@ class Protocol:
   # DINO's protocol on augmented crops (linear_dino).
   linear_probe: str = "fast"
   dino_probe_epochs: int = 100
-  dino_probe_batch_size: int = 256
+  dino_probe_batch_size: int = 256  # global batch, at most the training split
   dino_probe_lr: float = 1e-3
 
   def __post_init__(self):
@@ -60,73 +63,88 @@ class Protocol:
       raise ValueError(f"linear_probe={self.linear_probe!r}: use 'fast' or 'dino'")
 
 
-def probe_scores(features, params, data: dict[str, Any], protocol: Protocol, *,
-                 batch_size: int, size: int, seed: int, mesh, rules
-                 ) -> dict[str, dict[str, float]]:
-  """k-NN (on 'cls') and linear probes (on 'cls' and 'last') of the frozen model; with
-  protocol.linear_probe='dino' also DINO's protocol ('linear_dino', `dino_linear_probe`, on
-  crops of `size`).
+def _only(features, keys: tuple[str, ...]):
+  """features restricted to `keys` (a bank stores what its function returns)."""
+  return lambda params, images: {k: v for k, v in features(params, images).items() if k in keys}
 
-  The k-NN memory bank is the whole training split (sharded over the mesh's data-parallel
-  devices, laplax.evals.dino.knn); the linear probes train on its first probe_train_size
-  examples (0: all). data: load_data's {'info', 'train', 'val', 'test'}, uint8 images;
-  batch_size: the feature passes'. Scores on 'val' and 'test'. -> {'val': {...}, 'test': {...}}.
+
+def _probe_accuracy(probe, bank: stream_features.FeatureBank, key: str) -> float:
+  """The AdamW probe's top-1 accuracy on a feature bank, counted on its devices."""
+  pred = linear_probe.linear_probe_predict(probe, bank.features[key])
+  return float(jnp.sum((pred == bank.labels) & bank.valid)) / max(bank.count, 1)
+
+
+def probe_scores(features, params, train, evaluate: dict[str, Any], protocol: Protocol, *,
+                 num_classes: int, mean, std, resize: int, crop: int, batch_size: int,
+                 seed: int, mesh, rules, train_limit: int = 0, eval_limit: int = 0,
+                 loader: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+  """k-NN (on 'cls') and AdamW linear probes (on 'cls' and 'last') of the frozen model, and with
+  protocol.linear_probe='dino' DINO's protocol ('linear_dino', on `crop` crops), scored on
+  every split of `evaluate` -> {split: {'knn_top1_k10', ..., 'linear_cls', 'linear_last',
+  ['linear_dino'], 'count'}}.
+
+  features: laplax.features.extract.feature_function's, not jitted. train, evaluate: random-
+  access sources ({'image', 'label'} records: a streamed split, or in-memory arrays as
+  `streaming.ArraySource`), read at Resize(resize) + CenterCrop(crop) (equal to the images'
+  size: unchanged) in global batches of batch_size. One feature pass for all of it
+  (laplax.features.stream): the k-NN bank (the first train_limit records, 0: all) and every
+  split's features stay sharded over the devices and hosts (laplax.evals.dino.knn); only the
+  AdamW probes' training features (the first probe_train_size records) are gathered.
   """
   p = protocol
-  info = data["info"]
-  train_x, train_y = data["train"]
-  cap = min(p.probe_train_size or len(train_x), len(train_x))
-  kw = dict(batch_size=batch_size, mean=info.mean, std=info.std, mesh=mesh, rules=rules)
-  train = extract_features(features, params, train_x[:cap], **kw)
-  bank = train["cls"]
-  if cap < len(train_x):  # the rest of the bank: class tokens only
-    bank = np.concatenate([bank, extract_features(features, params, train_x[cap:],
-                                                  keys=("cls",), **kw)["cls"]])
-  probe_kw = dict(num_classes=info.num_classes, epochs=p.probe_epochs, lr=p.probe_lr,
+  kw = dict(batch_size=batch_size, resize=resize, crop=crop, mean=mean, std=std, mesh=mesh,
+            rules=rules, **dict(loader or {}))
+  both = _only(features, ("cls", "last"))
+  bank = stream_features.streamed_features(_only(features, ("cls",)), params, train,
+                                           limit=train_limit, **kw)
+  cap = min(p.probe_train_size or bank.count, bank.count)
+  fixed = stream_features.streamed_features(both, params, train, limit=cap, **kw)
+  probe_kw = dict(num_classes=num_classes, epochs=p.probe_epochs, lr=p.probe_lr,
                   weight_decay=p.probe_weight_decay, seed=seed)
-  probes = {k: linear_probe.train_linear_probe(train[k], train_y[:cap], **probe_kw)
+  probes = {k: linear_probe.train_linear_probe(fixed.rows(k), fixed.label_rows(), **probe_kw)
             for k in ("cls", "last")}
-  dino = None
-  if p.linear_probe == "dino":
-    dino = dino_linear_probe(
-        features, params, streaming.ArraySource(train_x[:cap], train_y[:cap]),
-        {split: streaming.ArraySource(*data[split]) for split in ("val", "test")},
-        num_classes=info.num_classes, size=size, mean=info.mean, std=info.std,
-        epochs=p.dino_probe_epochs, batch_size=p.dino_probe_batch_size,
-        base_lr=p.dino_probe_lr, seed=seed, mesh=mesh, rules=rules)
+  del fixed
   scores = {}
-  for split in ("val", "test"):
-    x, y = data[split]
-    feats = extract_features(features, params, x, **kw)
-    s = knn_lib.knn_accuracy(bank, train_y, feats["cls"], y, num_classes=info.num_classes,
-                             ks=p.knn_ks, temperature=p.knn_temperature, mesh=mesh)
-    s["linear_cls"] = float(np.mean(
-        np.asarray(linear_probe.linear_probe_predict(probes["cls"], feats["cls"])) == y))
-    s["linear_last"] = float(np.mean(
-        np.asarray(linear_probe.linear_probe_predict(probes["last"], feats["last"])) == y))
-    if dino is not None:
-      s["linear_dino"] = dino[split]
-    s["count"] = int(len(y))
+  for split, source in evaluate.items():
+    test = stream_features.streamed_features(both, params, source, limit=eval_limit, **kw)
+    s = knn_lib.knn_accuracy_sharded(
+        bank.features["cls"], bank.labels, bank.valid, test.features["cls"], test.labels,
+        test.valid, num_classes=num_classes, mesh=mesh, ks=p.knn_ks,
+        temperature=p.knn_temperature)
+    s.update({f"linear_{k}": _probe_accuracy(probes[k], test, k) for k in ("cls", "last")})
+    s["count"] = test.count
     scores[split] = s
+  del bank
+  if p.linear_probe == "dino":  # after the banks: the devices' memory is free again
+    dino = dino_linear_probe(features, params, train, evaluate, num_classes=num_classes,
+                             resize=resize, crop=crop, mean=mean, std=std,
+                             epochs=p.dino_probe_epochs, batch_size=p.dino_probe_batch_size,
+                             base_lr=p.dino_probe_lr, seed=seed, mesh=mesh, rules=rules,
+                             limit=train_limit, eval_limit=eval_limit, loader=loader)
+    for split in evaluate:
+      scores[split]["linear_dino"] = dino[split]
   return scores
 
 
 def dino_linear_probe(features, params, train, evaluate: dict[str, Any], *, num_classes: int,
-                      size: int, mean, std, epochs: int = 100, batch_size: int = 256,
-                      base_lr: float = 1e-3, seed: int = 0, key: str = "last", mesh, rules
-                      ) -> dict[str, float]:
+                      resize: int, crop: int, mean, std, epochs: int = 100,
+                      batch_size: int = 256, base_lr: float = 1e-3, seed: int = 0,
+                      key: str = "last", mesh, rules, limit: int = 0, eval_limit: int = 0,
+                      loader: dict[str, int] | None = None) -> dict[str, float]:
   """DINO's linear-probe protocol (laplax.evals.dino.stream_linear: the one implementation,
   multi-host) on random-access sources of any size (`streaming.ArraySource` for in-memory
-  images): trained on random-resized crops + flips of `size`, scored on Resize(size) +
-  CenterCrop(size). The global batch is batch_size, at most the training set, rounded down to
+  images): trained on random-resized crops + flips of `crop`, scored on Resize(resize) +
+  CenterCrop(crop). The global batch is batch_size, at most the training set, rounded down to
   a multiple of the data-parallel devices and the hosts. -> {split: top-1 accuracy}."""
   multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
-  batch = max(multiple, min(batch_size, len(train)) // multiple * multiple)
+  n = len(streaming.subset(train, limit))
+  batch = max(multiple, min(batch_size, n) // multiple * multiple)
   protocol = stream_linear.Protocol(epochs=epochs, batch_size=batch, base_lr=base_lr,
-                                    crop=size, resize=size)
+                                    crop=crop, resize=resize)
   out = stream_linear.streamed_linear_probe(
       features, params, train, evaluate, protocol, num_classes=num_classes, mean=mean,
-      std=std, mesh=mesh, rules=rules, seed=seed, key=key)
+      std=std, mesh=mesh, rules=rules, seed=seed, key=key, limit=limit, eval_limit=eval_limit,
+      loader=loader)
   return {split: out[split] for split in evaluate}
 
 
@@ -162,11 +180,16 @@ def load_transfer(config: ml_collections.ConfigDict, e: ml_collections.ConfigDic
 
 def transfer_scores(features, params, protocol: Protocol, datasets: dict[str, dict[str, Any]],
                     *, log=print, **kw) -> dict[str, dict[str, dict[str, float]]]:
-  """probe_scores (kw: its keywords) on every data set of load_transfer -> {name: {'val': ...,
-  'test': ...}}."""
+  """probe_scores (kw: its keywords but the data's) on every data set of load_transfer, at the
+  images' own size -> {name: {'val': ..., 'test': ...}}."""
   out = {}
   for name, data in datasets.items():
-    scores = probe_scores(features, params, data, protocol, **kw)
+    info, size = data["info"], data["train"][0].shape[1]
+    scores = probe_scores(
+        features, params, streaming.ArraySource(*data["train"]),
+        {split: streaming.ArraySource(*data[split]) for split in ("val", "test")}, protocol,
+        num_classes=info.num_classes, mean=info.mean, std=info.std, resize=size, crop=size,
+        **kw)
     log(f"transfer to {name}: {summary_line({'test': scores['test']})}")
     out[name] = scores
   return out
