@@ -242,3 +242,14 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
     evaluator_lib.check(vit, task_lib.for_config(vit))
   lm = task_lib.for_config(make_config("lm"))
   assert isinstance(lm, task_lib.EvalTokens) and not isinstance(lm, task_lib.EvalImages)
+  # A DINO evaluator in a ViT config (was a traceback: "ViT" object has no attribute
+  # "backbone"); every DINO evaluator type declares EvalSources.
+  for type_ in ("dino_probes", "dino_spectra", "photo_pca"):
+    vit = make_config("vit")
+    vit.evals.p = evaluator_lib.section(type_)
+    with pytest.raises(ValueError, match=rf"^evals.p: {type_} reads EvalSources \(info, "
+                                         r"eval_splits, eval_source, eval_crop\), which a "
+                                         r"'classification' task does not give$"):
+      evaluator_lib.check(vit, task_lib.for_config(vit))
+  dino = task_lib.for_config(make_config("dino"))
+  assert isinstance(dino, task_lib.EvalSources)

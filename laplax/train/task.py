@@ -297,6 +297,25 @@ class EvalImages(Protocol):
 
 
 @runtime_checkable
+class EvalSources(Protocol):
+  """Labelled images as random-access sources, one kind for in-memory and streamed data
+  (laplax.tasks.dino): the DINO evaluators read them through the frozen teacher
+  (state.extra['teacher'])."""
+
+  def info(self) -> Any:
+    """The data set's builders.ImageDatasetInfo (classes, image shape, mean / std)."""
+
+  def eval_splits(self) -> tuple[str, ...]:
+    """The splits eval_source serves ('train' first: the probes' bank)."""
+
+  def eval_source(self, split: str) -> Any:
+    """`split` as a random-access source of {'image': uint8 (H, W, C), 'label'} records."""
+
+  def eval_crop(self) -> tuple[int, int]:
+    """(resize, crop) of the evaluation transform (equal to the images' size: unchanged)."""
+
+
+@runtime_checkable
 class EvalTokens(Protocol):
   """Validation text to evaluate on (laplax.tasks.lm, and the chat task built on it): bpb,
   lm_tasks, lm_geometry and the token analysis inputs read it."""

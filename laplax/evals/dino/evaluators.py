@@ -29,6 +29,7 @@ from laplax.geometry import dino as dino_geometry
 from laplax.models import dino as dino_lib
 from laplax.train import ranges as ranges_lib
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import task as task_lib
 from laplax.train.evaluator import Evaluator
 
 PROBE_PROTOCOL = dataclasses.asdict(probes.Protocol())  # the probe evaluators' keys
@@ -49,6 +50,7 @@ class _TeacherEvaluator(Evaluator):
   """The teacher's features at the global-crop grid (laplax.features.extract.feature_function:
   'cls', 'last', 'patches'; not jitted, so they pass through the one feature pass)."""
 
+  reads = task_lib.EvalSources
   last_layers_key = None  # the section key that sets the 'last' feature's depth, if any
   needs_rgb = False  # photos: a grey model cannot read them
 
@@ -283,6 +285,7 @@ class Spectra(Evaluator):
   analysis/spectra.json and analysis/spectrum.png -> {'layers': [...], ...}."""
 
   type = "dino_spectra"
+  reads = task_lib.EvalSources
   defaults = {"examples": 2000, "batch_size": 250, "resize": 0, "crop": 0}
   ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
             "resize": ranges_lib.COUNT, "crop": ranges_lib.COUNT}
