@@ -244,7 +244,8 @@ def test_five_task_mean_is_the_papers_plain_mean(tok):
 def test_chat_evaluator_end_to_end_on_a_mesh(tok, shared_data):
   model, params = _random_gpt(tok.vocab_size + 3)
   words = chat_tasks.words_from_text([CORPUS])
-  task = types.SimpleNamespace(tokenizer=tok, words=words)
+  task = types.SimpleNamespace(tokenizer=tok, words=words, val_batches=list,
+                               val_windows=lambda *a: [])
   mesh = sharding.make_mesh({"data": 2})
   ctx = evaluator_lib.Context(task=task, model=model, mesh=mesh,
                               rules=sharding.rules_from_config(None), out=None, log=print)
@@ -280,7 +281,8 @@ def test_chat_evaluator_end_to_end_on_a_mesh(tok, shared_data):
 
 
 def test_chat_evaluator_config_errors(tok, shared_data):
-  task = types.SimpleNamespace(tokenizer=tok)
+  task = types.SimpleNamespace(tokenizer=tok, words=None, val_batches=list,
+                               val_windows=lambda *a: [])
   ctx = evaluator_lib.Context(task=task, model=None, mesh=None, rules=(), out=None)
   bad = ml_collections.ConfigDict({"evals": {"chat": {"type": "chat", "tasks": ("squad",)}}})
   with pytest.raises(ValueError, match="unknown chat task 'squad'"):

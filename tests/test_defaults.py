@@ -253,3 +253,9 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
       evaluator_lib.check(vit, task_lib.for_config(vit))
   dino = task_lib.for_config(make_config("dino"))
   assert isinstance(dino, task_lib.EvalSources)
+  vit = make_config("vit")
+  vit.evals.chat = evaluator_lib.section("chat", tasks=("arc_easy",))
+  with pytest.raises(ValueError, match=r"^evals.chat: chat reads EvalChat \(tokenizer, val_batches, "
+                                        r"val_windows, words\), which a 'classification' "):
+    evaluator_lib.check(vit, task_lib.for_config(vit))
+  assert isinstance(task_lib.for_config(make_config("lm")), task_lib.EvalChat)

@@ -56,6 +56,7 @@ class LanguageModelTask(Task):
   unit = "tokens"
 
   tokenizer: Tokenizer | None = None
+  words: list[str] | None = None  # the spelling tasks' words (the chat task loads them)
   min_total_steps = 1  # the chat task takes 0: one pass over its data
 
   def validate(self, dp: int, hosts: int) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -228,8 +229,10 @@ def check(config: ml_collections.ConfigDict, task: Task) -> None:
   for name, section in sections(config).items():
     cls = get(section.type)
     if cls.reads is not None and not isinstance(task, cls.reads):
-      members = [*cls.reads.__annotations__, *(n for n in vars(cls.reads)
-                                                if not n.startswith("_"))]
+      members = [m for base in reversed(cls.reads.__mro__)  # a Protocol's own and its bases'
+                 if getattr(base, "_is_protocol", False) and base is not typing.Protocol
+                 for m in (*base.__dict__.get("__annotations__", {}), *vars(base))
+                 if not m.startswith("_")]
       methods = ", ".join(dict.fromkeys(members))
       raise ValueError(f"evals.{name}: {section.type} reads {cls.reads.__name__} ({methods}), "
                        f"which a {task.name!r} task does not give")

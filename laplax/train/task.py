@@ -329,6 +329,14 @@ class EvalTokens(Protocol):
     """The first `limit` validation windows {'tokens', 'mask'} in masked batches, one host."""
 
 
+@runtime_checkable
+class EvalChat(EvalTokens, Protocol):
+  """EvalTokens and the spelling tasks' word list (laplax.tasks.chat; None: the task has none,
+  the plain LM): the chat evaluator reads them."""
+
+  words: Any  # list[str] | None, once load_data ran
+
+
 # --- The registry ----------------------------------------------------------------------------
 # Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in
 # TASKS (or `register(name, cls)` at run time, e.g. from a notebook or a test).

@@ -43,6 +43,7 @@ from laplax.data.tokenizer import Tokenizer
 from laplax.evals.chat.engine import ChatEngine
 from laplax.evals.lm import tasks as lm_tasks
 from laplax.train import ranges as ranges_lib
+from laplax.train import task as task_lib
 from laplax.train.evaluator import Evaluator
 
 LogitsFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Sequence[np.ndarray]]
@@ -244,6 +245,7 @@ class ChatEval(Evaluator):
   """
 
   type = "chat"
+  reads = task_lib.EvalChat
   defaults = {"tasks": (), "limit": 0, "data_dir": "", "batch_size": 8, "max_new_tokens": 512,
               "words": ""}
   ranges = {"limit": ranges_lib.COUNT, "batch_size": ranges_lib.AT_LEAST_ONE,
@@ -260,8 +262,7 @@ class ChatEval(Evaluator):
     ChatEval.check(config, task)
     words = None
     if "spelling_bee" in config.tasks:
-      words = (chat_tasks.load_words(config.words) if config.words
-               else getattr(task, "words", None))
+      words = chat_tasks.load_words(config.words) if config.words else task.words
       if not words:
         raise ValueError("spelling_bee needs a word list: set words= a file of one word a "
                          "line (the task has no `words`)")
