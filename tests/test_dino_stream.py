@@ -250,6 +250,28 @@ def test_stream_resumes_exactly(source):
       np.testing.assert_array_equal(a[key], b[key])
 
 
+def test_in_memory_arrays_are_cut_by_the_same_views():
+  """An ArraySource (a run's in-memory data) goes through the same per-record views: arrays of
+  the decoded JPEG records give the records' own views, bit for bit; grey arrays keep one
+  channel through every op (jitter, grey, blur, solarize)."""
+  rng = np.random.default_rng(0)
+  records = [{"image": streaming.encode_jpeg(x), "label": 0}
+             for x in rng.integers(0, 256, (16, 40, 40, 3), dtype=np.uint8)]
+  images = np.stack([np.asarray(streaming.decode(r["image"])) for r in records])
+  arrays = streaming.ArraySource(images, np.zeros(len(images), np.int32))
+  source = records
+  kw = dict(batch_size=4, seed=3, crops=SMALL)
+  for a, b in zip(_take(iter(dino_stream.train_dataset(source, **kw)), 2),
+                  _take(iter(dino_stream.train_dataset(arrays, **kw)), 2)):
+    for key in ("global", "local"):
+      np.testing.assert_array_equal(a[key], b[key])
+  grey = streaming.ArraySource(images[..., :1], np.zeros(len(images), np.int32))
+  views = _take(iter(dino_stream.train_dataset(grey, **kw)), 2)
+  assert views[0]["global"].shape == (4, 2, 32, 32, 1)
+  assert views[0]["local"].shape == (4, 2, 16, 16, 1)
+  assert not np.array_equal(views[0]["global"][:, 0], views[0]["global"][:, 1])
+
+
 def test_one_and_two_hosts_give_the_same_global_batches(source):
   one = _take(iter(dino_stream.train_dataset(source, batch_size=8, seed=1, crops=SMALL)), 4)
   two = [_take(iter(dino_stream.train_dataset(source, batch_size=4, seed=1, crops=SMALL,

@@ -8,11 +8,11 @@ Every view is cut from the decoded record itself, in grain workers, as DINO does
   global view 2  the same, blur(0.1), then solarize(0.2)
   local views    rrc(local_scale, bicubic) to local_size, flip, jitter, grey, blur(0.5)
 
-with the numbers of the `multicrop` config section (laplax.data.multicrop.MultiCropConfig, the
-one description of the crops, shared with the in-step crops of in-memory runs) and the ops of the
-one registry (laplax.data.ops; `view_ops` lists them). The views leave the host as uint8:
-{'global': (B, 2, S, S, 3), 'local': (B, L, s, s, 3)}; the DINO step normalises them on the
-device. The stream is laplax.data.streaming's: epochs of seeded permutations cut into global
+with the numbers of the `multicrop` config section (laplax.data.multicrop.MultiCropConfig) and
+the ops of the one registry (laplax.data.ops; `view_ops` lists them). One implementation for
+both data modes: in-memory arrays come as a `streaming.ArraySource` (grey stays grey). The
+views leave the host as uint8: {'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)}; the DINO
+step normalises them on the device. The stream is laplax.data.streaming's: epochs of seeded permutations cut into global
 batches, host p reading only its block of each (`grain_utils.HostBlock`), every record's draws
 from (seed, position in the global stream), so batches do not depend on the number of hosts or
 workers and a restored iterator continues exactly.
@@ -46,7 +46,7 @@ def view_ops(crops: MultiCropConfig) -> dict[str, tuple[tuple[ops_lib.Op, ...], 
             f'p={crops.jitter_prob!r})')
   common = ('flip', jitter, f'grey({crops.grey_prob!r})')
   blur = lambda p: f'blur({p!r},{crops.blur_sigma[0]!r},{crops.blur_sigma[1]!r})'
-  # x / 255 >= t  <=>  x >= ceil(255 t): the in-step threshold 0.5 is PIL's 128.
+  # x / 255 >= t  <=>  x >= ceil(255 t): the threshold 0.5 is PIL's 128.
   solarize = f'solarize({crops.solarize_prob!r},{math.ceil(255 * crops.solarize_threshold)})'
   rrc = lambda scale: f'rrc({scale[0]!r},{scale[1]!r},{ratio},interp=bicubic)'
   g1, g2 = crops.global_blur_probs
@@ -57,13 +57,14 @@ def view_ops(crops: MultiCropConfig) -> dict[str, tuple[tuple[ops_lib.Op, ...], 
 
 
 def _view(ops: tuple[ops_lib.Op, ...], image, size: int, rng: np.random.Generator) -> np.ndarray:
-  return ops_lib.run_images(ops[1:], ops[0].decoded(image, size, rng), rng)
+  # A grey record (an ArraySource's) crops to (S, S): the per-view ops take (S, S, 1).
+  return ops_lib.run_images(ops[1:], np.atleast_3d(ops[0].decoded(image, size, rng)), rng)
 
 
 @dataclasses.dataclass(frozen=True)
 class MultiCropTransform(grain.transforms.RandomMap):
-  """record {'image': encoded bytes, ...} -> {'global': uint8 (2, S, S, 3), 'local': uint8
-  (L, s, s, 3)} (no 'local' when L = 0): the views in DINO's order (global 1, global 2, the
+  """record {'image': encoded bytes or uint8 (H, W, C), ...} -> {'global': uint8 (2, S, S, C),
+  'local': uint8 (L, s, s, C)} (no 'local' when L = 0): the views in DINO's order (global 1, global 2, the
   locals), all drawing from the record's generator."""
   global_views: tuple[tuple[ops_lib.Op, ...], ...]
   local_view: tuple[ops_lib.Op, ...]
@@ -79,7 +80,7 @@ class MultiCropTransform(grain.transforms.RandomMap):
                num_local=crops.num_local)
 
   def views(self, image, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The views of one decoded PIL RGB image."""
+    """The views of one decoded PIL image (RGB, or grey from an ArraySource)."""
     out = {'global': np.stack([_view(v, image, self.global_size, rng)
                                for v in self.global_views])}
     if self.num_local:
@@ -98,14 +99,15 @@ def train_dataset(source, *, batch_size: int, seed: int, crops: MultiCropConfig,
   """This host's DINO training batches (see the module docstring).
 
   Args:
-    source: random-access records {'image': encoded bytes, ...} (`streaming.open_source`).
+    source: random-access records {'image': encoded bytes, ...} (`streaming.open_source`) or
+      an `ArraySource`.
     batch_size: images per batch on THIS host (global: batch_size * process_count).
     seed: shuffle and augmentation seed (same on every host).
     crops: the views to cut (sizes, scales, probabilities).
     limit, num_epochs, num_workers, num_threads, prefetch: as `streaming.train_dataset`.
 
   Returns:
-    grain.IterDataset of {'global': uint8 (B, 2, S, S, 3), 'local': uint8 (B, L, s, s, 3)};
+    grain.IterDataset of {'global': uint8 (B, 2, S, S, C), 'local': uint8 (B, L, s, s, C)};
     its iterator's get_state()/set_state() resume exactly.
   """
   transform = MultiCropTransform.from_config(crops)

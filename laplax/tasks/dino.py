@@ -6,11 +6,11 @@ teacher (teacher and centre live in TrainState.extra, so a resumed run continues
 (laplax.evals.dino.evaluators, by config.evals) measure the frozen teacher: k-NN and linear probes,
 transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectra.
 
-Two data paths, one `multicrop` section: with `data.tfds_name` set, the views are cut from the
-full-resolution records of a prepared TFDS data set in grain workers, DINO's way, and reach the
-step as uint8 batches {'global': (B, 2, S, S, 3), 'local': (B, L, s, s, 3)}
-(laplax.data.dino_stream; each host reads its share); otherwise the split is loaded into host
-memory (CPU studies) and the step crops it on the device (laplax.data.multicrop, no hue).
+One data path, one `multicrop` section: the views are cut per record on the host, DINO's way
+(laplax.data.dino_stream; each host reads its share), and reach the step as uint8 batches
+{'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)}; the records are a prepared TFDS (or
+parquet) data set's, read per record, with `data.tfds_name` set, else the split loaded into
+host memory (CPU studies) as a `streaming.ArraySource`.
 
 As in the DINO code (Caron et al. 2021, main_dino.py): the optimiser (laplax.train.optim.make,
 optim.name 'adamw' with freeze_last_layer_steps) clips per tensor
@@ -186,18 +186,15 @@ def _views_forward(model: dino_lib.DINO, params, views_VxBxHxWxC: Array, *,
 def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
                    crops: multicrop_lib.MultiCropConfig, dino_config, *, seed: int,
                    total_steps: int, steps_per_epoch: int, mean, std,
-                   precomputed_crops: bool = False, skip_nonfinite: bool = False):
-  """-> step(state, batch) -> (state, metrics); batch['image'] (B, H, W, C) in [0, 1].
+                   skip_nonfinite: bool = False):
+  """-> step(state, batch) -> (state, metrics); batch: the views the host pipeline cut
+  (laplax.data.dino_stream), {'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)} batch-major,
+  uint8 (normalised here with mean / std) or float (already normalised).
 
-  precomputed_crops: the batch brings its views instead, {'global': (B, 2, S, S, C),
-  'local': (B, L, s, s, C)} batch-major as a host pipeline stacks them, uint8 (streamed:
-  normalised here with mean / std) or float (already normalised; what
-  benchmarks/multicrop_bench.py compares with the in-step crops).
-
-  Order inside one step (as in DINO): multi-crop; teacher forward on the 2 global crops (no
-  gradient); student forward on all crops; loss and gradient step; last-layer freeze; EMA
-  teacher update with the NEW student params; centre update with this step's teacher logits.
-  Keys: fold_in(key(seed), step), so a resumed run draws the same crops and drop-path masks.
+  Order inside one step (as in DINO): teacher forward on the 2 global crops (no gradient);
+  student forward on all crops; loss and gradient step; last-layer freeze; EMA teacher update
+  with the NEW student params; centre update with this step's teacher logits. Keys:
+  fold_in(key(seed), step), so a resumed run draws the same drop-path masks.
   skip_nonfinite: a step with a non-finite loss or gradient norm changes nothing but the step
   counter (metrics['skipped'] = 1).
   """
@@ -210,14 +207,12 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
 
   def step(state: TrainState, batch: dict[str, Array]):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
-    k_aug, k_global, k_local = jax.random.split(rng, 3)
-    if precomputed_crops:
-      views = lambda x: pipeline.device_normalize(jnp.swapaxes(x, 0, 1), mean, std)
-      globals_ = views(batch["global"])
-      locals_ = views(batch["local"]) if "local" in batch else None
-    else:
-      globals_, locals_ = multicrop_lib.multicrop(k_aug, batch["image"], crops, mean=mean,
-                                                  std=std)
+    # Split in three as when the first key cut the crops here: drop-path draws (and so a
+    # streamed run's losses) stay as they were.
+    _, k_global, k_local = jax.random.split(rng, 3)
+    views = lambda x: pipeline.device_normalize(jnp.swapaxes(x, 0, 1), mean, std)
+    globals_ = views(batch["global"])
+    locals_ = views(batch["local"]) if "local" in batch else None
     teacher_params = jax.lax.stop_gradient(state.extra["teacher"])
     centre = state.extra["centre"]
     teacher_logits, teacher_features = forward(teacher_params, globals_, False, None)
@@ -271,8 +266,6 @@ class DinoTask(Task):
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
-    if not self.streaming:
-      return ("image",)
     return ("global", "local") if self.config.multicrop.num_local else ("global",)
 
   def validate(self, dp: int, hosts: int) -> None:
@@ -280,11 +273,7 @@ class DinoTask(Task):
     self.info()
     super().validate(dp, hosts)
     crops = multicrop_config(config)
-    if self.streaming:
-      dino_stream.view_ops(crops)  # what the per-record ops cannot express
-    elif crops.hue:
-      raise ValueError(f"multicrop.hue={crops.hue}: the in-step crops of in-memory data have "
-                       "no hue jitter; stream the data (data.tfds_name) or set it to 0")
+    dino_stream.view_ops(crops)  # what the per-record ops cannot express
     if config.optim.grad_accum_steps != 1:
       raise ValueError(f"optim.grad_accum_steps={config.optim.grad_accum_steps}: the DINO step "
                        "does not accumulate gradients; use 1 and a smaller data.batch_size")
@@ -397,15 +386,13 @@ class DinoTask(Task):
             f"2x{crops.global_size}px + {crops.num_local}x{crops.local_size}px")
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """In memory {'image': float32 (B, H, W, C)} in [0, 1] (the step crops it); streamed
-    {'global': uint8 (B, 2, S, S, 3), 'local': uint8 (B, L, s, s, 3)} (no 'local' when L = 0)."""
-    b = global_batch_size
-    if not self.streaming:
-      return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, jnp.float32)}
-    c = multicrop_config(self.config)
-    out = {"global": jax.ShapeDtypeStruct((b, 2, c.global_size, c.global_size, 3), jnp.uint8)}
+    """{'global': uint8 (B, 2, S, S, C), 'local': uint8 (B, L, s, s, C)} (no 'local' when
+    L = 0; C the data set's channels, 3 streamed)."""
+    b, c = global_batch_size, multicrop_config(self.config)
+    ch = self.info().image_shape[-1]
+    out = {"global": jax.ShapeDtypeStruct((b, 2, c.global_size, c.global_size, ch), jnp.uint8)}
     if c.num_local:
-      out["local"] = jax.ShapeDtypeStruct((b, c.num_local, c.local_size, c.local_size, 3),
+      out["local"] = jax.ShapeDtypeStruct((b, c.num_local, c.local_size, c.local_size, ch),
                                           jnp.uint8)
     return out
 
@@ -441,22 +428,19 @@ class DinoTask(Task):
     return make_dino_step(model, tx, multicrop_config(self.config), self.config.dino,
                           seed=self.config.seed, total_steps=total_steps,
                           steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
-                          precomputed_crops=self.streaming,
                           skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   def train_iterator(self, process_index: int, process_count: int):
+    """DINO's views cut per record on the host (laplax.data.dino_stream), one path for both
+    data modes: the training source (eval_source('train'): in-memory arrays as an
+    ArraySource)."""
     d = self.config.data
-    if self.streaming:
-      return iter(dino_stream.train_dataset(
-          self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
-          crops=multicrop_config(self.config), process_index=process_index,
-          process_count=process_count, limit=d.get("train_subset", 0), **loader_options(d)))
-    # Pixels in [0, 1] (mean 0, std 1): colour ops act on raw pixels; the step normalises.
-    x, y = self.data["train"]
-    return iter(pipeline.train_dataset(
-        x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        mean=0.0, std=1.0, process_index=process_index,
-        process_count=process_count))
+    limit = d.get("train_subset", 0) if self.streaming else 0  # in memory: applied at load
+    return iter(dino_stream.train_dataset(
+        self.eval_source("train"), batch_size=d.batch_size // process_count,
+        seed=self.config.seed, crops=multicrop_config(self.config),
+        process_index=process_index, process_count=process_count, limit=limit,
+        **loader_options(d)))
 
   def describe(self, m: dict[str, float]) -> str:
     return (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  KL {m['kl']:.3f}  "
