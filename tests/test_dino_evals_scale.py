@@ -216,6 +216,11 @@ def test_streamed_dino_run_runs_knn_and_the_linear_probe(tmp_path):
                     "count"} and s["count"] == 20
   assert s["knn_top1_k5"] > 0.9  # flat colours: neighbours share the class
   assert all(0.0 <= s[k] <= 1.0 for k in ("linear_cls", "linear_last", "linear_dino"))
+  for type_ in ("dino_probes", "dino_spectra"):  # a crop the patches do not tile
+    c.evals = {"e": common.evaluator(type_, crop=30)}
+    with pytest.raises(ValueError, match=r"^evals.e: crop=30 must divide by model.patch_size=8 "
+                                         r"and lie in \[1, resize=37\]$"):
+      evaluator.check(c, task)
   # The streamed evaluator's old name is refused in one line that names the new one.
   c.evals = {"probes": {"type": "dino_stream_probes"}}
   with pytest.raises(ValueError, match="is gone: use 'dino_probes'"):

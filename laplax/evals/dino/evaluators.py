@@ -118,11 +118,7 @@ class Probes(_ProbeEvaluator):
   @classmethod
   def check(cls, config, task) -> None:
     super().check(config, task)
-    resize, crop = _eval_crop(config, task)
-    p = task.build_model().backbone.patch_size
-    if crop % p or not 0 < crop <= resize:
-      raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
-                       f"[1, resize={resize}]")
+    _eval_crop(config, task)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -292,11 +288,7 @@ class Spectra(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
-    resize, crop = _eval_crop(config, task)
-    p = task.build_model().backbone.patch_size
-    if crop % p or not 0 < crop <= resize:
-      raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
-                       f"[1, resize={resize}]")
+    _eval_crop(config, task)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
@@ -330,5 +322,12 @@ class Spectra(Evaluator):
 
 
 def _eval_crop(config, task) -> tuple[int, int]:
+  """(resize, crop) of a section (0: the task's evaluation transform), checked against the
+  model's patch size."""
   resize, crop = task.eval_crop()
-  return config.resize or resize, config.crop or crop
+  resize, crop = config.resize or resize, config.crop or crop
+  p = task.build_model().backbone.patch_size
+  if crop % p or not 0 < crop <= resize:
+    raise ValueError(f"crop={crop} must divide by model.patch_size={p} and lie in "
+                     f"[1, resize={resize}]")
+  return resize, crop
