@@ -404,25 +404,36 @@ def test_pad_crop_known_answer():
 
 
 @pytest.mark.parametrize('process_count', [1, 2])
-def test_eval_batches_cover_every_example_once(process_count):
-  images, labels = _planted(n=23)
+def test_in_memory_eval_batches_cover_every_example_once(process_count):
+  """In-memory evaluation (streaming.eval_dataset over an ArraySource at the arrays' own size,
+  one gather per batch): every example once, in order, uint8 as stored; the tail padded with
+  zero images, label 0, mask False; the same batches as each record's resize and crop."""
+  from laplax.data import streaming
+  images, labels = _planted(n=23, w=6)
+  source = streaming.ArraySource(images, labels)
   seen_labels, seen_images = [], []
   for p in range(process_count):
-    batches = list(pipeline.eval_batches(images, labels, batch_size=5 if process_count == 1
-                                         else 3, process_index=p, process_count=process_count,
-                                         **NORM))
-    assert len(batches) == (5 if process_count == 1 else 4)
-    for b in batches:
-      assert b['image'].shape == (len(b['mask']), 6, 5, 3) and b['mask'].dtype == bool
-      assert not b['image'][~b['mask']].any()  # padding is zeros
+    kw = dict(batch_size=5 if process_count == 1 else 3, resize=6, crop=6, process_index=p,
+              process_count=process_count)
+    batches = list(streaming.eval_dataset(source, **kw))
+    # A source that is not an ArraySource takes the per-record path.
+    records = list(streaming.eval_dataset([source[i] for i in range(23)], **kw))
+    assert len(batches) == len(records) == (5 if process_count == 1 else 4)
+    for b, r in zip(batches, records):
+      for k in ('image', 'label', 'mask'):
+        np.testing.assert_array_equal(b[k], r[k])
+        assert b[k].dtype == r[k].dtype
+      assert b['image'].shape == (len(b['mask']), 6, 6, 3) and b['mask'].dtype == bool
+      assert not b['image'][~b['mask']].any() and not b['label'][~b['mask']].any()
       seen_labels.extend(b['label'][b['mask']])
       seen_images.extend(b['image'][b['mask']])
   order = np.argsort(seen_labels)
   np.testing.assert_array_equal(np.asarray(seen_labels)[order], np.arange(23))
-  np.testing.assert_allclose(np.asarray(seen_images)[order],
-                             pipeline.normalize(images, **NORM), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(seen_images)[order], images)
   if process_count == 1:
     np.testing.assert_array_equal(seen_labels, np.arange(23))  # in order
+  limited = list(streaming.eval_dataset(source, batch_size=8, resize=6, crop=6, limit=10))
+  assert [int(b['mask'].sum()) for b in limited] == [8, 2]
 
 
 def test_split_train_val_is_stratified_and_seeded():
@@ -485,8 +496,8 @@ def test_damaged_prepared_metadata_names_the_folder(tmp_path, fashion_mnist_dir)
 
 def test_the_in_memory_task_evaluates_through_eval_batches(data_cache, tmp_path):
   """The classification task's one evaluation interface in memory: what the streamed task
-  gives (host blocks of the global batches, the first `limit` examples, masked tail), with
-  images normalised on the host (host_normalize leaves them as they are)."""
+  gives (host blocks of the global batches, the first `limit` examples, masked tail): the
+  stored uint8 images, normalised where they are used (host_normalize)."""
   from conftest import make_config
   from laplax.train import task as task_lib
   task = task_lib.for_config(make_config("vit", data_cache))
@@ -501,9 +512,9 @@ def test_the_in_memory_task_evaluates_through_eval_batches(data_cache, tmp_path)
     for k in ("image", "label", "mask"):
       np.testing.assert_array_equal(np.concatenate([hosts[0][j][k], hosts[1][j][k]]), b[k])
   info = task.info()
-  want = pipeline.normalize(images[:6], mean=info.mean, std=info.std)
-  np.testing.assert_array_equal(whole[0]["image"], want)
+  np.testing.assert_array_equal(whole[0]["image"], images[:6])
   np.testing.assert_array_equal(
-      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std), want)
+      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
+      pipeline.normalize(images[:6], mean=info.mean, std=info.std))
   np.testing.assert_array_equal(whole[0]["label"], labels[:6])
   assert task.eval_params(task.build_model(), {"w": 1}) == {"w": 1}  # trained at its size

@@ -69,16 +69,16 @@ def normalize(images: np.ndarray, *, mean: Sequence[float] | float,
 
 def host_normalize(images, *, mean: Sequence[float] | float,
                    std: Sequence[float] | float) -> np.ndarray:
-  """An evaluation batch's images as normalised float32 on the host: uint8 pixels (a streamed
-  split's) normalised, float input (normalised by eval_batches) as it is."""
+  """An evaluation batch's images as normalised float32 on the host: uint8 pixels (what every
+  task's eval_batches gives) normalised, float input (already normalised) as it is."""
   images = np.asarray(images)
   return normalize(images, mean=mean, std=std) if images.dtype == np.uint8 else images
 
 
 def device_normalize(images, mean: Sequence[float] | float, std: Sequence[float] | float):
   """Model input inside a jitted function: uint8 (..., H, W, C) -> float32
-  (x / 255 - mean) / std (the streaming pipeline sends uint8: 4x fewer bytes to the device);
-  float input is already normalised by the host and passes through."""
+  (x / 255 - mean) / std (the pipelines send uint8: 4x fewer bytes to the device); float
+  input is taken as already normalised and passes through."""
   import jax.numpy as jnp
   if images.dtype != jnp.uint8:
     return images
@@ -139,35 +139,6 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, se
                           process_count=process_count, num_epochs=num_epochs)
   ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
   ds = ds.map_with_index(make_batch)
-  return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
-
-
-def eval_batches(images: np.ndarray, labels: np.ndarray, *, batch_size: int,
-                 mean: Sequence[float] | float, std: Sequence[float] | float,
-                 process_index: int = 0, process_count: int = 1, num_threads: int = 1,
-                 prefetch: int = 2) -> grain.IterDataset:
-  """Ordered evaluation batches with fixed shapes: the last one is padded and masked.
-
-  Global batch j holds examples [j * G, (j + 1) * G) with G = batch_size * process_count; host p
-  takes the contiguous block p of it. All hosts get ceil(N / G) batches.
-
-  Returns:
-    `grain.IterDataset` of {'image': float32 (B, H, W, C), 'label': int32 (B,), 'mask': bool
-    (B,)}; padded entries are zero images, label 0, mask False.
-  """
-  _check_arrays(images, labels)
-  n = len(images)
-  scale, shift = normalization(mean, std, images.shape[-1])
-
-  def make_batch(positions: np.ndarray) -> dict[str, np.ndarray]:
-    indices, mask = grain_utils.padded(positions, n)
-    x = _apply_normalization(images[indices], scale, shift)
-    x[~mask] = 0.0
-    return {'image': x, 'label': np.where(mask, labels[indices], 0).astype(np.int32),
-            'mask': mask}
-
-  ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
-  ds = ds.batch(batch_size).map(make_batch)
   return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
 
 

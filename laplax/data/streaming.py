@@ -97,6 +97,21 @@ class EvalTransform(grain.transforms.Map):
             'label': np.int32(record['label']), 'mask': np.bool_(True)}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ArrayBatch(grain.transforms.Map):
+  """Batch positions int (B,) -> EvalTransform's batch of an ArraySource's first n arrays at
+  their own size: {'image': uint8 (B, H, W, C), 'label': int32 (B,), 'mask': bool (B,)}."""
+  source: 'ArraySource'
+  n: int
+
+  def map(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+    indices, mask = grain_utils.padded(positions, self.n)
+    images = self.source.images[indices]
+    images[~mask] = 0
+    labels = np.where(mask, np.asarray(self.source.labels)[indices], 0).astype(np.int32)
+    return {'image': images, 'label': labels, 'mask': mask}
+
+
 # ----------------------------------------------------------------------------------------------
 # Data sources
 
@@ -266,8 +281,8 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
 def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_index: int = 0,
                  process_count: int = 1, limit: int = 0, num_workers: int = 0,
                  num_threads: int = 1, prefetch: int = 2) -> grain.IterDataset:
-  """Ordered evaluation batches, every record exactly once (the in-memory `eval_batches`'
-  layout): global batch j holds records [j G, (j + 1) G), G = batch_size * process_count, host p
+  """Ordered evaluation batches, every record exactly once (every task's `eval_batches`,
+  in memory over an `ArraySource`): global batch j holds records [j G, (j + 1) G), G = batch_size * process_count, host p
   its contiguous block p; all hosts get ceil(N / G) batches, the missing places padded.
 
   Returns:
@@ -279,8 +294,15 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
     raise ValueError(f'eval crop={crop} must be in [1, resize={resize}]')
   records = subset(source, limit)
   n = len(records)
-  # grain drops None elements: padding is the empty record.
   ds = grain_utils.eval_positions(n, batch_size, process_index, process_count)
+  if (isinstance(source, ArraySource) and resize == crop
+      and source.images.shape[1:3] == (crop, crop)):
+    # Arrays at the evaluation size: what each record's resize and crop would give back, so a
+    # batch is one gather (per-record Python work is about 5x slower).
+    return grain_utils.to_iter(ds.batch(batch_size).map(_ArrayBatch(source, n)),
+                               num_workers=num_workers, num_threads=num_threads,
+                               prefetch=prefetch)
+  # grain drops None elements: padding is the empty record.
   ds = ds.map(lambda position: records[position] if position < n else {})
   ds = ds.map(EvalTransform(resize=resize, crop=crop, channels=getattr(source, 'channels', 3)))
   ds = ds.batch(batch_size)
