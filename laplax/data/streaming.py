@@ -282,8 +282,9 @@ def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_ind
                  process_count: int = 1, limit: int = 0, num_workers: int = 0,
                  num_threads: int = 1, prefetch: int = 2) -> grain.IterDataset:
   """Ordered evaluation batches, every record exactly once (every task's `eval_batches`,
-  in memory over an `ArraySource`): global batch j holds records [j G, (j + 1) G), G = batch_size * process_count, host p
-  its contiguous block p; all hosts get ceil(N / G) batches, the missing places padded.
+  in memory over an `ArraySource`): global batch j holds records [j G, (j + 1) G),
+  G = batch_size * process_count, host p its contiguous block p; all hosts get ceil(N / G)
+  batches, the missing places padded.
 
   Returns:
     grain.IterDataset of {'image': uint8 (B, crop, crop, C), 'label': int32 (B,), 'mask': bool
