@@ -13,9 +13,9 @@ tokens) of the frozen teacher on val / test ('init': the same before training), 
 the same probes on Fashion-MNIST, 'horse': segmentation-probe and PCA-mask IoU, 'photos': the
 PCA picture of the packaged photos (pca_photos.png; pca_horses.png for the horses).
 
-Measured (before k = 100 and the transfer probes were added; seed 0, 300 steps = 0.85
-epoch; two runs sharing 2 busy CPU cores at about 36 images/s each, about 25 min each with the
-evaluations):
+Measured (with the former jnp crops in the step, before k = 100 and the transfer probes were
+added; seed 0, 300 steps = 0.85 epoch; two runs sharing 2 busy CPU cores at about 36 images/s
+each, about 25 min each with the evaluations):
   k=0: test k-NN@20 0.284 -> 0.313, linear_cls 0.299 -> 0.337, linear_last 0.331 -> 0.369;
        horse probe fg IoU 0.337, PCA-mask fg IoU 0.294
   k=3: test k-NN@20 0.278 -> 0.305, linear_cls 0.292 -> 0.331, linear_last 0.317 -> 0.372;
