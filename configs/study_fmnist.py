@@ -27,7 +27,8 @@ the paired difference at steps 250 ... 1500).
 The report also has the paper's per-image spectra next to the pooled ones, the mechanism
 measurements at init and after training (each cell's `mechanism` evaluator; paired intervals)
 and the baseline's and k = 4's class-token attention maps (benchmarks/README.md has the
-2026-12-02 numbers: per image no spectral direction excludes 0; the Laplacian models' inputs
+numbers, 2026-12-04: per image k = 4 needs slightly more components for 99 %, not fewer
+(+0.15, CI +0.07..+0.24); the Laplacian models' inputs
 are smoother on their attention graphs after training, their heads move the sequence mean far
 less; W_O W_V's sign does not separate Laplacian from ordinary heads). Those evaluators cost
 about 4 % of the study's CPU time.
