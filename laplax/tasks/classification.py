@@ -380,7 +380,9 @@ class ClassificationTask(Task):
     they are used (pipeline.device_normalize / host_normalize)."""
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    if limit is None:  # in memory, eval_subset already cut the arrays at load_data
+    # In memory, load_data cut val / test to eval_subset and the training split is not capped
+    # by it, so only streamed splits take it here.
+    if limit is None:
       limit = self.config.data.get("eval_subset", 0) if self.streaming else 0
     resize, crop = self._eval_crop()
     return streaming.eval_dataset(
