@@ -40,6 +40,7 @@ from laplax.tasks.classification import ClassificationTask
 from laplax.train import state as state_lib
 from laplax.train import optim as optim_lib
 from laplax.train.steps import make_train_step
+from laplax.train.task import init_module
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -57,8 +58,8 @@ class _BenchTask(ClassificationTask):
     super().__init__(config)
     self.image_shape = tuple(image_shape)
 
-  def sample_input(self):
-    return np.zeros((1,) + self.image_shape, np.float32)
+  def init_params(self, model, rng):
+    return init_module(model, rng, np.zeros((1,) + self.image_shape, np.float32))
 
 
 class Variant:

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import pytest
 
@@ -111,7 +112,10 @@ def test_image_size_and_classes_override_the_data_set():
   config.data.num_classes = 7
   task = task_lib.for_config(config)
   task.validate(dp=1, hosts=1)
-  assert task.sample_input().shape == (1, 56, 56, 3)
+  model = task.build_model()
+  params = jax.eval_shape(lambda r: task.init_params(model, r), jax.random.key(0))
+  assert nn.unbox(params)["embedding"]["kernel"].shape[:2] == (model.patch_size,) * 2
+  assert task.abstract_batch(2)["image"].shape == (2, 56, 56, 3)
   assert task.build_model().num_classes == 7
 
 

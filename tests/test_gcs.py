@@ -312,10 +312,10 @@ def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(fake_gcs, cach
 def test_two_hosts_share_a_gs_workdir(fake_gcs, cache, reference, tmp_path):
   _, want, _ = reference
   run = f"gs://{fake_gcs.bucket()}/run"
-  job = hosts.start(_train(run, cache), 2, tmp_path / "logs", devices=4)
+  job = hosts.start(_train(run, cache), 2, tmp_path / "logs")
   assert job.wait(600) == [0, 0], job.output()[-6000:]
   for i in (0, 1):  # the start-up line of each host: its own and the job's devices
-    assert f"backend cpu (cpu): 4 local / 8 global devices, process {i} of 2" in job.output(i)
+    assert f"backend cpu (cpu): 2 local / 4 global devices, process {i} of 2" in job.output(i)
   got = _losses(run)
   assert sorted(got) == sorted(want)
   assert max(abs(got[s] - want[s]) for s in want) <= 1e-5, (got, want)

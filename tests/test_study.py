@@ -249,12 +249,12 @@ def _pod_study_args(workdir, cache):
 @pytest.mark.integration
 def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_study, tmp_path,
                                                                       data_cache, fake_gcs):
-  """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 4
+  """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 2
   devices run the grid's cells (seed 0 of the CPU study) one after another on the whole mesh;
   kill -9 of process 0 in the second cell stops process 1 with one line (exit 75); the rerun
   takes the dead job's leased locks over, skips the finished cell, resumes the interrupted one
   from its checkpoint, and the report holds the CPU study's numbers (one device there, 8 here:
-  float reductions differ) and each cell's cost on 8 chips of 2 hosts."""
+  float reductions differ) and each cell's cost on 4 chips of 2 hosts."""
   import signal
   import time
   from etils import epath
@@ -294,7 +294,7 @@ def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_
                         if r["split"] == "train"]
     assert np.allclose(losses(work), losses(reference), atol=1e-4), cell
   report = epath.Path(f"{work}/report.md").read_text()
-  assert "## Cost of each cell" in report and report.count("| 8 (2) | cpu |") == 2, report
+  assert "## Cost of each cell" in report and report.count("| 4 (2) | cpu |") == 2, report
   names = fake_gcs.objects(bucket, "pod/")
   assert "pod/.lock" not in names and "pod/cells/k1-0_s0/.lock" not in names  # released
   assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
@@ -360,8 +360,8 @@ def test_aggregate_of_the_runs_is_the_study_report(finished_study, tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
-  """eval.py --multihost --analyze --export as 2 processes x 4 devices: every number within
-  1e-5 of the one-process evaluation (float reductions over 8 devices vs 1), the geometry's
+  """eval.py --multihost --analyze --export as 2 processes x 2 devices: every number within
+  1e-5 of the one-process evaluation (float reductions over 4 devices vs 1), the geometry's
   too, and the same export; process 0 alone writes and prints."""
   import hosts
   workdir, _, _ = finished_study

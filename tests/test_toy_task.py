@@ -52,8 +52,8 @@ class FirstTokenTask(task_lib.Task):
   def build_model(self):
     return FirstTokenModel(laplacian_heads=self.config.model.laplacian_heads)
 
-  def sample_input(self):
-    return np.zeros((1, LENGTH), np.int32)
+  def init_params(self, model, rng):
+    return model.init(rng, np.zeros((1, LENGTH), np.int32))["params"]
 
   def total_steps(self):
     return self.config.total_steps

@@ -30,7 +30,7 @@ from laplax.data import builders, mixup as mixup_lib, ops, pipeline, streaming
 from laplax.data.images import check_shared_cache, load_image_data
 from laplax.models import vit
 from laplax.train import ranges
-from laplax.train.task import Task
+from laplax.train.task import Task, init_module
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -261,8 +261,8 @@ class ClassificationTask(Task):
   def build_model(self) -> vit.ViT:
     return vit_from_config(self.config.model, self.info().num_classes)
 
-  def sample_input(self) -> np.ndarray:
-    return np.zeros((1,) + self.info().image_shape, np.float32)
+  def init_params(self, model: vit.ViT, rng):
+    return init_module(model, rng, np.zeros((1,) + self.info().image_shape, np.float32))
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     """{'image': float32 (or streamed: uint8) (B, H, W, C), 'label': int32 (B,)}."""

@@ -49,7 +49,7 @@ from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
-from laplax.train.task import Task
+from laplax.train.task import Task, init_module
 
 Array = jax.Array
 
@@ -367,9 +367,10 @@ class DinoTask(Task):
   def build_model(self) -> dino_lib.DINO:
     return dino_from_config(self.config)
 
-  def sample_input(self) -> np.ndarray:
+  def init_params(self, model: dino_lib.DINO, rng):
     size = self.config.multicrop.global_size
-    return np.zeros((1, size, size, self.info().image_shape[-1]), np.float32)
+    return init_module(
+        model, rng, np.zeros((1, size, size, self.info().image_shape[-1]), np.float32))
 
   def init_extra(self, params):
     return {"teacher": params,

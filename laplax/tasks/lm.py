@@ -113,11 +113,8 @@ class LanguageModelTask(Task):
     vocab = self.tokenizer.vocab_size if self.tokenizer else self.config.data.vocab_size
     return gpt_from_config(self.config.model, vocab)
 
-  def sample_input(self) -> np.ndarray:
-    return np.zeros((1, self.config.data.seq_len), np.int32)
-
-  def init_params(self, model, rng):
-    return model.init(rng, self.sample_input())["params"]
+  def init_params(self, model: gpt.GPT, rng):
+    return model.init(rng, np.zeros((1, self.config.data.seq_len), np.int32))["params"]
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     """{'tokens': int32 (B, seq_len + 1)}: inputs and their shifted targets."""

@@ -11,7 +11,7 @@ asked, in this order:
   validate(dp, hosts)        config checks only (one-line ValueErrors); nothing is written yet
   load_data(workdir, log)    data (and task files such as the LM's tokenizer in workdir)
   build_model()              the flax module (may use what load_data / load_assets found)
-  sample_input()             a (1, ...) input for initialisation
+  init_params(model, rng)    boxed initial parameters (init_module with a (1, ...) input)
   abstract_batch(B)          the step's batch as ShapeDtypeStructs (train.py --aot; no data)
   init_extra(params)         task state next to the parameters (DINO: teacher, centre)
   total_steps()              from config.total_steps or the data size
@@ -120,6 +120,11 @@ class Run:
   step: int | None
 
 
+def init_module(model: nn.Module, rng, sample: np.ndarray) -> Any:
+  """model's boxed parameters from one (1, ...) input (dropout drawn from the same key)."""
+  return model.init({"params": rng, "dropout": rng}, sample, train=False)["params"]
+
+
 class Task(abc.ABC):
   """One kind of training job (see the module docstring for the order of the calls)."""
 
@@ -178,10 +183,6 @@ class Task(abc.ABC):
   def build_model(self) -> nn.Module:
     """The model from config.model (raises ValueError with one line on bad values)."""
 
-  @abc.abstractmethod
-  def sample_input(self) -> np.ndarray:
-    """A (1, ...) model input of the training shape, for initialisation."""
-
   def abstract_batch(self, global_batch_size: int) -> dict[str, Any]:
     """The step's global batch as jax.ShapeDtypeStructs (ahead-of-time compiles; no data)."""
     raise ValueError(f"task {self.name!r} defines no abstract_batch: --aot cannot compile it")
@@ -191,10 +192,10 @@ class Task(abc.ABC):
     del model, params
     return None
 
+  @abc.abstractmethod
   def init_params(self, model: nn.Module, rng) -> Any:
-    """Boxed initial parameters (logical axis annotations kept)."""
-    return model.init({"params": rng, "dropout": rng}, self.sample_input(),
-                      train=False)["params"]
+    """Boxed initial parameters (logical axis annotations kept), e.g. init_module(model, rng,
+    a (1, ...) input of the training shape)."""
 
   def adapt_params(self, source_params: Any, source_config: ml_collections.ConfigDict,
                    expected: Any) -> Any:
