@@ -104,7 +104,7 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
   # Two hosts with disks of their own: the default cache_dir (~/.cache/laplax) under each
   # process's own home. They prepare at once: each its own copy of the images; the LM's
   # corpus each its share, exchanged through the workdir. (DINO loads its images as the ViT
-  # does: its hosts read the prepared cache, so this file prepares Fashion-MNIST 3 times, not 6.)
+  # does: its hosts read the prepared cache, 3 preparations of Fashion-MNIST fewer than before.)
   two, homes = tmp_path / "two", tmp_path / "homes"
   own = kind != "dino"
   job = _job(args(two, "" if own else cache), tmp_path,
