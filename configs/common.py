@@ -21,6 +21,7 @@ import dataclasses
 
 import ml_collections
 
+from laplax.data import sections
 from laplax.data.shared import shared_data_dir
 
 SHARED = shared_data_dir()  # $LAPLAX_SHARED_DATA, else ../shared/data next to the repository
@@ -99,67 +100,25 @@ def lm_evals(*, every: int) -> ml_collections.ConfigDict:
                              batch_size=8)})
 
 
-def image_data(name: str, *, source_dir: str = "", batch_size: int = 128,
-               eval_batch_size: int = 500, augment: tuple[str, ...] = ("pad_crop(4)",)
-               ) -> ml_collections.ConfigDict:
-  d = ml_collections.ConfigDict()
-  d.name = name
-  d.source_dir = source_dir  # '' = the builder's default place
-  d.cache_dir = ""  # '' = ~/.cache/laplax (prepared TFDS + decoded arrays)
-  # True: every host sees cache_dir (NFS; checked at start). False: each host may have its own.
-  d.shared_cache = False
-  d.val_size = 5000  # held out of the training split
-  d.split_seed = 0
-  d.train_subset = 0  # > 0: first N training examples only (quick runs)
-  d.eval_subset = 0  # > 0: first N val / test examples only
-  # Training augmentation ops, in order (laplax.data.ops): 'pad_crop(4)' (random crop of the
-  # image padded by 4; 'pad_crop(4,reflect)': DeiT-III's simple random crop), 'rrc(0.08,1)'
-  # (random-resized crop back to the input size), 'flip', 'three_augment',
-  # 'color_jitter(0.3)'; () for none.
-  d.augment = tuple(augment)
-  d.batch_size = batch_size  # global
-  d.eval_batch_size = eval_batch_size
-  return d
+def image_data(name: str, *, task: str = "classification", **keys) -> ml_collections.ConfigDict:
+  """`task`'s section of an image data set held in memory: every key of laplax.data.sections'
+  table (where each is explained) at its default, `keys` set. The classifier's training
+  augmentation, `augment`, is a sequence of ops (laplax.data.ops): 'pad_crop(4)' (random crop of
+  the image padded by 4; 'pad_crop(4,reflect)': DeiT-III's simple random crop), 'rrc(0.08,1)'
+  (random-resized crop back to the input size), 'flip', 'three_augment', 'color_jitter(0.3)';
+  () for none."""
+  return sections.build(sections.TABLES[task, False], name=name, **keys)
 
 
-def streamed_image_data(tfds_name: str, *, tfds_data_dir: str = "", image_size: int = 224,
-                        batch_size: int = 1024, eval_batch_size: int = 1024
+def streamed_image_data(tfds_name: str, *, task: str = "classification", **keys
                         ) -> ml_collections.ConfigDict:
-  """A prepared TFDS image-classification data set read per record (laplax.data.streaming):
-  decoded, cropped and augmented in grain workers, sent to the device as uint8."""
-  d = ml_collections.ConfigDict()
-  d.name = tfds_name
-  d.tfds_name = tfds_name
-  d.source = "tfds"  # 'tfds' (ArrayRecord in tfds_data_dir) | 'parquet' (parquet_files)
-  d.tfds_data_dir = tfds_data_dir  # holds tfds_name/<version>/ (ArrayRecord); local or gs://
-  # source='parquet': Hugging Face parquet shards, '{split}' standing for the split's name
-  # (laplax.data.parquet_images), e.g. 'gs://BUCKET/imagenet-1k/data/{split}-*.parquet'.
-  d.parquet_files = ""
-  d.image_column = "image"  # a struct {bytes, path} (Hugging Face's Image) or binary
-  d.label_column = "label"  # integers; classes: num_classes, else the files' ClassLabel
-  d.train_split = "train"
-  d.eval_split = "validation"  # periodic and final validation
-  d.test_split = ""  # '' = none (ImageNet's test labels are not public)
-  d.image_size = image_size  # training crop side
-  d.num_classes = 0  # 0 = the data set's (set it to compile without data: --aot)
-  d.num_train = 0  # 0 = the data set's (used without data: --aot)
-  # Training augmentation ops (laplax.data.ops): first a crop of the decoded record to
-  # image_size ('rrc(0.08,1)': RandomResizedCrop; 'pad_crop(4,reflect)': DeiT-III's resize, pad
-  # 4, crop), then per-record ops ('flip', 'three_augment', 'color_jitter(0.3)').
-  d.augment = ("rrc(0.08,1)", "flip")
-  d.eval_resize = 0  # shorter side before the centre crop; 0 = int(eval_crop / eval_crop_pct)
-  d.eval_crop_pct = 0.875  # DeiT's --eval-crop-ratio, timm's crop_pct (224 of 256)
-  d.eval_crop = 0  # 0 = image_size
-  d.mean = (0.485, 0.456, 0.406)  # ImageNet's, in [0, 1] pixel units
-  d.std = (0.229, 0.224, 0.225)
-  d.train_subset = 0  # > 0: first N training records only
-  d.eval_subset = 0  # > 0: first N evaluation records only
-  d.num_workers = 0  # grain worker processes decoding (0: in the trainer; -1: cores - 1)
-  d.num_threads = 1  # reader threads (per worker)
-  d.prefetch = 2  # batches made ahead (per worker)
-  d.batch_size = batch_size  # global
-  d.eval_batch_size = eval_batch_size
-  return d
+  """`task`'s section of a prepared TFDS data set read per record (laplax.data.streaming):
+  decoded, cropped and augmented in grain workers, sent to the device as uint8. Every key of
+  laplax.data.sections' table at its default, `keys` set. The classifier's `augment` starts with
+  a crop of the decoded record to image_size ('rrc(0.08,1)': RandomResizedCrop;
+  'pad_crop(4,reflect)': DeiT-III's resize, pad 4, crop), then per-record ops ('flip',
+  'three_augment', 'color_jitter(0.3)')."""
+  return sections.build(sections.TABLES[task, True], name=tfds_name, tfds_name=tfds_name, **keys)
 
 
 def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
@@ -430,12 +389,6 @@ def dino_sections(c: ml_collections.ConfigDict, *, out_dim: int = 1024, hidden_d
   c.dino.momentum_teacher = 0.996
   c.dino.centre_momentum = 0.9
   c.dino.freeze_last_layer_epochs = freeze_last_layer_epochs
-  # The views are cut per record on the host in both data modes (laplax.data.dino_stream):
-  # in-memory data takes the streamed loader's keys too (a worker holds its own copy of the
-  # arrays; 1 worker on 2 CPU cores: 27 vs 17.6 steps/s of configs/test.py:dino).
-  for key, value in (("num_workers", 0), ("num_threads", 1), ("prefetch", 2)):
-    if "data" in c and key not in c.data:
-      c.data[key] = value
   return c
 
 

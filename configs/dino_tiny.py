@@ -35,8 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = common.run("dino_tiny", "dino", total_steps=300, log_every=20, every_steps=100)
   # total_steps > 0 overrides num_epochs (300 x 128 = 0.85 epoch of the 45k)
   c.num_epochs = 1.0
-  c.data = common.image_data("cifar10", source_dir=str(common.SHARED / "cifar10"),
-                             augment=())  # DINO's views: the multicrop section
+  # DINO's views: the multicrop section (the data section has no augment)
+  c.data = common.image_data("cifar10", task="dino", source_dir=str(common.SHARED / "cifar10"))
   c.model = common.vit("tiny", patch_size=4, drop_path_rate=0.1)  # student only
 
   # head out_dim 1024; 2 x 32 px + 4 x 16 px crops, blur sigma (0.1, 1.0) px (DINO's (0.1, 2.0)

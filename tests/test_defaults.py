@@ -43,7 +43,8 @@ def _other(value):
   if isinstance(value, str):
     return value + "_x", value + "_x"
   if isinstance(value, tuple):
-    new = tuple(v + 1 for v in value) if value else ("x",)
+    new = (tuple(v + "_x" if isinstance(v, str) else v + 1 for v in value) if value
+           else ("x",))
     return new, repr(new)
   if isinstance(value, ml_collections.ConfigDict):
     return {"x": ""}, "{'x': ''}"
@@ -259,3 +260,49 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
                                         r"val_windows, words\), which a 'classification' "):
     evaluator_lib.check(vit, task_lib.for_config(vit))
   assert isinstance(task_lib.for_config(make_config("lm")), task_lib.EvalChat)
+
+
+DATA_CONFIG = '''
+import ml_collections
+from configs import common
+
+def get_config(which):
+  task, streamed = which.split(",")
+  build = common.streamed_image_data if streamed == "1" else common.image_data
+  return ml_collections.ConfigDict({"data": build("cifar10", task=task)})
+'''
+
+
+@pytest.mark.parametrize("task, streamed", [(t, s) for t in ("classification", "dino")
+                                            for s in (False, True)])
+def test_every_key_of_an_image_data_section_is_set_from_the_command_line(task, streamed,
+                                                                         tmp_path):
+  """configs/common.py's image data sections hold every key of laplax.data.sections' table, each
+  a field that --config.data.KEY=V sets; the task completes a section written without them (an
+  older config.json) to the same keys, and refuses a key its table lacks in one line."""
+  from laplax.data import sections
+  table = sections.TABLES[task, streamed]
+  path = tmp_path / "data_sections.py"
+  path.write_text(DATA_CONFIG)
+  built = parse(f"{path}:{task},{int(streamed)}").data
+  assert set(built) == set(table)
+  wanted, overrides = {}, []
+  for key, value in built.items():
+    if key == "tfds_name":
+      continue  # what makes the section streamed
+    wanted[key], text = _other(value)
+    overrides.append(f"--config.data.{key}={text}")
+  got = parse(f"{path}:{task},{int(streamed)}", *overrides).data.to_dict()
+  for key, value in wanted.items():
+    assert got[key] == value, (key, got[key], value)
+
+  config = make_config("dino" if task == "dino" else "vit")
+  config.data = ml_collections.ConfigDict(
+      {"name": "cifar10", "batch_size": 32, **({"tfds_name": "cifar10"} if streamed else {})})
+  task_lib.for_config(config)
+  assert set(config.data) == set(table)
+  assert config.data.eval_batch_size == table["eval_batch_size"] and config.data.batch_size == 32
+  config.data.crop_scale = (0.2, 1.0)  # a key of an older laplax
+  with pytest.raises(ValueError, match="^data has no key 'crop_scale'; its keys: ") as e:
+    task_lib.for_config(config)
+  assert "\n" not in str(e.value)

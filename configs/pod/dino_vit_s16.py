@@ -64,11 +64,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 100.0
   c.mesh = {"data": 1, "fsdp": -1, "model": 1}
-  c.data = common.streamed_image_data("imagenet2012", image_size=224, batch_size=1024)
+  # The views come from the multicrop section (the data section has no augment).
+  c.data = common.streamed_image_data("imagenet2012", task="dino", image_size=224,
+                                      batch_size=1024)
   c.data.num_classes = 1000  # labels unused; set so that --aot needs no data
   c.data.num_train = 1_281_167
-  c.data.val_size = 0
-  c.data.augment = ()  # the views come from the multicrop section
   c.data.num_workers = -1
   # The authors' backbone (yuchongzhang/pytorch-image-models, timm/models/deit_mixed.py,
   # deit3_small_{k}L_patch16_224: init_values=1e-6, qk_norm=True, no_embed_class=True).

@@ -53,16 +53,13 @@ so the draws never depend on the number of hosts. A new op is a registered `Op` 
   class Invert(ops.Op):
     def image(self, image, rng):
       return 255 - image
-
-The keys that data.augment replaced (data.crop_scale, ...) fail validation with the spec that
-says the same (`check_removed_keys`).
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, Union
 
 import numpy as np
@@ -403,9 +400,6 @@ def _parse_one(text: str) -> Op:
     raise ValueError(f"{where}: write name or name(arg, ...), e.g. 'rrc(0.08,1)'; known ops: "
                      f'{_known()}')
   if name not in REGISTRY:
-    if name in _OLD_AUGMENT:
-      raise ValueError(f'data.augment={name!r} is gone: write data.augment='
-                       f'{legacy_spec({"augment": name})!r}')
     raise ValueError(f'{where}: unknown op {name!r}; known ops: {_known()}')
   cls = REGISTRY[name]
   fields = [f.name for f in dataclasses.fields(cls)]
@@ -477,63 +471,3 @@ def _check_sizes(ops: Sequence[Op], height: int, width: int) -> None:
       op.check_size(height, width)
     except ValueError as e:
       raise ValueError(f'data.augment op {op} on {height} x {width} images: {e}') from None
-
-
-# ----------------------------------------------------------------------------------------------
-# The keys data.augment replaced
-
-
-_OLD_AUGMENT = ('none', 'crop', 'crop_flip', 'rrc', 'rrc_flip')  # the old in-memory names
-REMOVED_KEYS = ('crop_scale', 'three_augment', 'color_jitter', 'pad_mode',  # in memory
-                'crop', 'rrc_scale', 'rrc_ratio', 'record_ops')  # streamed
-
-
-def _rrc(scale: Sequence[float], ratio: Sequence[float] = RATIO) -> str:
-  args = [_format(float(v)) for v in scale]
-  if tuple(ratio) != RATIO:
-    args += [_format(float(v)) for v in ratio]
-  return f"rrc({','.join(args)})"
-
-
-def legacy_spec(data: Mapping) -> tuple[str, ...] | None:
-  """The data.augment that does what a data config's removed keys did: streamed (data.tfds_name
-  set) data.crop / rrc_scale / rrc_ratio / record_ops; in memory an old data.augment name
-  with data.pad_mode / crop_scale / three_augment / color_jitter (None when data.augment is
-  already a spec)."""
-  get = data.get
-  if get('tfds_name'):
-    crop = ('pad_crop(4,reflect)' if get('crop', 'rrc') == 'simple'  # DeiT-III's simple crop
-            else _rrc(get('rrc_scale', (0.08, 1.0)), get('rrc_ratio', RATIO)))
-    jitter = {'color_jitter': 'color_jitter(0.3)'}  # the old record op's strength
-    return (crop, *(jitter.get(o, o) for o in get('record_ops', ())))
-  old = get('augment', 'none')
-  if old not in _OLD_AUGMENT:
-    return None
-  spec = []
-  if old.startswith('crop'):
-    mode = get('pad_mode', 'constant')
-    spec.append('pad_crop(4)' if mode == 'constant' else f'pad_crop(4,{mode})')
-  elif old.startswith('rrc'):
-    spec.append(_rrc(get('crop_scale', (0.08, 1.0))))
-  if old.endswith('_flip'):
-    spec.append('flip')
-  if get('three_augment', False):
-    spec.append('three_augment')
-  if get('color_jitter', 0.0) > 0:
-    spec.append(f"color_jitter({_format(float(get('color_jitter')))})")
-  return tuple(spec)
-
-
-def check_removed_keys(data: Mapping) -> None:
-  """One-line ValueError when a data config sets a key that data.augment replaced, with the
-  data.augment to write instead."""
-  removed = [k for k in REMOVED_KEYS if k in data]
-  if not removed:
-    return
-  also = f" (for data.{', data.'.join(removed)})" if len(removed) > 1 else ''
-  spec = legacy_spec(data)
-  if spec is None:
-    raise ValueError(f'data.{removed[0]} is gone: write its setting as ops in data.augment, '
-                     f"e.g. ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)') or "
-                     f"('pad_crop(4,reflect)', 'flip'){also}")
-  raise ValueError(f'data.{removed[0]} is gone: write data.augment={spec!r}{also}')

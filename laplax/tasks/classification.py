@@ -26,15 +26,11 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, mixup as mixup_lib, ops, pipeline, streaming
+from laplax.data import builders, mixup as mixup_lib, ops, pipeline, sections, streaming
 from laplax.data.images import check_shared_cache, load_image_data
 from laplax.models import vit
 from laplax.train import ranges
 from laplax.train.task import Task, init_module
-
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
@@ -43,7 +39,7 @@ def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
   pod config's 'imagenet2012', read by a streaming pipeline) needs both: its model is then
   built, validated and compiled ahead of time without local data (RGB, ImageNet mean / std,
   `data.num_train` training examples)."""
-  size, classes = int(data.get("image_size", 0) or 0), int(data.get("num_classes", 0) or 0)
+  size, classes = int(data.image_size), int(data.num_classes)
   if size < 0 or classes < 0:
     raise ValueError(f"data.image_size={size} and data.num_classes={classes} must be >= 0 "
                      "(0: the data set's own)")
@@ -54,28 +50,26 @@ def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
       raise ValueError(f"{e} (or set data.image_size and data.num_classes)") from None
     return builders.ImageDatasetInfo(
         name=data.name, num_classes=classes, image_shape=(size, size, 3),
-        class_names=tuple(str(i) for i in range(classes)), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-        split_sizes=(("train", int(data.get("num_train", 0) or 0)),))
+        class_names=tuple(str(i) for i in range(classes)), mean=sections.IMAGENET_MEAN,
+        std=sections.IMAGENET_STD, split_sizes=(("train", int(data.num_train)),))
   if size:
     info = dataclasses.replace(info, image_shape=(size, size, info.image_shape[-1]))
   return dataclasses.replace(info, num_classes=classes) if classes else info
 
 
-def is_streaming(data: ml_collections.ConfigDict) -> bool:
-  """True when `data.tfds_name` names a TFDS data set to stream (laplax.data.streaming)."""
-  return bool(data.get("tfds_name"))
+is_streaming = sections.is_streamed  # data.tfds_name set: streamed (laplax.data.streaming)
 
 
 def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.ImageDatasetInfo:
   """A streamed data set's facts: RGB `data.image_size` crops, `data.mean` / `data.std`
   (default ImageNet's), classes from `data.num_classes` or the TFDS metadata (`tfds_info`,
   needed when num_classes is 0), split sizes from the metadata or `data.num_train`."""
-  size, classes = int(data.get("image_size", 0) or 0), int(data.get("num_classes", 0) or 0)
+  size, classes = int(data.image_size), int(data.num_classes)
   if size < 1 or classes < 0:
     raise ValueError(f"data.image_size={size} must be >= 1 and data.num_classes={classes} >= 0 "
                      "for a streamed data set (data.tfds_name)")
   names: tuple[str, ...] = ()
-  splits = (("train", int(data.get("num_train", 0) or 0)),)
+  splits = (("train", int(data.num_train)),)
   if tfds_info is not None:
     label = tfds_info.features["label"]
     names = tuple(label.names)
@@ -88,18 +82,18 @@ def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.
     names = tuple(str(i) for i in range(classes))
   return builders.ImageDatasetInfo(
       name=data.tfds_name, num_classes=classes, image_shape=(size, size, 3), class_names=names,
-      mean=tuple(data.get("mean", IMAGENET_MEAN)), std=tuple(data.get("std", IMAGENET_STD)),
+      mean=tuple(data.mean), std=tuple(data.std),
       split_sizes=splits)
 
 
 def loader_options(data: ml_collections.ConfigDict) -> dict[str, int]:
-  """A streamed pipeline's grain options from data.num_workers (-1: one per core this process
-  may use, one core left to the trainer), data.num_threads, data.prefetch."""
-  workers = int(data.get("num_workers", 0))
+  """A pipeline's grain options from data.num_workers (-1: one per core this process may use,
+  one core left to the trainer), data.num_threads, data.prefetch."""
+  workers = int(data.num_workers)
   if workers < 0:
     workers = min(len(os.sched_getaffinity(0)) - 1, 32)
-  return {"num_workers": workers, "num_threads": data.get("num_threads", 1),
-          "prefetch": data.get("prefetch", 2)}
+  return {"num_workers": workers, "num_threads": int(data.num_threads),
+          "prefetch": int(data.prefetch)}
 
 
 def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -107,8 +101,8 @@ def eval_geometry(data: ml_collections.ConfigDict) -> tuple[int, int]:
   `data.eval_resize`, then a centre crop of `data.eval_crop` (0: image_size; resize 0:
   int(crop / data.eval_crop_pct), as DeiT's and timm's eval transforms: 224 -> 256, 192 -> 219
   at the usual 0.875)."""
-  crop = int(data.get("eval_crop", 0) or data.image_size)
-  resize = int(data.get("eval_resize", 0) or crop / data.get("eval_crop_pct", 0.875))
+  crop = int(data.eval_crop or data.image_size)
+  resize = int(data.eval_resize or crop / data.eval_crop_pct)
   return resize, crop
 
 
@@ -187,18 +181,22 @@ class ClassificationTask(Task):
 
   _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
 
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    # Every key of the data section, at its default where unset (laplax.data.sections).
+    sections.complete(config.data, sections.TABLES[self.name, self.streaming], "data")
+
   @property
   def streaming(self) -> bool:
     return is_streaming(self.config.data)
 
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
-    ops.check_removed_keys(d)
     ranges.check(self.config)  # first: the checks below compute with them (eval_crop_pct)
     if self.streaming:
       self._validate_streaming()
     else:
-      ops.in_memory(d.get("augment", ()), self.info().image_shape[:2])
+      ops.in_memory(d.augment, self.info().image_shape[:2])
     mixup_config(self.config)
     loss = self.config.loss
     if loss.name not in LOSSES:
@@ -211,17 +209,13 @@ class ClassificationTask(Task):
 
   def _validate_streaming(self) -> None:
     d = self.config.data
-    streaming.check_train_options(image_size=d.get("image_size", 0),
-                                  augment=d.get("augment", ()))
+    streaming.check_train_options(image_size=d.image_size, augment=d.augment)
     resize, crop = eval_geometry(d)
     if not 0 < crop <= resize:
       raise ValueError(f"data.eval_crop={crop} must be in [1, data.eval_resize={resize}]")
     patch = self.config.model.patch_size
     if crop % patch:
       raise ValueError(f"data.eval_crop={crop} is not divisible by model.patch_size={patch}")
-    for key, low in (("num_workers", -1), ("num_threads", 1), ("prefetch", 0)):
-      if int(d.get(key, low)) < low:
-        raise ValueError(f"data.{key}={d.get(key)} is out of range")
 
   def info(self) -> builders.ImageDatasetInfo:
     if self.streaming:
@@ -243,8 +237,8 @@ class ClassificationTask(Task):
     """Opens the TFDS splits (random access; nothing is loaded): self.data holds 'info' and
     the sources of 'train', 'val' (data.eval_split) and 'test' (data.test_split, if set)."""
     d = self.config.data
-    splits = {"train": d.get("train_split", "train"), "val": d.get("eval_split", "validation")}
-    if d.get("test_split"):
+    splits = {"train": d.train_split, "val": d.eval_split}
+    if d.test_split:
       splits["test"] = d.test_split
     self.data = {}
     for key, split in splits.items():
@@ -280,7 +274,7 @@ class ClassificationTask(Task):
 
   def num_train(self) -> int:
     if self.streaming:
-      n, cap = len(self.data["train"]), self.config.data.get("train_subset", 0)
+      n, cap = len(self.data["train"]), self.config.data.train_subset
       return min(n, cap) if cap else n
     return len(self.data["train"][0])
 
@@ -314,19 +308,16 @@ class ClassificationTask(Task):
     if self.streaming:
       return iter(streaming.train_dataset(
           self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
-          image_size=d.image_size, augment=d.get("augment", ()), process_index=process_index,
-          process_count=process_count, limit=d.get("train_subset", 0), **self._loader_options()))
+          image_size=d.image_size, augment=d.augment, process_index=process_index,
+          process_count=process_count, limit=d.train_subset, **loader_options(d)))
     info, (x, y) = self.data["info"], self.data["train"]
     return iter(pipeline.train_dataset(
         x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        augment=d.get("augment", ()), mean=info.mean, std=info.std,
-        process_index=process_index, process_count=process_count))
+        augment=d.augment, mean=info.mean, std=info.std, process_index=process_index,
+        process_count=process_count, num_threads=int(d.num_threads), prefetch=int(d.prefetch)))
 
   def describe(self, m: dict[str, float]) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
-
-  def _loader_options(self) -> dict[str, int]:
-    return loader_options(self.config.data)
 
   def adapt_params(self, source_params, source_config, expected):
     """A source ViT trained at another resolution (DeiT-III: 192 px, then a 224 px fine-tune):
@@ -344,7 +335,7 @@ class ClassificationTask(Task):
   def eval_splits(self) -> tuple[str, ...]:
     """The splits eval_batches serves, known from the config (before load_data): all three in
     memory; streamed, 'test' only with data.test_split."""
-    if self.streaming and not self.config.data.get("test_split"):
+    if self.streaming and not self.config.data.test_split:
       return ("train", "val")
     return ("train", "val", "test")
 
@@ -353,7 +344,7 @@ class ClassificationTask(Task):
     applied)."""
     if not self.streaming:
       return len(self.data[split][1])  # eval_subset cut the arrays at load_data
-    n, cap = len(self.data[split]), self.config.data.get("eval_subset", 0)
+    n, cap = len(self.data[split]), self.config.data.eval_subset
     return min(n, cap) if cap else n
 
   # Private: the public names would make this task pass for EvalSources, whose evaluators
@@ -383,11 +374,11 @@ class ClassificationTask(Task):
     # In memory, load_data cut val / test to eval_subset and the training split is not capped
     # by it, so only streamed splits take it here.
     if limit is None:
-      limit = self.config.data.get("eval_subset", 0) if self.streaming else 0
+      limit = self.config.data.eval_subset if self.streaming else 0
     resize, crop = self._eval_crop()
     return streaming.eval_dataset(
         self._eval_source(split), batch_size=batch_size, resize=resize, crop=crop,
-        process_index=pi, process_count=pc, limit=limit, **self._loader_options())
+        process_index=pi, process_count=pc, limit=limit, **loader_options(self.config.data))
 
   def eval_params(self, model: vit.ViT, params):
     """The parameters evaluation applies: streamed data is evaluated at data.eval_crop and

@@ -37,7 +37,7 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, dino_stream, streaming
+from laplax.data import builders, dino_stream, sections, streaming
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import pipeline
 from laplax.data.images import check_shared_cache, load_image_data
@@ -260,6 +260,11 @@ class DinoTask(Task):
 
   _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
 
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    # Every key of the data section, at its default where unset (laplax.data.sections).
+    sections.complete(config.data, sections.TABLES[self.name, self.streaming], "data")
+
   @property
   def streaming(self) -> bool:
     return is_streaming(self.config.data)
@@ -290,7 +295,7 @@ class DinoTask(Task):
     if self.streaming:
       data = ml_collections.ConfigDict(self.config.data.to_dict())
       if self._tfds_info is None:  # before load_data: training needs no labels, any count
-        data.num_classes = data.get("num_classes", 0) or 1
+        data.num_classes = data.num_classes or 1
       return streaming_info(data, self._tfds_info)  # the probes' classes, once loaded
     return image_info(self.config.data)
 
@@ -301,7 +306,7 @@ class DinoTask(Task):
       self.data = load_image_data(d)
       return
     # Random access to the training split; nothing is loaded (labels unused).
-    split = d.get("train_split", "train")
+    split = d.train_split
     source, self._tfds_info = streaming.open_split(d, split)
     self.data = {"train": source}
     log(f"data: {d.tfds_name} from {d.tfds_data_dir}, train {self._num_train():,} ({split})")
@@ -324,7 +329,7 @@ class DinoTask(Task):
       return self.data["train"]
     if getattr(self, "_eval_source", None) is None:
       d = self.config.data
-      self._eval_source = streaming.open_split(d, d.get("eval_split", "validation"))[0]
+      self._eval_source = streaming.open_split(d, d.eval_split)[0]
     return self._eval_source
 
   def eval_crop(self) -> tuple[int, int]:
@@ -355,12 +360,13 @@ class DinoTask(Task):
 
   def _num_train(self) -> int:
     if not hasattr(self, "data"):  # ahead-of-time compiles load no data: the info stands in
-      n = dict(self.info().split_sizes).get("train", 0) - self.config.data.get("val_size", 0)
+      held_out = 0 if self.streaming else self.config.data.val_size
+      n = dict(self.info().split_sizes).get("train", 0) - held_out
       # A streamed split's size is known once opened; validate (before) checks only that the
       # schedules build, with one step per epoch.
       return n if n > 0 or not self.streaming else self.config.data.batch_size
     if self.streaming:
-      n, cap = len(self.data["train"]), self.config.data.get("train_subset", 0)
+      n, cap = len(self.data["train"]), self.config.data.train_subset
       return min(n, cap) if cap else n
     return len(self.data["train"][0])
 
@@ -436,7 +442,7 @@ class DinoTask(Task):
     data modes: the training source (eval_source('train'): in-memory arrays as an
     ArraySource)."""
     d = self.config.data
-    limit = d.get("train_subset", 0) if self.streaming else 0  # in memory: applied at load
+    limit = d.train_subset if self.streaming else 0  # in memory: applied at load
     return iter(dino_stream.train_dataset(
         self.eval_source("train"), batch_size=d.batch_size // process_count,
         seed=self.config.seed, crops=multicrop_config(self.config),

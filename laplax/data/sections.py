@@ -1,0 +1,108 @@
+"""The image data sections' keys and defaults, in one place: configs/common.py builds its
+sections from these tables, and the image tasks complete a config's section from them (an older
+run's config.json, a hand-written config) and refuse a key they do not hold, so every key a user
+may set is a field (`--config.data.KEY=V` works for each) and a typo never passes.
+
+No heavy imports: configs import this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Grain loader options: worker processes (0: in the trainer; -1: one per core, one left to the
+# trainer), reader threads (per worker), batches made ahead (per worker).
+LOADER = {"num_workers": 0, "num_threads": 1, "prefetch": 2}
+
+# An image-classification data set held in memory (laplax.data.images.load_image_data).
+IN_MEMORY = {
+    "name": "",  # a laplax.data.builders name: fashion_mnist, cifar10, cifar100
+    "source_dir": "",  # '' = the builder's default place
+    "cache_dir": "",  # '' = ~/.cache/laplax (prepared TFDS + decoded arrays)
+    # True: every host sees cache_dir (NFS; checked at start). False: each host may have its own.
+    "shared_cache": False,
+    "val_size": 5000,  # held out of the training split
+    "split_seed": 0,
+    "train_subset": 0,  # > 0: first N training examples only (quick runs)
+    "eval_subset": 0,  # > 0: first N val / test examples only
+    "image_size": 0,  # > 0: the square side the model is built for (0: the data set's)
+    "num_classes": 0,  # > 0: the classifier's outputs (0: the data set's)
+    "num_train": 0,  # > 0: training examples assumed without data (a data set with no builder)
+    "batch_size": 128,  # global
+    "eval_batch_size": 500,
+    **LOADER,
+}
+
+# A prepared TFDS (or parquet) image data set read per record (laplax.data.streaming).
+STREAMED = {
+    "name": "",
+    "tfds_name": "",  # set: this section is streamed
+    "source": "tfds",  # 'tfds' (ArrayRecord in tfds_data_dir) | 'parquet' (parquet_files)
+    "tfds_data_dir": "",  # holds tfds_name/<version>/ (ArrayRecord); local or gs://
+    # source='parquet': Hugging Face parquet shards, '{split}' standing for the split's name
+    # (laplax.data.parquet_images), e.g. 'gs://BUCKET/imagenet-1k/data/{split}-*.parquet'.
+    "parquet_files": "",
+    "image_column": "image",  # a struct {bytes, path} (Hugging Face's Image) or binary
+    "label_column": "label",  # integers; classes: num_classes, else the files' ClassLabel
+    "train_split": "train",
+    "eval_split": "validation",  # periodic and final validation
+    "test_split": "",  # '' = none (ImageNet's test labels are not public)
+    "image_size": 224,  # training crop side
+    "num_classes": 0,  # 0 = the data set's (set it to compile without data: --aot)
+    "num_train": 0,  # 0 = the data set's (used without data: --aot)
+    "mean": IMAGENET_MEAN,  # in [0, 1] pixel units
+    "std": IMAGENET_STD,
+    "train_subset": 0,  # > 0: first N training records only
+    "eval_subset": 0,  # > 0: first N evaluation records only
+    "batch_size": 1024,  # global
+    "eval_batch_size": 1024,
+    **LOADER,
+}
+
+# What the classifier adds: its training augmentation (laplax.data.ops) and, streamed, the
+# evaluation transform (the shorter side resized to eval_resize, a centre crop of eval_crop).
+CLASSIFICATION_IN_MEMORY = {**IN_MEMORY, "augment": ("pad_crop(4)",)}
+CLASSIFICATION_STREAMED = {
+    **STREAMED,
+    "augment": ("rrc(0.08,1)", "flip"),
+    "eval_resize": 0,  # 0 = int(eval_crop / eval_crop_pct)
+    "eval_crop_pct": 0.875,  # DeiT's --eval-crop-ratio, timm's crop_pct (224 of 256)
+    "eval_crop": 0,  # 0 = image_size
+}
+
+
+# (task, streamed) -> the table of its data section.
+TABLES = {("classification", False): CLASSIFICATION_IN_MEMORY,
+          ("classification", True): CLASSIFICATION_STREAMED,
+          ("dino", False): IN_MEMORY, ("dino", True): STREAMED}
+
+
+def is_streamed(data: Mapping) -> bool:
+  """True when the section names a TFDS data set to stream (`tfds_name`)."""
+  return bool(data.get("tfds_name"))
+
+
+def build(defaults: Mapping[str, Any], **keys) -> ml_collections.ConfigDict:
+  """A section with every key of `defaults`, `keys` set (a key it lacks is refused)."""
+  unknown = sorted(set(keys) - set(defaults))
+  if unknown:
+    raise ValueError(f"data has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
+  return ml_collections.ConfigDict({**defaults, **keys})
+
+
+def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
+             where: str) -> None:
+  """Adds `defaults`' keys that `section` lacks (in place); a key of `section` that `defaults`
+  does not hold is one ValueError line naming `where` and the keys it takes."""
+  unknown = sorted(set(section) - set(defaults))
+  if unknown:
+    raise ValueError(f"{where} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
+  for key, value in defaults.items():
+    if key not in section:
+      section[key] = tuple(value) if isinstance(value, list) else value
