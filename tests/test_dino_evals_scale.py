@@ -188,9 +188,8 @@ def test_streamed_dino_run_runs_knn_and_the_linear_probe(tmp_path):
                                                              "validation": _colour_records(20, 1)},
                                   num_classes=3)
   c = configs.dino_tiny.get_config()
-  c.data = common.streamed_image_data("colours", tfds_data_dir=str(tmp_path), image_size=32,
-                                      batch_size=8)
-  c.data.augment = ()
+  c.data = common.streamed_image_data("colours", task="dino", tfds_data_dir=str(tmp_path),
+                                      image_size=32, batch_size=8)
   c.model = common.vit("tiny", patch_size=8)
   c.model.depth, c.model.hidden_dim, c.model.num_heads, c.model.mlp_dim = 2, 32, 2, 64
   c.head.out_dim, c.head.hidden_dim, c.head.bottleneck_dim = 64, 32, 16

@@ -285,9 +285,8 @@ def test_one_and_two_hosts_give_the_same_global_batches(source):
 
 def _streamed_config(data_dir, workdir_steps=6):
   c = configs.dino_tiny.get_config()
-  c.data = common.streamed_image_data("planted_images", tfds_data_dir=data_dir, image_size=32,
-                                      batch_size=8)
-  c.data.augment = ()
+  c.data = common.streamed_image_data("planted_images", task="dino", tfds_data_dir=data_dir,
+                                      image_size=32, batch_size=8)
   c.model = common.vit("tiny", patch_size=8)
   c.model.depth, c.model.hidden_dim, c.model.num_heads, c.model.mlp_dim = 1, 32, 2, 64
   c.head.out_dim, c.head.hidden_dim, c.head.bottleneck_dim = 64, 32, 16

@@ -163,7 +163,6 @@ BAD_INPUTS = [
     ("--config.data.augmnt=crop", "augmnt"),
     ("--config.data.source_dir=/nonexistent/fmnist", "/nonexistent/fmnist"),
     ("--config.data.augment=rotate", "unknown op 'rotate'; known ops: blur, color_jitter, flip"),
-    ("--config.data.augment=crop_flip", "data.augment=('pad_crop(4)', 'flip')"),
     ("--config.log_every=0", "log_every=0 must be an integer >= 1"),
     ("--config.optim.grad_accum_steps=0", "optim.grad_accum_steps=0"),
     ("--config.model.patch_size=0", "model.patch_size=0"),
