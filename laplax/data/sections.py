@@ -89,11 +89,10 @@ def is_streamed(data: Mapping) -> bool:
 
 
 def build(defaults: Mapping[str, Any], **keys) -> ml_collections.ConfigDict:
-  """A section with every key of `defaults`, `keys` set (a key it lacks is refused)."""
-  unknown = sorted(set(keys) - set(defaults))
-  if unknown:
-    raise ValueError(f"data has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
-  return ml_collections.ConfigDict({**defaults, **keys})
+  """A data section with every key of `defaults`, `keys` set (a key it lacks is refused)."""
+  section = ml_collections.ConfigDict(keys)
+  complete(section, defaults, "data")
+  return section
 
 
 def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
