@@ -104,4 +104,4 @@ def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
     raise ValueError(f"{where} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
   for key, value in defaults.items():
     if key not in section:
-      section[key] = tuple(value) if isinstance(value, list) else value
+      section[key] = value

@@ -57,9 +57,6 @@ def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
   return dataclasses.replace(info, num_classes=classes) if classes else info
 
 
-is_streaming = sections.is_streamed  # data.tfds_name set: streamed (laplax.data.streaming)
-
-
 def streaming_info(data: ml_collections.ConfigDict, tfds_info=None) -> builders.ImageDatasetInfo:
   """A streamed data set's facts: RGB `data.image_size` crops, `data.mean` / `data.std`
   (default ImageNet's), classes from `data.num_classes` or the TFDS metadata (`tfds_info`,
@@ -110,7 +107,7 @@ def train_grid(config: ml_collections.ConfigDict) -> tuple[int, int]:
   """The patch grid (rows, cols) a classification config trains at: its training crop over
   model.patch_size."""
   d, p = config.data, config.model.patch_size
-  h, w = ((d.image_size,) * 2 if is_streaming(d) else image_info(d).image_shape[:2])
+  h, w = ((d.image_size,) * 2 if sections.is_streamed(d) else image_info(d).image_shape[:2])
   return h // p, w // p
 
 
@@ -172,23 +169,28 @@ def steps_from_epochs(config: ml_collections.ConfigDict, num_train: int) -> tupl
   return config.total_steps or int(config.num_epochs * steps_per_epoch), steps_per_epoch
 
 
-class ClassificationTask(Task):
-  name = "classification"
-  sections = Task.sections + ("loss",)
+class ImageTask(Task):
+  """What the image tasks (classification, DINO) share: an image data section, in memory or
+  streamed (data.tfds_name set), completed from its table (laplax.data.sections: every key at
+  its default where unset; a key the table lacks is one line)."""
   unit = "images"
-
-  data: dict[str, Any]
 
   _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    # Every key of the data section, at its default where unset (laplax.data.sections).
     sections.complete(config.data, sections.TABLES[self.name, self.streaming], "data")
 
   @property
   def streaming(self) -> bool:
-    return is_streaming(self.config.data)
+    return sections.is_streamed(self.config.data)
+
+
+class ClassificationTask(ImageTask):
+  name = "classification"
+  sections = Task.sections + ("loss",)
+
+  data: dict[str, Any]
 
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data

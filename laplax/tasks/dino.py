@@ -37,13 +37,13 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, dino_stream, sections, streaming
+from laplax.data import builders, dino_stream, streaming
 from laplax.data import multicrop as multicrop_lib
 from laplax.data import pipeline
 from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
-from laplax.tasks.classification import (image_info, is_streaming, loader_options,
+from laplax.tasks.classification import (ImageTask, image_info, loader_options,
                                          steps_from_epochs, streaming_info, vit_from_config)
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
@@ -253,21 +253,9 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
 # --- The task -------------------------------------------------------------------------------
 
 
-class DinoTask(Task):
+class DinoTask(ImageTask):
   name = "dino"
   sections = Task.sections + ("dino", "multicrop", "head")
-  unit = "images"
-
-  _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
-
-  def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
-    # Every key of the data section, at its default where unset (laplax.data.sections).
-    sections.complete(config.data, sections.TABLES[self.name, self.streaming], "data")
-
-  @property
-  def streaming(self) -> bool:
-    return is_streaming(self.config.data)
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
