@@ -21,7 +21,7 @@ import dataclasses
 
 import ml_collections
 
-from laplax.data import sections
+from laplax import sections
 from laplax.data.shared import shared_data_dir
 
 SHARED = shared_data_dir()  # $LAPLAX_SHARED_DATA, else ../shared/data next to the repository
@@ -101,20 +101,21 @@ def lm_evals(*, every: int) -> ml_collections.ConfigDict:
 
 
 def image_data(name: str, *, task: str = "classification", **keys) -> ml_collections.ConfigDict:
-  """`task`'s section of an image data set held in memory: every key of laplax.data.sections'
+  """`task`'s section of an image data set held in memory: every key of laplax.sections'
   table (where each is explained) at its default, `keys` set. The classifier's training
   augmentation, `augment`, is a sequence of ops (laplax.data.ops): 'pad_crop(4)' (random crop of
   the image padded by 4; 'pad_crop(4,reflect)': DeiT-III's simple random crop), 'rrc(0.08,1)'
-  (random-resized crop back to the input size), 'flip', 'three_augment', 'color_jitter(0.3)';
-  () for none."""
+  (random-resized crop), 'flip', 'three_augment', 'color_jitter(0.3)', run per image by the
+  one pipeline (laplax.data.streaming, over the arrays); () for none."""
   return sections.build(sections.TABLES[task, False], name=name, **keys)
 
 
 def streamed_image_data(tfds_name: str, *, task: str = "classification", **keys
                         ) -> ml_collections.ConfigDict:
   """`task`'s section of a prepared TFDS data set read per record (laplax.data.streaming):
-  decoded, cropped and augmented in grain workers, sent to the device as uint8. Every key of
-  laplax.data.sections' table at its default, `keys` set. The classifier's `augment` starts with
+  decoded, cropped and augmented in grain workers (as in-memory arrays are), sent to the device
+  as uint8. Every key of
+  laplax.sections' table at its default, `keys` set. The classifier's `augment` starts with
   a crop of the decoded record to image_size ('rrc(0.08,1)': RandomResizedCrop;
   'pad_crop(4,reflect)': DeiT-III's resize, pad 4, crop), then per-record ops ('flip',
   'three_augment', 'color_jitter(0.3)')."""
@@ -147,26 +148,20 @@ def vit(preset: str, patch_size: int, **overrides) -> ml_collections.ConfigDict:
 
 def adamw(lr: float, *, warmup_steps: int, weight_decay: float = 0.05, clip_norm: float = 1.0,
           final_lr_fraction: float = 0.01, b2: float = 0.999) -> ml_collections.ConfigDict:
-  """AdamW (laplax.train.optim OPTIMIZERS) on a linear warm-up + cosine learning rate."""
-  o = ml_collections.ConfigDict()
-  o.name = "adamw"  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon'
-  o.schedule = "cosine"  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown'
-  o.lr = lr
-  o.final_lr_fraction = final_lr_fraction
-  o.warmup_steps = warmup_steps
-  o.weight_decay = weight_decay
-  o.b1 = 0.9
-  o.b2 = b2
-  o.weight_decay_end = ml_collections.FieldReference(None, field_type=float)  # None: constant
-  o.clip_norm = clip_norm  # <= 0: no clipping
-  o.clip_mode = "global"  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
-  o.grad_accum_steps = 1
-  o.skip_nonfinite = False  # True: a NaN/inf step is skipped (as large runs do), not fatal
-  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
-  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
-  # One AdamW update over a raveled parameter vector (laplax.train.optim.adamw.flat_adamw): the same
-  # update in fewer ops on the CPU; global clipping and constant weight decay only.
-  o.flatten = False
+  """AdamW (laplax.train.optim OPTIMIZERS) on a linear warm-up + cosine learning rate: every key
+  of laplax.sections.OPTIM (where each is explained) at its default, these set."""
+  return optim_section(name="adamw", schedule="cosine", lr=lr, warmup_steps=warmup_steps,
+                       weight_decay=weight_decay, clip_norm=clip_norm,
+                       final_lr_fraction=final_lr_fraction, b2=b2)
+
+
+def optim_section(**keys) -> ml_collections.ConfigDict:
+  """An optim section: every key of laplax.sections.OPTIM at its default, `keys` set (a key it
+  lacks is refused); None defaults typed float, so the command line can set them."""
+  o = sections.build(sections.OPTIM, **keys)
+  for key in ("weight_decay_end", "embed_lr_scale", "unembed_lr_scale"):
+    if o[key] is None:
+      o[key] = ml_collections.FieldReference(None, field_type=float)
   return o
 
 
@@ -190,21 +185,7 @@ def muon() -> ml_collections.ConfigDict:
   device runs Newton-Schulz on its share of the matrices only (nanochat's DistMuon; off here,
   on in the pod configs; the same update either way).
   """
-  m = ml_collections.ConfigDict()
-  m.matrix_lr = 0.02
-  m.embedding_lr = 0.3
-  m.unembedding_lr = 0.004
-  m.scalar_lr = 0.004
-  m.width_reference = 768
-  m.adam_b1 = 0.8
-  m.adam_b2 = 0.95
-  m.adam_eps = 1e-10
-  m.momentum_start = 0.85
-  m.momentum = 0.95
-  m.momentum_warmup_steps = 300
-  m.ns_steps = 5
-  m.distributed = False  # True: Newton-Schulz sharded over the mesh (laplax.train.optim)
-  return m
+  return sections.build(sections.MUON)
 
 
 def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size: int = 16,
@@ -344,26 +325,13 @@ def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.Co
 def lm_optim() -> ml_collections.ConfigDict:
   """The lm task's optimiser section: AdamW with parameter groups on nanochat's warm-up /
   constant / warm-down schedule, and Muon's settings for optim.name='muon'."""
-  o = ml_collections.ConfigDict()
-  # 'adamw' (with the parameter groups below) or 'muon' (optim.muon); laplax.train.optim.make
-  o.name = "adamw"
-  o.schedule = "warmdown"  # nanochat's: warm-up, constant, linear warm-down
-  o.lr = 3e-3  # AdamW's peak lr (unused by 'muon')
-  o.embed_lr_scale = 10.0  # AdamW's parameter groups: embedding and lm_head lr scales
-  o.unembed_lr_scale = 1.0
-  o.warmup_steps = 30
-  o.warmdown_fraction = 0.3
-  o.final_lr_fraction = 0.0
-  o.weight_decay = 0.0
-  o.b1 = 0.9
-  o.b2 = 0.95
-  o.clip_norm = 1.0
-  o.grad_accum_steps = 1
-  o.muon = muon()
-  o.skip_nonfinite = False  # True: a NaN/inf step is skipped, not fatal
-  o.lr_scale = 1.0  # every lr times this (a fine-tuning stage's fraction of its source's)
-  o.mix_lr_scale = 1.0  # the learned head-operator coefficients' updates (laplax.heads mix)
-  return o
+  # optim.name 'adamw' (with the parameter groups below) or 'muon' (optim.muon)
+  return optim_section(
+      schedule="warmdown",  # nanochat's: warm-up, constant, linear warm-down
+      lr=3e-3,  # AdamW's peak lr (unused by 'muon')
+      embed_lr_scale=10.0, unembed_lr_scale=1.0,  # AdamW's groups: embedding, lm_head
+      warmup_steps=30, warmdown_fraction=0.3, final_lr_fraction=0.0, weight_decay=0.0,
+      b1=0.9, b2=0.95, clip_norm=1.0)
 
 
 def dino_sections(c: ml_collections.ConfigDict, *, out_dim: int = 1024, hidden_dim: int = 256,
@@ -431,9 +399,10 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   repeated augmentation; laplax keeps AdamW and does not repeat examples)."""
   if crop not in ("rrc", "src"):
     raise ValueError(f"crop={crop!r}; use 'rrc' or 'src'")
-  # The same ops in memory and streamed (laplax.data.ops).
-  c.data.augment = ("rrc(0.08,1)" if crop == "rrc" else "pad_crop(4,reflect)", "flip",
-                    "three_augment", "color_jitter(0.3)")
+  # The same ops in memory and streamed (laplax.data.ops); bicubic: DeiT-III's
+  # --train-interpolation.
+  c.data.augment = ("rrc(0.08,1,interp=bicubic)" if crop == "rrc" else "pad_crop(4,reflect)",
+                    "flip", "three_augment", "color_jitter(0.3)")
   c.loss = classification_loss(label_smoothing=0.0)
   c.loss.name = "sigmoid_xent"
   c.loss.bce_binary_targets = True

@@ -95,7 +95,7 @@ def test_abstract_batches_have_the_training_shapes():
               "tokens": ((16, 33), "int32")}
   assert {k: (v.shape, str(v.dtype)) for k, v in
           task_lib.for_config(make_config("vit")).abstract_batch(8).items()} == {
-              "image": ((8, 28, 28, 1), "float32"), "label": ((8,), "int32")}
+              "image": ((8, 28, 28, 1), "uint8"), "label": ((8,), "int32")}  # normalised in the step
   # DINO's views as the host pipeline cuts them (grey Fashion-MNIST: one channel).
   dino = task_lib.for_config(make_config("dino"))
   m = dino.config.multicrop

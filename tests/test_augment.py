@@ -1,7 +1,7 @@
 """DeiT-III augmentations (laplax.data.augment): their distributional effect on planted images;
-the augmentation language (laplax.data.ops): parsing, the pipelines' stages, one-line errors,
-a removed key refused; its wiring into the in-memory pipeline; and a toy op registered
-at run time training through the trainer."""
+the augmentation language (laplax.data.ops): parsing, a spec's stages, one-line errors, a
+removed key refused; its wiring into the pipeline over in-memory arrays; and a toy op
+registered at run time training through the trainer."""
 import dataclasses
 import json
 from typing import ClassVar
@@ -10,11 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import make_config
-from laplax.data import augment, ops, pipeline
+from laplax.data import augment, ops, streaming
 from laplax.train import trainer
-
-NORM = dict(mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0))
-
 
 def _noise(h=24, w=24, c=3, seed=0):
   return np.random.default_rng(seed).integers(0, 256, (h, w, c), dtype=np.uint8)
@@ -148,14 +145,9 @@ def test_bad_inputs_are_named():
     augment.resized_crop_box(8, 8, np.random.default_rng(0), scale=(0.5, 0.2))
 
 
-def _raw(batch):
-  x = batch['image'] * np.array(NORM['std']) + np.array(NORM['mean'])
-  return np.rint(x * 255.0).astype(np.int64)
-
-
 def _stream(images, labels, **kw):
-  return pipeline.train_dataset(images, labels, batch_size=len(labels), seed=3, num_epochs=1,
-                                **NORM, **kw)
+  return streaming.train_dataset(streaming.ArraySource(images, labels), batch_size=len(labels),
+                                 seed=3, num_epochs=1, image_size=images.shape[1], **kw)
 
 
 @pytest.mark.integration
@@ -167,13 +159,13 @@ def test_pipeline_three_augment_and_jitter_are_seeded_and_host_independent():
   assert full['image'].shape == (24, 12, 12, 3)
   np.testing.assert_array_equal(next(iter(_stream(images, labels, **kw)))['image'],
                                 full['image'])
-  hosts = [next(iter(pipeline.train_dataset(
-      images, labels, batch_size=12, seed=3, num_epochs=1, process_index=p, process_count=2,
-      **NORM, **kw))) for p in range(2)]
+  hosts = [next(iter(streaming.train_dataset(
+      streaming.ArraySource(images, labels), batch_size=12, seed=3, num_epochs=1,
+      image_size=12, process_index=p, process_count=2, **kw))) for p in range(2)]
   for p in range(2):
     np.testing.assert_array_equal(hosts[p]['image'], full['image'][12 * p:12 * (p + 1)])
   # Three-augment alone: greyscale makes about a third of the images channel-equal.
-  grey = _raw(next(iter(_stream(images, labels, augment=('three_augment',)))))
+  grey = next(iter(_stream(images, labels, augment=('three_augment',))))['image']
   equal = np.mean([np.all(x == x[..., :1]) for x in grey])
   assert 0.05 < equal < 0.7
 
@@ -182,8 +174,8 @@ def test_pipeline_reflect_padding_crops_from_the_mirrored_image():
   images = np.random.default_rng(0).integers(0, 256, (16, 6, 6, 3), dtype=np.uint8)
   labels = np.arange(16, dtype=np.int32)
   batch = next(iter(_stream(images, labels, augment=('pad_crop(2,reflect)',))))
-  padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)), mode='reflect').astype(np.int64)
-  for x, i in zip(_raw(batch), batch['label']):
+  padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)), mode='reflect')
+  for x, i in zip(batch['image'], batch['label']):
     assert any(np.array_equal(x, padded[i, dy:dy + 6, dx:dx + 6])
                for dy in range(5) for dx in range(5))
   with pytest.raises(ValueError, match="'pad_crop\\(2,wrap\\)': mode='wrap'"):
@@ -231,26 +223,23 @@ def test_bad_specs_are_one_line_errors(spec, message):
   assert '\n' not in str(e.value)
 
 
-def test_each_pipeline_runs_the_ops_it_can():
-  batch_ops, image_ops = ops.in_memory(('pad_crop(4)', 'flip', 'three_augment', 'flip'))
-  assert [o.name for o in batch_ops] == ['pad_crop', 'flip']  # the leading batch ops
-  assert [o.name for o in image_ops] == ['three_augment', 'flip']  # then per image
-  assert ops.in_memory(('rrc', 'flip'))[0] == ()  # a per-image op first: all per image
-  with pytest.raises(ValueError, match='pad_crop runs on whole batches in memory, so it must '
-                     'come before the per-image op rrc'):
-    ops.in_memory(('rrc', 'pad_crop(4)'))
-  crop, rest = ops.streamed(('pad_crop(4,reflect)', 'flip', 'color_jitter(0.3)'), 32)
+def test_a_spec_splits_into_the_crop_and_the_ops_after_it():
+  crop, rest = ops.stages(('pad_crop(4,reflect)', 'flip', 'color_jitter(0.3)'), 32)
   assert crop.mode == 'reflect' and [o.name for o in rest] == ['flip', 'color_jitter']
   with pytest.raises(ValueError, match='must start with a crop of the decoded record to '
                      'data.image_size \\(pad_crop, rrc\\); not flip'):
-    ops.streamed(('flip', 'rrc'), 32)
+    ops.stages(('flip', 'rrc'), 32)
   with pytest.raises(ValueError, match='it is empty'):
-    ops.streamed((), 32)
-  with pytest.raises(ValueError, match='pad_crop cannot run per record on streamed data \\(only '
-                     'as the first op\\)'):
-    ops.streamed(('rrc', 'pad_crop'), 32)
+    ops.stages((), 32)
+  # Records already at the size (in-memory arrays) need no crop: every op runs per record.
+  assert ops.stages((), 32, sized=True) == (None, ())
+  crop, rest = ops.stages(('flip', 'rrc'), 32, sized=True)
+  assert crop is None and [o.name for o in rest] == ['flip', 'rrc']
+  for sized in (False, True):
+    with pytest.raises(ValueError, match='pad_crop can only be the first op'):
+      ops.stages(('rrc', 'pad_crop'), 32, sized=sized)
   with pytest.raises(ValueError, match='on 4 x 4 images: pad=4 must be smaller'):
-    ops.streamed(('pad_crop(4,reflect)',), 4)
+    ops.stages(('pad_crop(4,reflect)',), 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,9 +255,9 @@ def test_register_checks_what_it_is_given():
     ops.register('flip')(_DecodedOnly)
   ops.register('decoded_only')(_DecodedOnly)
   try:
-    with pytest.raises(ValueError, match='decoded_only cannot run on in-memory images'):
-      ops.in_memory(('decoded_only',))
-    assert ops.streamed(('decoded_only', 'flip'), 8)[0] == _DecodedOnly()
+    with pytest.raises(ValueError, match='decoded_only can only be the first op'):
+      ops.stages(('flip', 'decoded_only'), 8, sized=True)
+    assert ops.stages(('decoded_only', 'flip'), 8)[0] == _DecodedOnly()
   finally:
     del ops.REGISTRY['decoded_only']
 
@@ -280,7 +269,7 @@ def test_a_removed_key_fails_validation_before_anything_is_written(tmp_path, dat
   with pytest.raises(ValueError, match="^data has no key 'crop_scale'; its keys: augment, "):
     trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
   config = make_config('vit', data_cache, **{'data.augment': ('rrc', 'pad_crop(4)')})
-  with pytest.raises(ValueError, match='pad_crop runs on whole batches in memory'):
+  with pytest.raises(ValueError, match='pad_crop can only be the first op'):
     trainer.train_and_evaluate(config, tmp_path, log=lambda m: None)
   assert not (tmp_path / 'config.json').exists()
 

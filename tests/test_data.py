@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 import tensorflow_datasets as tfds
 
-from laplax.data import augment, builders
-from laplax.data import pipeline
+from laplax.data import builders
+from laplax.data import arrays, streaming
 from laplax.data.datasets import cifar10 as cifar10_lib
 from laplax.data.datasets import fashion_mnist as fashion_mnist_lib
 from laplax.data.builders import DataError
@@ -273,7 +273,7 @@ def test_unknown_names_are_rejected(tmp_path):
 # grain pipelines (synthetic arrays: label i marks example i)
 
 
-def _planted(n=48, h=6, w=5, c=3):
+def _planted(n=48, h=6, w=6, c=3):
   images = np.random.default_rng(1).integers(0, 256, (n, h, w, c), dtype=np.uint8)
   return images, np.arange(n, dtype=np.int32)
 
@@ -282,15 +282,18 @@ def _take(iterator, k):
   return [next(iterator) for _ in range(k)]
 
 
-NORM = dict(mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0))
+def _train(images, labels, **kw):
+  """The one training pipeline over in-memory arrays (an ArraySource at their own size)."""
+  return streaming.train_dataset(streaming.ArraySource(images, labels),
+                                 image_size=images.shape[1], **kw)
 
 
-@pytest.mark.parametrize('num_threads', [0, 1])
-def test_train_iterator_state_round_trip(num_threads):
+@pytest.mark.parametrize('num_threads,augment', [(0, ('pad_crop(2)', 'flip')),
+                                                 (1, ('pad_crop(2)', 'flip')), (1, ())])
+def test_train_iterator_state_round_trip(num_threads, augment):
   images, labels = _planted(n=40)
-  make = lambda: pipeline.train_dataset(images, labels, batch_size=6, seed=3,
-                                        augment=('pad_crop(2)', 'flip'),
-                                        num_threads=num_threads, **NORM)
+  make = lambda: _train(images, labels, batch_size=6, seed=3, augment=augment,
+                        num_threads=num_threads)
   reference = _take(iter(make()), 12)  # 72 examples: crosses an epoch boundary
   it = iter(make())
   _take(it, 5)
@@ -302,9 +305,11 @@ def test_train_iterator_state_round_trip(num_threads):
     np.testing.assert_array_equal(got['label'], want['label'])
 
 
-def test_train_epochs_are_fresh_permutations_and_end():
+@pytest.mark.parametrize('augment', [(), ('flip',)])
+def test_train_epochs_are_fresh_permutations_and_end(augment):
+  """The same order with and without augmentation (a batch gathered, or record by record)."""
   images, labels = _planted(n=40)
-  ds = pipeline.train_dataset(images, labels, batch_size=8, seed=0, num_epochs=3, **NORM)
+  ds = _train(images, labels, batch_size=8, seed=0, num_epochs=3, augment=augment)
   batches = list(iter(ds))
   assert len(batches) == 15  # 120 examples, no remainder
   stream = np.concatenate([b['label'] for b in batches])
@@ -313,25 +318,29 @@ def test_train_epochs_are_fresh_permutations_and_end():
     np.testing.assert_array_equal(np.sort(epoch), np.arange(40))
   assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
   # The remainder of a finite run is dropped: 2 epochs of 40 in batches of 12 -> 6 batches.
-  ds = pipeline.train_dataset(images, labels, batch_size=12, seed=0, num_epochs=2, **NORM)
+  ds = _train(images, labels, batch_size=12, seed=0, num_epochs=2, augment=augment)
   assert [b['label'].shape for b in ds] == [(12,)] * 6
   # Seeded: the same seed repeats, another seed differs.
-  again = np.concatenate([b['label'] for b in pipeline.train_dataset(
-      images, labels, batch_size=8, seed=0, num_epochs=3, **NORM)])
-  other = np.concatenate([b['label'] for b in pipeline.train_dataset(
-      images, labels, batch_size=8, seed=1, num_epochs=3, **NORM)])
+  again = np.concatenate([b['label'] for b in _train(
+      images, labels, batch_size=8, seed=0, num_epochs=3, augment=augment)])
+  other = np.concatenate([b['label'] for b in _train(
+      images, labels, batch_size=8, seed=1, num_epochs=3, augment=augment)])
   np.testing.assert_array_equal(again, stream)
   assert not np.array_equal(other, stream)
+  if augment:
+    want = np.concatenate([b['label'] for b in _train(images, labels, batch_size=8, seed=0,
+                                                      num_epochs=3)])
+    np.testing.assert_array_equal(stream, want)
 
 
 @pytest.mark.parametrize('augment', [('pad_crop(2)', 'flip'), ('rrc', 'flip')])
 @pytest.mark.integration
 def test_hosts_get_their_block_of_each_global_batch(augment):
   images, labels = _planted(n=48)
-  kw = dict(seed=5, augment=augment, num_epochs=1, **NORM)
-  global_batches = list(pipeline.train_dataset(images, labels, batch_size=12, **kw))
-  hosts = [list(pipeline.train_dataset(images, labels, batch_size=4, process_index=p,
-                                       process_count=3, **kw)) for p in range(3)]
+  kw = dict(seed=5, augment=augment, num_epochs=1)
+  global_batches = list(_train(images, labels, batch_size=12, **kw))
+  hosts = [list(_train(images, labels, batch_size=4, process_index=p, process_count=3, **kw))
+           for p in range(3)]
   assert len(global_batches) == 4 and all(len(h) == 4 for h in hosts)
   seen = []
   for step, full in enumerate(global_batches):
@@ -345,32 +354,32 @@ def test_hosts_get_their_block_of_each_global_batch(augment):
   np.testing.assert_array_equal(np.sort(seen), np.arange(48))  # disjoint and covering
 
 
-def test_no_augmentation_is_plain_normalisation():
-  images, labels = _planted()
-  batch = next(iter(pipeline.train_dataset(images, labels, batch_size=16, seed=0, **NORM)))
-  assert batch['image'].dtype == np.float32 and batch['label'].dtype == np.int32
-  want = (images[batch['label']] / 255.0 - np.array(NORM['mean'])) / np.array(NORM['std'])
-  np.testing.assert_allclose(batch['image'], want, atol=1e-6)
-
-
-def _raw(batch):
-  """Undo the normalisation: float batch -> uint8 pixels."""
-  x = batch['image'] * np.array(NORM['std']) + np.array(NORM['mean'])
-  return np.rint(x * 255.0).astype(np.int64)
+@pytest.mark.parametrize('channels', [1, 3])
+def test_no_augmentation_gives_the_stored_pixels(channels):
+  images, labels = _planted(c=channels)
+  batch = next(iter(_train(images, labels, batch_size=16, seed=0, augment=())))
+  assert batch['image'].dtype == np.uint8 and batch['label'].dtype == np.int32
+  np.testing.assert_array_equal(batch['image'], images[batch['label']])
+  # Normalised in the step: (x / 255 - mean) / std per channel.
+  norm = dict(mean=(0.5, 0.25, 0.0)[:channels], std=(0.5, 0.25, 1.0)[:channels])
+  want = (images[batch['label']] / 255.0 - np.array(norm['mean'])) / np.array(norm['std'])
+  np.testing.assert_allclose(np.asarray(arrays.device_normalize(batch['image'], **norm)), want,
+                             atol=1e-6)
+  np.testing.assert_allclose(arrays.host_normalize(batch['image'], **norm), want, atol=1e-6)
 
 
 def test_random_crop_is_a_shifted_zero_padded_window():
   images, labels = _planted()
   pad = 2
-  make = lambda seed: pipeline.train_dataset(images, labels, batch_size=48, seed=seed,
-                                             augment=(f'pad_crop({pad})',), **NORM)
+  make = lambda seed: _train(images, labels, batch_size=48, seed=seed,
+                             augment=(f'pad_crop({pad})',))
   batch = next(iter(make(7)))
-  assert batch['image'].shape == (48, 6, 5, 3)
-  padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0))).astype(np.int64)
+  assert batch['image'].shape == (48, 6, 6, 3)
+  padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
   offsets = set()
-  for x, i in zip(_raw(batch), batch['label']):
+  for x, i in zip(batch['image'], batch['label']):
     matches = [(dy, dx) for dy in range(2 * pad + 1) for dx in range(2 * pad + 1)
-               if np.array_equal(x, padded[i, dy:dy + 6, dx:dx + 5])]
+               if np.array_equal(x, padded[i, dy:dy + 6, dx:dx + 6])]
     assert matches, f'example {i} is not a crop of its padded image'
     offsets.add(matches[0])
   assert len(offsets) > 5  # random, not a fixed shift
@@ -380,10 +389,9 @@ def test_random_crop_is_a_shifted_zero_padded_window():
 
 def test_flips_mirror_left_right():
   images, labels = _planted()
-  batch = next(iter(pipeline.train_dataset(images, labels, batch_size=48, seed=2,
-                                           augment=('pad_crop(0)', 'flip'), **NORM)))
+  batch = next(iter(_train(images, labels, batch_size=48, seed=2, augment=('flip',))))
   flipped = []
-  for x, i in zip(_raw(batch), batch['label']):
+  for x, i in zip(batch['image'], batch['label']):
     if np.array_equal(x, images[i]):
       flipped.append(False)
     else:
@@ -392,24 +400,12 @@ def test_flips_mirror_left_right():
   assert 10 < sum(flipped) < 38  # about half of 48
 
 
-def test_pad_crop_known_answer():
-  image = np.arange(12, dtype=np.uint8).reshape(1, 3, 4, 1) + 1
-  same = augment.pad_crop_batch(image, np.array([[1, 1]]), pad=1)
-  np.testing.assert_array_equal(same, image)
-  corner = augment.pad_crop_batch(image, np.array([[0, 0]]), pad=1)
-  # Shifted down-right by one (zeros enter at the top and left).
-  want = np.zeros((3, 4), np.uint8)
-  want[1:, 1:] = image[0, :2, :3, 0]
-  np.testing.assert_array_equal(corner[0, :, :, 0], want)
-
-
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_in_memory_eval_batches_cover_every_example_once(process_count):
   """In-memory evaluation (streaming.eval_dataset over an ArraySource at the arrays' own size,
   one gather per batch): every example once, in order, uint8 as stored; the tail padded with
   zero images, label 0, mask False; the same batches as each record's resize and crop."""
-  from laplax.data import streaming
-  images, labels = _planted(n=23, w=6)
+  images, labels = _planted(n=23)
   source = streaming.ArraySource(images, labels)
   seen_labels, seen_images = [], []
   for p in range(process_count):
@@ -439,30 +435,30 @@ def test_in_memory_eval_batches_cover_every_example_once(process_count):
 def test_split_train_val_is_stratified_and_seeded():
   labels = np.repeat(np.arange(3), [60, 30, 10]).astype(np.int32)
   images = np.arange(100)[:, None, None, None].astype(np.uint8)
-  tx, ty, vx, vy = pipeline.split_train_val(images, labels, val_size=20, seed=0)
+  tx, ty, vx, vy = arrays.split_train_val(images, labels, val_size=20, seed=0)
   np.testing.assert_array_equal(np.bincount(vy), [12, 6, 2])
   np.testing.assert_array_equal(np.sort(np.concatenate([tx, vx]).ravel()), np.arange(100))
   np.testing.assert_array_equal(labels[tx.ravel()], ty)
   assert np.all(np.diff(tx.ravel()) > 0) and np.all(np.diff(vx.ravel()) > 0)  # order kept
-  again = pipeline.split_train_val(images, labels, val_size=0.2, seed=0)[2]
+  again = arrays.split_train_val(images, labels, val_size=0.2, seed=0)[2]
   np.testing.assert_array_equal(again, vx)
-  other = pipeline.split_train_val(images, labels, val_size=20, seed=1)[2]
+  other = arrays.split_train_val(images, labels, val_size=20, seed=1)[2]
   assert not np.array_equal(other, vx)
-  _, _, _, vy = pipeline.split_train_val(images, labels, val_size=7, seed=0)
+  _, _, _, vy = arrays.split_train_val(images, labels, val_size=7, seed=0)
   np.testing.assert_array_equal(np.bincount(vy, minlength=3), [4, 2, 1])  # largest remainders
-  assert len(pipeline.split_train_val(images, labels, val_size=20, seed=0, stratify=False)[2]) == 20
+  assert len(arrays.split_train_val(images, labels, val_size=20, seed=0, stratify=False)[2]) == 20
 
 
 def test_bad_pipeline_arguments_are_named():
   images, labels = _planted()
   with pytest.raises(ValueError, match="unknown op 'rotate'; known ops: blur, color_jitter, flip"):
-    pipeline.train_dataset(images, labels, batch_size=4, seed=0, augment=('rotate',), **NORM)
+    _train(images, labels, batch_size=4, seed=0, augment=('rotate',))
   with pytest.raises(ValueError, match='batch_size=20 x process_count=4'):
-    pipeline.train_dataset(images, labels, batch_size=20, seed=0, process_count=4, **NORM)
+    _train(images, labels, batch_size=20, seed=0, process_count=4)
   with pytest.raises(ValueError, match='need 1 or 3 values'):
-    pipeline.train_dataset(images, labels, batch_size=4, seed=0, mean=(0.5, 0.5), std=1.0)
+    arrays.normalize(images, mean=(0.5, 0.5), std=1.0)
   with pytest.raises(ValueError, match='val_size=100'):
-    pipeline.split_train_val(images, labels, val_size=100, seed=0)
+    arrays.split_train_val(images, labels, val_size=100, seed=0)
 
 
 @pytest.mark.slow
@@ -514,7 +510,7 @@ def test_the_in_memory_task_evaluates_through_eval_batches(data_cache, tmp_path)
   info = task.info()
   np.testing.assert_array_equal(whole[0]["image"], images[:6])
   np.testing.assert_array_equal(
-      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
-      pipeline.normalize(images[:6], mean=info.mean, std=info.std))
+      arrays.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
+      arrays.normalize(images[:6], mean=info.mean, std=info.std))
   np.testing.assert_array_equal(whole[0]["label"], labels[:6])
   assert task.eval_params(task.build_model(), {"w": 1}) == {"w": 1}  # trained at its size

@@ -277,10 +277,10 @@ def get_config(which):
                                             for s in (False, True)])
 def test_every_key_of_an_image_data_section_is_set_from_the_command_line(task, streamed,
                                                                          tmp_path):
-  """configs/common.py's image data sections hold every key of laplax.data.sections' table, each
+  """configs/common.py's image data sections hold every key of laplax.sections' table, each
   a field that --config.data.KEY=V sets; the task completes a section written without them (an
   older config.json) to the same keys, and refuses a key its table lacks in one line."""
-  from laplax.data import sections
+  from laplax import sections
   table = sections.TABLES[task, streamed]
   path = tmp_path / "data_sections.py"
   path.write_text(DATA_CONFIG)
@@ -306,3 +306,55 @@ def test_every_key_of_an_image_data_section_is_set_from_the_command_line(task, s
   with pytest.raises(ValueError, match="^data has no key 'crop_scale'; its keys: ") as e:
     task_lib.for_config(config)
   assert "\n" not in str(e.value)
+
+
+OPTIM_CONFIG = '''
+import ml_collections
+from configs import common
+
+def get_config(which):
+  return ml_collections.ConfigDict(
+      {"optim": common.adamw(1e-3, warmup_steps=5) if which == "adamw" else common.lm_optim()})
+'''
+
+
+def _flat(section, prefix=""):
+  """{dotted key: value} of a nested section."""
+  out = {}
+  for key, value in section.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+@pytest.mark.parametrize("which", ["adamw", "lm"])
+def test_every_key_of_the_optim_section_is_set_from_the_command_line(which, tmp_path):
+  """configs/common.py's optim sections (the image tasks' adamw, the LM's) hold every key of
+  laplax.sections.OPTIM (optim.muon's too), each a field --config.optim.KEY=V sets (None
+  defaults included); the trainer's optimiser reads the completed section, and a section
+  written without them (an older config.json) is completed; a key OPTIM lacks is one line."""
+  from laplax import sections
+  from laplax.train import optim as optim_lib
+  path = tmp_path / "optim_sections.py"
+  path.write_text(OPTIM_CONFIG)
+  built = _flat(parse(f"{path}:{which}").optim)
+  assert set(built) == set(_flat(sections.OPTIM))
+  wanted, overrides = {}, []
+  for key, value in built.items():
+    wanted[key], text = _other(value)
+    overrides.append(f"--config.optim.{key}={text}")
+  got = _flat(parse(f"{path}:{which}", *overrides).optim.to_dict())
+  assert got == wanted
+
+  config = make_config("vit")
+  config.optim = ml_collections.ConfigDict({"lr": 0.01, "warmup_steps": 2})
+  task_lib.for_config(config)
+  assert _flat(config.optim) == {**_flat(sections.OPTIM), "lr": 0.01, "warmup_steps": 2}
+  optim_lib.make(ml_collections.ConfigDict({"lr": 0.01}), 10)  # completed where it is read
+  config.optim.eps = 1e-8  # not a key of any optimiser
+  for build in (lambda: task_lib.for_config(config), lambda: optim_lib.check(config.optim)):
+    with pytest.raises(ValueError, match="^optim has no key 'eps'; its keys: b1, b2, ") as e:
+      build()
+    assert "\n" not in str(e.value)

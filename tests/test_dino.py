@@ -95,7 +95,7 @@ def test_schedules():
 def _optim(**overrides):
   o = dict(lr=0.1, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, clip_norm=0.0,
            final_lr_fraction=0.0)
-  return ml_collections.ConfigDict({**o, **overrides})
+  return optim_lib.completed({**o, **overrides})  # every other key at its default
 
 
 def _dino_tx(optim, total, freeze):

@@ -14,7 +14,7 @@ from PIL import Image, ImageFilter, ImageOps
 
 import configs.dino_tiny
 from configs import common
-from laplax.data import augment, dino_stream, ops, pipeline, streaming
+from laplax.data import augment, dino_stream, ops, arrays, streaming
 from laplax.data.multicrop import MultiCropConfig
 from laplax.train import trainer
 from laplax.train.metrics import read_metrics
@@ -361,7 +361,7 @@ def test_streamed_spectra_match_numpy(tmp_path, data_dir):
   batch = next(iter(streaming.eval_dataset(task.eval_source("test"), batch_size=20,
                                            resize=resize, crop=crop, limit=20)))
   info = task.info()
-  x = pipeline.normalize(batch["image"], mean=info.mean, std=info.std)
+  x = arrays.normalize(batch["image"], mean=info.mean, std=info.std)
   hidden = dino_geometry.make_tokens_fn(model, (4, 4))(params, x)
   assert got["num_images"] == 20 and got["num_tokens"] == 20 * 16
   oracles.assert_spectra_match_tokens(got["layers"], hidden)

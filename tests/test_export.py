@@ -16,6 +16,7 @@ from conftest import REPO, make_config
 from laplax import heads as heads_lib
 from laplax.evals import offline
 from laplax.train import export
+from laplax.train import identity as identity_lib
 from laplax.train import task as task_lib
 from laplax.train import trainer
 from laplax.train import workdir as workdir_lib
@@ -32,7 +33,8 @@ def exported(tmp_path, data_cache):
   params["head"]["kernel"] = jax.random.normal(jax.random.key(2), head.shape, head.dtype)
   out = tmp_path / "export"
   export.write_export(out, params, config, model, source=tmp_path / "run", step=3,
-                      model_fields=task.model_identity(model), info=task.info())
+                      model_fields=identity_lib.model_fields(model, task.model_sections),
+                      info=task.info())
   return out
 
 

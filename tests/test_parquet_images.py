@@ -112,7 +112,7 @@ def test_the_streamed_task_evaluates_through_eval_batches(planted, tmp_path):
   make up the global batches, the first `limit` examples, uint8 crops that host_normalize
   normalises; eval_size counts data.eval_subset."""
   from configs.pod import vit_b16_imagenet
-  from laplax.data import pipeline
+  from laplax.data import arrays
   c = vit_b16_imagenet.get_config()
   c.data = _data(planted, source="parquet", eval_subset=9)
   c.data.num_workers = 0
@@ -129,8 +129,8 @@ def test_the_streamed_task_evaluates_through_eval_batches(planted, tmp_path):
   assert whole[0]["image"].dtype == np.uint8 and whole[0]["image"].shape == (4, 32, 32, 3)
   info = task.info()
   np.testing.assert_array_equal(
-      pipeline.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
-      pipeline.normalize(whole[0]["image"], mean=info.mean, std=info.std))
+      arrays.host_normalize(whole[0]["image"], mean=info.mean, std=info.std),
+      arrays.normalize(whole[0]["image"], mean=info.mean, std=info.std))
   (short,) = task.eval_batches("val", 8, limit=3, process_index=0, process_count=1)
   assert int(short["mask"].sum()) == 3
   # No data.test_split: an evaluator of 'test' is refused before anything is written.

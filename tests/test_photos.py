@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from laplax.data import photos, pipeline
+from laplax.data import photos, arrays
 
 
 def test_builtin_photos_load_offline_as_square_rgb():
@@ -47,14 +47,14 @@ def test_folder_of_photos_and_errors(tmp_path):
 def test_convert_images_channels_and_size():
   rng = np.random.default_rng(0)
   rgb = rng.integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
-  grey = pipeline.convert_images(rgb, size=8, channels=1)
+  grey = arrays.convert_images(rgb, size=8, channels=1)
   luma = rgb.astype(np.float64) @ [0.299, 0.587, 0.114]
   assert grey.shape == (3, 8, 8, 1)
   assert np.abs(grey[..., 0].astype(np.float64) - luma).max() <= 0.5 + 1e-3
-  up = pipeline.convert_images(grey, size=16, channels=3)
+  up = arrays.convert_images(grey, size=16, channels=3)
   assert up.shape == (3, 16, 16, 3) and (up[..., 0] == up[..., 1]).all()
   # A constant image stays constant through the resize.
-  flat = pipeline.convert_images(np.full((1, 7, 7, 1), 33, np.uint8), size=4, channels=1)
+  flat = arrays.convert_images(np.full((1, 7, 7, 1), 33, np.uint8), size=4, channels=1)
   assert (flat == 33).all()
   with pytest.raises(ValueError, match="channels=2"):
-    pipeline.convert_images(rgb, size=8, channels=2)
+    arrays.convert_images(rgb, size=8, channels=2)

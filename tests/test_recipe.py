@@ -178,7 +178,7 @@ def test_layerscale_presets():
   assert vit_b_cifar100.get_config().data.augment == (
       'pad_crop(4,reflect)', 'flip', 'three_augment', 'color_jitter(0.3)')
   assert vit_b16_imagenet.get_config().data.augment == (
-      'rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)')
+      'rrc(0.08,1,interp=bicubic)', 'flip', 'three_augment', 'color_jitter(0.3)')
 
 
 @pytest.mark.slow

@@ -186,6 +186,27 @@ def test_in_memory_arrays_stream_through_the_same_pipelines(channels):
     streaming.ArraySource(images, np.arange(9))
 
 
+def test_a_record_draws_what_a_per_record_random_map_gives_it(train_source):
+  """train_stream makes a batch per grain element (the records in a loop), each record's
+  generator the one grain's per-record random_map gives that stream position: the same batches
+  as the per-record pipeline, on every host."""
+  import grain
+  from laplax.data import grain_utils
+  crop, rest = ops.stages(("rrc(0.3,1)", "flip", "three_augment", "color_jitter(0.3)"), SIZE)
+  transform = streaming.TrainTransform(size=SIZE, crop=crop, ops=rest)
+  per_record = grain_utils.epochs(grain.MapDataset.source(train_source), seed=3, batch_size=4,
+                                  process_count=2, num_epochs=1).random_map(
+      transform, seed=grain_utils.derive_seed(3, grain_utils.AUGMENT_STREAM))
+  for p in range(2):
+    want = list(grain_utils.to_iter(grain_utils.host_batches(per_record, 4, p, 2)))
+    got = list(streaming.train_stream(train_source, transform, batch_size=4, seed=3,
+                                      num_epochs=1, process_index=p, process_count=2))
+    assert len(got) == len(want) > 1
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g["image"], w["image"])
+      np.testing.assert_array_equal(g["label"], w["label"])
+
+
 def test_a_vit_evaluates_at_another_resolution():
   from laplax.models import vit
   model = vit.ViT(num_classes=3, patch_size=8, **vit.preset("mu"))

@@ -42,6 +42,7 @@ from laplax.convert import checkpoints
 from laplax.convert import gpt as gpt_convert
 from laplax.convert import vit as vit_convert
 from laplax.train import export as export_lib
+from laplax.train import identity as identity_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -163,7 +164,7 @@ def from_timm(path: epath.PathLike, out: epath.PathLike, *, arch: str = "",
     raise ValueError(f"--task={task!r}; use classification or dino")
   return export_lib.write_export(
       out, params, config, model, source=path, step=None, extra=extra,
-      model_fields=task_obj.model_identity(model),
+      model_fields=identity_lib.model_fields(model, task_obj.model_sections),
       info=task_obj.info() if hasattr(task_obj, "info") else None)
 
 
@@ -214,7 +215,8 @@ def from_nanochat(path: epath.PathLike, out: epath.PathLike, *, meta: epath.Path
   tok.save(tok_path)
   step = json.loads(meta_path.read_text()).get("step")
   return export_lib.write_export(out, params, config, model, source=path, step=step,
-                                 model_fields=task_obj.model_identity(model),
+                                 model_fields=identity_lib.model_fields(
+                                     model, task_obj.model_sections),
                                  tokenizer=tok_path)
 
 

@@ -177,22 +177,14 @@ def train_dataset(source, *, batch_size: int, steps: int, seed: int, crop: int,
                   prefetch: int = 2) -> grain.IterDataset:
   """This host's `steps` training batches {'image': uint8 (B, S, S, 3), 'label': int32 (B, S,
   S)}, B = batch_size (this host's rows; global B x process_count): epochs of fresh
-  permutations concatenated, as laplax.data.streaming.train_dataset."""
-  grain_utils.check_seed(seed)
-  grain_utils.check_hosts(process_index, process_count)
+  permutations concatenated (laplax.data.streaming.train_stream)."""
   if steps < 1 or crop < 1:
     raise ValueError(f"need steps >= 1 and crop >= 1, got {steps}, {crop}")
-  ds = streaming.subset(source, limit)
-  global_batch = batch_size * process_count
-  num_epochs = -(-steps * global_batch // len(ds))
-  ds = grain_utils.epochs(ds, seed=seed, batch_size=batch_size, process_count=process_count,
-                          num_epochs=num_epochs)
-  ds = ds[:steps * global_batch]
-  ds = ds.random_map(TrainTransform(crop=crop, ratio_range=tuple(ratio_range), flip=flip),
-                     seed=grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM))
-  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
-  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
-                             prefetch=prefetch)
+  return streaming.train_stream(
+      source, TrainTransform(crop=crop, ratio_range=tuple(ratio_range), flip=flip),
+      batch_size=batch_size, seed=seed, process_index=process_index,
+      process_count=process_count, limit=limit, steps=steps, num_workers=num_workers,
+      num_threads=num_threads, prefetch=prefetch)
 
 
 def eval_dataset(source, *, batch_size: int, crop: int, windows: int = 4,

@@ -26,7 +26,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from laplax.data import grain_utils, streaming
+from laplax.data import streaming
 from laplax.data import ops as ops_lib
 from laplax.data.multicrop import MultiCropConfig
 
@@ -110,13 +110,8 @@ def train_dataset(source, *, batch_size: int, seed: int, crops: MultiCropConfig,
     grain.IterDataset of {'global': uint8 (B, 2, S, S, C), 'local': uint8 (B, L, s, s, C)};
     its iterator's get_state()/set_state() resume exactly.
   """
-  transform = MultiCropTransform.from_config(crops)
-  grain_utils.check_seed(seed)
-  grain_utils.check_hosts(process_index, process_count)
-  ds = grain_utils.epochs(streaming.subset(source, limit), seed=seed, batch_size=batch_size,
-                          process_count=process_count, num_epochs=num_epochs)
-  # Indices of the random map are global stream positions: the views do not depend on hosts.
-  ds = ds.random_map(transform, seed=grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM))
-  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
-  return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
-                             prefetch=prefetch)
+  return streaming.train_stream(
+      source, MultiCropTransform.from_config(crops), batch_size=batch_size, seed=seed,
+      process_index=process_index, process_count=process_count, limit=limit,
+      num_epochs=num_epochs, num_workers=num_workers, num_threads=num_threads,
+      prefetch=prefetch)

@@ -17,7 +17,7 @@ import numpy as np
 # pipelines reuse a stream.
 SHUFFLE_STREAM = 0  # image training order
 AUGMENT_STREAM = 1  # image augmentation
-SPLIT_STREAM = 2  # the train / val hold-out of laplax.data.pipeline.split_train_val
+SPLIT_STREAM = 2  # the train / val hold-out of laplax.data.arrays.split_train_val
 TEXT_SHUFFLE_STREAM = 3  # token-window training order
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import ml_collections
 
-from laplax.data import builders, host_cache, pipeline
+from laplax.data import builders, host_cache, arrays
 
 
 def cache_dir(data_config: ml_collections.ConfigDict) -> pathlib.Path:
@@ -34,7 +34,7 @@ def load_image_data(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
   train_x, train_y = builders.load_split(d.name, "train", source_dir=source,
                                          cache_dir=cache_dir(d))
   test_x, test_y = builders.load_split(d.name, "test", source_dir=source, cache_dir=cache_dir(d))
-  train_x, train_y, val_x, val_y = pipeline.split_train_val(
+  train_x, train_y, val_x, val_y = arrays.split_train_val(
       train_x, train_y, val_size=d.val_size, seed=d.split_seed)
   if d.train_subset:
     train_x, train_y = train_x[:d.train_subset], train_y[:d.train_subset]

@@ -2,18 +2,18 @@
 
   data.augment = ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)')
 
-parsed once (`parse`) against one registry (`register`) and run in order by the in-memory
-pipeline (laplax.data.pipeline) and the streamed one (laplax.data.streaming). A spec is `name`
+parsed once (`parse`) against one registry (`register`) and run in order, per record, by the
+one training pipeline (laplax.data.streaming.train_dataset: in-memory arrays and streamed files
+alike). A spec is `name`
 or `name(arg, ...)`; arguments are numbers (simple arithmetic such as 4/3 allowed), bare words
 (`pad_crop(4,reflect)`) or quoted strings, positional or by name. The ops:
 
   pad_crop(pad=4, mode=constant)  random crop of the image padded by `pad` on every side
       ('constant' zeros: torchvision's RandomCrop(padding); 'reflect': DeiT-III's simple random
-      crop); in memory the input size is kept, streamed the shorter side is first resized to
-      data.image_size
-  rrc(lo=0.08, hi=1, ratio_lo=3/4, ratio_hi=4/3, interp=auto)  random-resized crop, area fraction in
-      [lo, hi], aspect ratio log-uniform in [ratio_lo, ratio_hi]; in memory resized back to the
-      input size (bicubic, DeiT-III), streamed to data.image_size (bilinear, torchvision)
+      crop), the shorter side first resized to data.image_size (arrays at that size: as they are)
+  rrc(lo=0.08, hi=1, ratio_lo=3/4, ratio_hi=4/3, interp=bilinear)  random-resized crop to
+      data.image_size, area fraction in [lo, hi], aspect ratio log-uniform in
+      [ratio_lo, ratio_hi], resampled bilinear (torchvision's default) or bicubic (DeiT-III)
   flip             horizontal flip with probability 1/2
   three_augment    one of greyscale / solarise / Gaussian blur (DeiT-III's 3-Augment)
   color_jitter(strength=0.3)  brightness, contrast, saturation jitter (DeiT-III: 0.3)
@@ -31,22 +31,16 @@ u < p (for every p, so the draws of later ops never depend on p):
       box blurs)
   solarize(p=0.2, threshold=128)  PIL ImageOps.solarize: pixels >= threshold become 255 - x
 
-and rrc's fifth argument `interp` ('auto': bicubic in memory, bilinear streamed; 'bicubic' or
-'bilinear' for both): DINO's crops are rrc(0.4,1,interp=bicubic) and rrc(0.05,0.4,interp=
-bicubic). The multi-crop of a record into DINO's views is laplax.data.dino_stream.
+DINO's crops are rrc(0.4,1,interp=bicubic) and rrc(0.05,0.4,interp=bicubic). The multi-crop of
+a record into DINO's views is laplax.data.dino_stream.
 
-Where an op can run is what its class implements (`Op`): `batch` (in memory, on a whole batch),
-`image` (in memory per image, streamed per record) and `decoded` (streamed, the first op: the
-decoded record -> the data.image_size training crop). `in_memory` and `streamed` check a spec
-against a pipeline (one-line ValueErrors, at config validation) and split it into stages:
-
-  in memory  the leading ops that run on batches do so, with one generator per global batch
-             from (seed, step); the rest run per image, one generator per image from
-             (seed, step, position in the global batch)
-  streamed   the first op crops the decoded record, then the rest run on it, all from one
-             generator per record from (seed, position in the global stream)
-
-so the draws never depend on the number of hosts. A new op is a registered `Op` subclass:
+Where an op can run is what its class implements (`Op`): `decoded` (the first op: the decoded
+record -> the data.image_size training crop) and `image` (per record, after it). `stages` checks
+a spec (one-line ValueErrors, at config validation) and splits it into the crop and the ops
+after it; every op of a record draws from one generator, from (seed, position in the global
+stream), so the draws never depend on the number of hosts. Records already at data.image_size
+(in-memory arrays) need no crop: their spec may start with any op. A new op is a registered
+`Op` subclass:
 
   @ops.register('invert')
   @dataclasses.dataclass(frozen=True)
@@ -68,7 +62,7 @@ from PIL import Image
 from laplax.data import augment
 
 PAD_MODES = ('constant', 'reflect')
-INTERPOLATIONS = {'auto': None, 'bilinear': Image.Resampling.BILINEAR,
+INTERPOLATIONS = {'bilinear': Image.Resampling.BILINEAR,
                   'bicubic': Image.Resampling.BICUBIC}
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default
 
@@ -77,20 +71,12 @@ RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default
 class Op:
   """One augmentation op, a parsed entry of data.augment; its fields are the spec's arguments.
 
-  A subclass implements the ways it can run (the pipelines check which, `runs`), uint8 in and
+  A subclass implements the ways it can run (`stages` checks which, `runs`), uint8 in and
   out, drawing only from the generator it is given:
-    batch(images (B, H, W, C), rng, rows, global_size) -> (B, H, W, C): in memory, this host's
-      rows `rows` (a slice) of a global batch of `global_size`; draws for the whole global
-      batch, so that a row's draw does not depend on the number of hosts. `images` belongs to
-      the pipeline: the op may change it in place.
-    image(image (H, W, C), rng) -> (H', W', C): one image (in memory) or record (streamed).
-    decoded(image: PIL RGB, size, rng) -> (size, size, 3): streamed, the first op.
+    image(image (H, W, C), rng) -> (H', W', C): one record, after the first op.
+    decoded(image: PIL (RGB, or grey from arrays), size, rng) -> (size, size, C): the first op.
   """
   name: ClassVar[str] = ''
-
-  def batch(self, images: np.ndarray, rng: np.random.Generator, rows: slice,
-            global_size: int) -> np.ndarray:
-    raise NotImplementedError
 
   def image(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     raise NotImplementedError
@@ -129,7 +115,7 @@ def register(name: str):
 
 
 def runs(op: Op | type[Op], how: str) -> bool:
-  """Whether op implements `how`: 'batch', 'image' or 'decoded'."""
+  """Whether op implements `how`: 'image' or 'decoded'."""
   cls = op if isinstance(op, type) else type(op)
   return getattr(cls, how) is not getattr(Op, how)
 
@@ -181,10 +167,6 @@ class PadCrop(Op):
       raise ValueError(f'pad={self.pad} must be smaller than the image side '
                        f'({min(height, width)}) to reflect')
 
-  def batch(self, images, rng, rows, global_size):
-    offsets = rng.integers(0, 2 * self.pad + 1, size=(global_size, 2))
-    return augment.pad_crop_batch(images, offsets[rows], pad=self.pad, mode=self.mode)
-
   def decoded(self, image, size, rng):
     return augment.pad_crop_pil(image, size, rng, pad=self.pad, mode=self.mode)
 
@@ -193,14 +175,14 @@ class PadCrop(Op):
 @dataclasses.dataclass(frozen=True)
 class RandomResizedCrop(Op):
   """Random-resized crop: area fraction ~ U[lo, hi], aspect ratio log-uniform in
-  [ratio_lo, ratio_hi] (augment.resized_crop_box); in memory back to the input size, streamed
-  to the crop size; interp 'auto' resamples bicubic in memory (DeiT-III) and bilinear streamed
-  (torchvision's default), 'bicubic' / 'bilinear' both."""
+  [ratio_lo, ratio_hi] (augment.resized_crop_box), to the crop size as the first op, back to
+  the input size after it; resampled `interp` ('bilinear': torchvision's default; 'bicubic':
+  DeiT-III's and DINO's)."""
   lo: float = 0.08
   hi: float = 1.0
   ratio_lo: float = RATIO[0]
   ratio_hi: float = RATIO[1]
-  interp: str = 'auto'
+  interp: str = 'bilinear'
 
   def __post_init__(self):
     if self.interp not in INTERPOLATIONS:
@@ -218,25 +200,18 @@ class RandomResizedCrop(Op):
     return self.ratio_lo, self.ratio_hi
 
   def image(self, image, rng):
-    resample = INTERPOLATIONS['bicubic' if self.interp == 'auto' else self.interp]
     return augment.random_resized_crop(image, rng, scale=self.scale, ratio=self.ratio,
-                                       resample=resample)
+                                       resample=INTERPOLATIONS[self.interp])
 
   def decoded(self, image, size, rng):
-    resample = INTERPOLATIONS['bilinear' if self.interp == 'auto' else self.interp]
     return augment.resized_crop_pil(image, size, rng, scale=self.scale, ratio=self.ratio,
-                                    resample=resample)
+                                    resample=INTERPOLATIONS[self.interp])
 
 
 @register('flip')
 @dataclasses.dataclass(frozen=True)
 class Flip(Op):
   """Mirrors left-right with probability 1/2."""
-
-  def batch(self, images, rng, rows, global_size):
-    flips = (rng.random(global_size) < 0.5)[rows]
-    images[flips] = images[flips, :, ::-1]
-    return images
 
   def image(self, image, rng):
     return augment.random_flip(image, rng)
@@ -352,7 +327,7 @@ class Solarize(Op):
 
 
 # ----------------------------------------------------------------------------------------------
-# Parsing and the two pipelines' stages
+# Parsing, and a spec's stages
 
 
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -430,39 +405,27 @@ def run_images(ops: Sequence[Op], image: np.ndarray, rng: np.random.Generator) -
   return image
 
 
-def in_memory(spec: Spec, image_size: tuple[int, int] | None = None
-              ) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-  """(batch stage, per-image stage) of a spec for in-memory (H, W) = image_size images (None:
-  not checked): the leading ops that run on batches, then the rest, which must run per image."""
+def stages(spec: Spec, image_size: int, *, sized: bool = False
+           ) -> tuple[Op | None, tuple[Op, ...]]:
+  """(crop of the decoded record to image_size, per-record ops after it) of a training spec.
+  `sized`: the records are already image_size squares (in-memory arrays), so the crop may be
+  absent (None); records of files need one."""
   ops = parse(spec)
-  n = next((i for i, op in enumerate(ops) if not runs(op, 'batch')), len(ops))
-  for op in ops[n:]:
-    if runs(op, 'batch') and not runs(op, 'image'):
-      raise ValueError(f'data.augment: {op} runs on whole batches in memory, so it must come '
-                       f'before the per-image op {ops[n]}')
-    if not runs(op, 'image'):
-      raise ValueError(f'data.augment: {op} cannot run on in-memory images (it crops decoded '
-                       'records: streamed data sets only)')
-  if image_size is not None:
-    _check_sizes(ops, *image_size)
-  return ops[:n], ops[n:]
-
-
-def streamed(spec: Spec, image_size: int) -> tuple[Op, tuple[Op, ...]]:
-  """(crop of the decoded record to image_size, per-record ops after it) of a spec for the
-  streamed pipeline."""
-  ops = parse(spec)
-  if not ops or not runs(ops[0], 'decoded'):
+  if ops and runs(ops[0], 'decoded'):
+    crop, rest = ops[0], ops[1:]
+  elif sized:
+    crop, rest = None, ops
+  else:
     crops = ', '.join(sorted(n for n, cls in REGISTRY.items() if runs(cls, 'decoded')))
     first = f'not {ops[0]}' if ops else 'it is empty'
     raise ValueError(f'data.augment of a streamed data set must start with a crop of the decoded '
                      f'record to data.image_size ({crops}); {first}')
-  for op in ops[1:]:
+  for op in rest:
     if not runs(op, 'image'):
-      raise ValueError(f'data.augment: {op} cannot run per record on streamed data (only '
-                       f'{"as the first op" if runs(op, "decoded") else "in memory"})')
+      raise ValueError(f'data.augment: {op} can only be the first op (it crops the decoded '
+                       'record)')
   _check_sizes(ops, image_size, image_size)
-  return ops[0], ops[1:]
+  return crop, rest
 
 
 def _check_sizes(ops: Sequence[Op], height: int, width: int) -> None:

@@ -1,24 +1,31 @@
-"""Streaming image classification from a prepared TFDS data set (ImageNet-scale), no TensorFlow.
+"""The image pipelines of every image task, for in-memory arrays and streamed files alike.
 
-Records are read by random access (`tfds.data_source` over ArrayRecord files, images kept
-encoded; or parquet shards in the Hugging Face layout, laplax.data.parquet_images: `open_split`
-picks by data.source), decoded with PIL and augmented one record at a time as grain transforms, then batched;
-batches leave the host as uint8 and are normalised on the device
-(`laplax.data.pipeline.device_normalize`). Nothing is held per example except the
-ArrayRecord index, so host memory does not grow with the data set. `ArraySource` gives
-in-memory arrays the same random-access interface, so these pipelines serve them too.
+A data set is a random-access source of records {'image', 'label'}: a prepared TFDS data set
+(`tfds.data_source` over ArrayRecord files, images kept encoded), parquet shards in the Hugging
+Face layout (laplax.data.parquet_images; `open_split` picks by data.source), or in-memory arrays
+(`ArraySource`: record i is uint8 pixels, which `decode` reads as it reads encoded bytes). Records
+are decoded with PIL and augmented one at a time as grain transforms, then batched; batches leave
+the host as uint8 and are normalised on the device (`laplax.data.arrays.device_normalize`).
+Nothing is held per example except the source's index, so host memory does not grow with a
+streamed data set.
 
-Training stream (`train_dataset`): the same global stream as the in-memory pipeline
-(`laplax.data.pipeline.train_dataset`): epoch e is a fresh permutation of the N records, epochs
-are concatenated and cut into global batches of `batch_size * process_count`; host p reads only
-its contiguous block of each global batch (`grain_utils.HostBlock`). The per-record augmentation
-is drawn from (seed, position in the global stream), so it does not depend on the number of
-hosts, worker processes or threads, and a restored iterator continues the stream exactly.
+Training stream (`train_dataset`): epoch e is a fresh permutation of the N records (grain's
+`shuffle` reseeds per epoch), epochs are concatenated and cut into global batches of
+`batch_size * process_count`, so a batch may straddle two epochs and no record is skipped but
+the last partial global batch of a finite run; host p reads only its contiguous block of each
+global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step
+sees is the same for any number of hosts. The per-record augmentation is drawn from (seed,
+position in the global stream), so it does not depend on the number of hosts, worker processes
+or threads, and a restored iterator continues the stream exactly. DINO's views
+(laplax.data.dino_stream) and ADE20K's crops (laplax.data.ade20k_stream) are other record
+transforms on the same stream.
 
-Training augmentation: the ops of `data.augment` (laplax.data.ops, the in-memory pipeline's
-language): the first crops the decoded record to data.image_size ('rrc(0.08,1)': torchvision's
-random-resized crop; 'pad_crop(4,reflect)': DeiT-III's simple random crop), the rest (flip,
-three_augment, color_jitter, any registered op with an `image` method) run on each record.
+Training augmentation: the ops of `data.augment` (laplax.data.ops): the first crops the decoded
+record to data.image_size ('rrc(0.08,1)': torchvision's random-resized crop;
+'pad_crop(4,reflect)': DeiT-III's simple random crop), the rest (flip, three_augment,
+color_jitter, any registered op with an `image` method) run on each record. Records already at
+data.image_size (in-memory arrays) need no crop: their ops all run per record, and with no ops
+at all a batch is one gather.
 """
 from __future__ import annotations
 
@@ -67,16 +74,19 @@ def resize_center_crop(image: Image.Image, *, resize: int, crop: int) -> np.ndar
 
 @dataclasses.dataclass(frozen=True)
 class TrainTransform(grain.transforms.RandomMap):
-  """record {'image': encoded bytes, 'label'} -> {'image': uint8 (S, S, 3), 'label': int32}:
-  `crop` (an op's `decoded`) to S = size, then `ops` (their `image`), all drawing from the
-  record's generator."""
+  """record {'image': encoded bytes or uint8 (S, S, C), 'label'} -> {'image': uint8 (S, S, C),
+  'label': int32}: `crop` (an op's `decoded`) to S = size (None: pixels already S x S), then
+  `ops` (their `image`), all drawing from the record's generator."""
   size: int
-  crop: ops_lib.Op
+  crop: ops_lib.Op | None
   ops: tuple[ops_lib.Op, ...] = ()
 
   def random_map(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    crop = np.atleast_3d(self.crop.decoded(decode(record['image']), self.size, rng))
-    x = ops_lib.run_images(self.ops, crop, rng)
+    if self.crop is None:
+      x = np.asarray(record['image'])
+    else:
+      x = np.atleast_3d(self.crop.decoded(decode(record['image']), self.size, rng))
+    x = ops_lib.run_images(self.ops, x, rng)
     return {'image': np.ascontiguousarray(x, dtype=np.uint8),
             'label': np.int32(record['label'])}
 
@@ -110,6 +120,18 @@ class _ArrayBatch(grain.transforms.Map):
     images[~mask] = 0
     labels = np.where(mask, np.asarray(self.source.labels)[indices], 0).astype(np.int32)
     return {'image': images, 'label': labels, 'mask': mask}
+
+
+@dataclasses.dataclass(frozen=True)
+class _ArrayRows(grain.transforms.Map):
+  """A batch's (positions, record indices int (B,)) -> {'image': uint8 (B, H, W, C), 'label':
+  int32 (B,)} of an ArraySource, as stored."""
+  source: 'ArraySource'
+
+  def map(self, batch: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    indices = batch[1]
+    return {'image': self.source.images[indices],
+            'label': np.asarray(self.source.labels)[indices].astype(np.int32)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,13 +252,13 @@ def subset(source, limit: int) -> grain.MapDataset:
 # Pipelines
 
 
-def check_train_options(*, image_size: int, augment: ops_lib.Spec
-                        ) -> tuple[ops_lib.Op, tuple[ops_lib.Op, ...]]:
-  """(crop, per-record ops) of a training augmentation (`ops_lib.streamed`); one-line
-  ValueErrors for bad settings."""
-  if not isinstance(image_size, int) or image_size < 1:
+def check_train_options(*, image_size: int, augment: ops_lib.Spec, sized: bool = False
+                        ) -> tuple[ops_lib.Op | None, tuple[ops_lib.Op, ...]]:
+  """(crop or None, per-record ops) of a training augmentation (`ops_lib.stages`; `sized`:
+  records already image_size squares); one-line ValueErrors for bad settings."""
+  if not isinstance(image_size, (int, np.integer)) or image_size < 1:
     raise ValueError(f'data.image_size={image_size!r} must be a positive integer')
-  return ops_lib.streamed(augment, image_size)
+  return ops_lib.stages(augment, int(image_size), sized=sized)
 
 
 def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
@@ -248,13 +270,14 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
 
   Args:
     source: random-access records {'image': encoded bytes, 'label': int} (`open_source`,
-      `open_split`) or an `ArraySource`.
+      `open_split`) or an `ArraySource` (in-memory arrays).
     batch_size: examples per batch on THIS host (global: batch_size * process_count).
     seed: shuffle and augmentation seed (same on every host).
     image_size: side S of the square training crop.
     augment: the augmentation ops (laplax.data.ops): a crop of the decoded record to S
       ('rrc(lo,hi)' or 'pad_crop(pad,mode)'), then per-record ops, e.g. ('rrc(0.08,1)', 'flip',
-      'three_augment', 'color_jitter(0.3)').
+      'three_augment', 'color_jitter(0.3)'); arrays need no crop (then they keep their size,
+      S high; () for none).
     limit: > 0 uses the first `limit` records only.
     num_epochs: None repeats forever, else that many passes (last partial global batch
       dropped).
@@ -262,20 +285,100 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
     prefetch: batches made ahead (per worker with workers).
 
   Returns:
-    grain.IterDataset of {'image': uint8 (B, S, S, 3), 'label': int32 (B,)}; its iterator's
-    get_state()/set_state() resume exactly.
+    grain.IterDataset of {'image': uint8 (B, S, S, C), 'label': int32 (B,)} (C = 3, or an
+    ArraySource's channels); its iterator's get_state()/set_state() resume exactly.
   """
-  crop, ops = check_train_options(image_size=image_size, augment=augment)
+  arrays = isinstance(source, ArraySource)
+  crop, ops = check_train_options(image_size=image_size, augment=augment, sized=arrays)
+  if arrays and crop is None and source.images.shape[1] != image_size:
+    raise ValueError(f'the arrays are {source.images.shape[1]} x {source.images.shape[2]}: '
+                     f'without a crop first in data.augment they train at their own size, '
+                     f'not image_size={image_size}')
+  # Arrays at the training size with nothing to draw are kept as they are (one gather a batch).
+  transform = (TrainTransform(size=image_size, crop=crop, ops=ops)
+               if crop is not None or ops else None)
+  return train_stream(source, transform, batch_size=batch_size, seed=seed,
+                      process_index=process_index, process_count=process_count, limit=limit,
+                      num_epochs=num_epochs, num_workers=num_workers, num_threads=num_threads,
+                      prefetch=prefetch)
+
+
+def train_stream(source, transform: grain.transforms.RandomMap | None, *, batch_size: int,
+                 seed: int, process_index: int = 0, process_count: int = 1, limit: int = 0,
+                 num_epochs: int | None = None, steps: int = 0, num_workers: int = 0,
+                 num_threads: int = 1, prefetch: int = 2) -> grain.IterDataset:
+  """The one training stream of every image task (module docstring): this host's batches of
+  source's first `limit` records (all when 0), each record through `transform`, which draws
+  from (seed, its position in the global stream). The classifier's crops (`TrainTransform`),
+  DINO's views and ADE20K's crops are such transforms.
+
+  Args:
+    transform: a grain RandomMap of one record; None keeps an ArraySource's records as they
+      are (a batch is one gather).
+    batch_size: records per batch on THIS host (global: batch_size * process_count).
+    num_epochs: None repeats forever, else that many passes (last partial global batch
+      dropped); steps > 0 instead: exactly that many batches.
+    num_workers: grain worker processes (0: in this process, with num_threads threads).
+    prefetch: batches made ahead (per worker with workers).
+
+  Returns:
+    grain.IterDataset of the transform's records batched (None: {'image': uint8 (B, H, W, C),
+    'label': int32 (B,)}); its iterator's get_state()/set_state() resume exactly.
+  """
   grain_utils.check_seed(seed)
   grain_utils.check_hosts(process_index, process_count)
-  ds = grain_utils.epochs(subset(source, limit), seed=seed, batch_size=batch_size,
+  if transform is None and not isinstance(source, ArraySource):
+    raise ValueError(f'records of {type(source).__name__} need a transform (a crop)')
+  n = len(subset(source, limit))
+  if steps:
+    num_epochs = -(-steps * batch_size * process_count // n)
+  # The record index at each position of the global stream (grain permutes positions).
+  ds = grain_utils.epochs(grain.MapDataset.range(n), seed=seed, batch_size=batch_size,
                           process_count=process_count, num_epochs=num_epochs)
-  # Indices of the random map are global stream positions: augmentation independent of hosts.
-  ds = ds.random_map(TrainTransform(size=image_size, crop=crop, ops=ops),
-                     seed=grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM))
-  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
+  if steps:
+    ds = ds[:steps * batch_size * process_count]
+  ds = grain_utils.host_batches(ds.map_with_index(_positioned), batch_size, process_index,
+                                process_count)
+  if transform is None:
+    ds = ds.map(_ArrayRows(source))
+  else:
+    ds = ds.map(_Records(source, transform,
+                         grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM)))
   return grain_utils.to_iter(ds, num_workers=num_workers, num_threads=num_threads,
                              prefetch=prefetch)
+
+
+def _positioned(position: int, index: int) -> tuple[int, int]:
+  return position, index
+
+
+def _reset(rng: np.random.Generator, position: int) -> np.random.Generator:
+  """rng (Philox) at the start of the stream of `position`: the generator grain's `random_map`
+  gives the element at that index (grain's RngPool: counter (0, 0, 0, position), buffer empty),
+  so a record's draws are those of a per-record random_map (tests/test_streaming.py checks)."""
+  state = rng.bit_generator.state
+  state['state']['counter'] = np.array([0, 0, 0, position], dtype=np.uint64)
+  state['buffer'] = np.zeros(4, np.uint64)
+  state['buffer_pos'], state['has_uint32'], state['uinteger'] = 4, 0, 0
+  rng.bit_generator.state = state
+  return rng
+
+
+@dataclasses.dataclass(frozen=True)
+class _Records(grain.transforms.Map):
+  """A batch's (positions int (B,), record indices int (B,)) -> the transform's records of
+  source, stacked: one grain element per batch, the records in a loop (grain's per-element
+  work is about as costly as a small image's crop)."""
+  source: Any
+  transform: grain.transforms.RandomMap
+  seed: int
+
+  def map(self, batch: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    positions, indices = batch
+    rng = np.random.Generator(np.random.Philox(self.seed))
+    records = [self.transform.random_map(self.source[int(i)], _reset(rng, int(p)))
+               for p, i in zip(positions, indices)]
+    return {k: np.stack([r[k] for r in records]) for k in records[0]}
 
 
 def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_index: int = 0,

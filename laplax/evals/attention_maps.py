@@ -23,7 +23,7 @@ import numpy as np
 
 from laplax.attention import ANALYSIS
 from laplax.data import photos as photos_lib
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
@@ -58,7 +58,7 @@ def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int =
 
 
 def display_images(images: np.ndarray, mean, std) -> np.ndarray:
-  """Normalised float32 images -> uint8 for drawing (the inverse of pipeline.normalize)."""
+  """Normalised float32 images -> uint8 for drawing (the inverse of arrays.normalize)."""
   c = images.shape[-1]
   mean = np.broadcast_to(np.asarray(mean, np.float32).reshape(-1), (c,))
   std = np.broadcast_to(np.asarray(std, np.float32).reshape(-1), (c,))
@@ -126,7 +126,7 @@ class AttentionMaps(Evaluator):
     info = task.info()
     if self.photos is not None:
       names, raw = self.photos
-      images = pipeline.normalize(raw, mean=info.mean, std=info.std)
+      images = arrays.normalize(raw, mean=info.mean, std=info.std)
     else:
       batches = list(inputs.image_batches(task, c.split, c.images, c.batch_size))
       images = np.concatenate([x[v] for x, v in batches])

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from laplax import heads as heads_lib
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.models import dino as dino_lib
 from laplax.models import vit as vit_lib
 
@@ -98,7 +98,7 @@ def image_batches(task, split: str, examples: int, batch_size: int
   n = max(min(examples, task.eval_size(split)), 1)
   for b in task.eval_batches(split, min(batch_size, n), limit=examples, process_index=0,
                              process_count=1):
-    yield (pipeline.host_normalize(b["image"], mean=info.mean, std=info.std),
+    yield (arrays.host_normalize(b["image"], mean=info.mean, std=info.std),
            np.asarray(b["mask"], bool))
 
 

@@ -32,6 +32,7 @@ from laplax import multihost
 from laplax import sharding
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import export as export_lib
+from laplax.train import identity as identity_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -283,5 +284,6 @@ def export_run(run: Run, out: epath.PathLike) -> epath.Path:
             else run.workdir)
   return export_lib.write_export(
       out, run.params, run.config, run.model, source=source, step=run.step,
-      extra=run.extra, model_fields=task.model_identity(run.model), info=info,
+      extra=run.extra, model_fields=identity_lib.model_fields(run.model, task.model_sections),
+      info=info,
       tokenizer=tokenizer if tokenizer.exists() else None)

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
-from laplax.data import pipeline, streaming
+from laplax.data import arrays, streaming
 
 
 class FeatureBank(NamedTuple):
@@ -75,7 +75,7 @@ def bank_of_batches(features, params, batches, *, num_batches: int, global_batch
   out_sharding = bank_sharding(mesh)
 
   def compute(params, batch):
-    images = pipeline.device_normalize(batch["image"], mean, std)
+    images = arrays.device_normalize(batch["image"], mean, std)
     feats = features(params, images)
     # Rows stay where the batch is: the written slice is local to each device.
     return {k: jax.lax.with_sharding_constraint(v, batch_rows) for k, v in feats.items()}

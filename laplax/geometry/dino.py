@@ -33,7 +33,7 @@ import numpy as np
 
 from laplax import geometry
 from laplax import sharding
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.features import extract as features_lib
 from laplax.features import pca as pca_lib
 from laplax.geometry import plots
@@ -132,7 +132,7 @@ def spectra_step(model: dino_lib.DINO, *, base_grid: tuple[int, int], mean, std,
   in float32, number of valid images): one streamed batch's device work, not jitted."""
 
   def step(params, batch):
-    images = pipeline.device_normalize(batch["image"], mean, std)
+    images = arrays.device_normalize(batch["image"], mean, std)
     tokens = _patch_tokens(model, params, images, base_grid).astype(jnp.float32)
     return spectra_sums(tokens, batch["mask"], fractions), jnp.sum(batch["mask"])
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.data.images import load_image_data
 from laplax.evals import attention_maps, inputs
 from laplax.geometry import plots
@@ -280,7 +280,7 @@ def attention_section(workdir: pathlib.Path, config, specs, done, summary,
     subjects[names[spec]] = inputs.subject(run.task, run.model, run)
   data = load_image_data(config.base.data)
   info = data["info"]
-  images = pipeline.normalize(data["test"][0][:num_images], mean=info.mean, std=info.std)
+  images = arrays.normalize(data["test"][0][:num_images], mean=info.mean, std=info.std)
   attention_maps.comparison(subjects, images, workdir / "attention_maps.png", mean=info.mean,
                             std=info.std, row_labels=[f"test {i}" for i in range(num_images)])
   return ["## Attention maps", "",

@@ -13,7 +13,7 @@ import json
 import pathlib
 from typing import Any
 
-from laplax.data import builders, pipeline
+from laplax.data import builders, arrays
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
 from laplax.evals import attention_maps, inputs
@@ -217,7 +217,7 @@ def attention_figure(config, specs, done, names, path: pathlib.Path, num_images:
   else:
     raw = load_image_data(b.data)["test"][0][:num_images]
     labels, what = [f"test {i}" for i in range(len(raw))], f"{b.data.name} test images"
-  images = pipeline.normalize(raw, mean=info.mean, std=info.std)
+  images = arrays.normalize(raw, mean=info.mean, std=info.std)
   attention_maps.comparison(subjects, images, path, mean=info.mean, std=info.std,
                             row_labels=labels)
   return {"seed": seed, "images": what}

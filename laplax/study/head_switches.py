@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from laplax import cli  # noqa: E402
 from laplax import heads as heads_lib  # noqa: E402
-from laplax.data import pipeline  # noqa: E402
+from laplax.data import arrays  # noqa: E402
 from laplax.evals import offline  # noqa: E402
 from laplax.train import workdir as workdir_lib  # noqa: E402
 
@@ -48,7 +48,7 @@ def correct(run, images: np.ndarray, labels: np.ndarray, info, batch_size: int) 
   """bool (N,): whether the run's model classifies each image right."""
   @jax.jit
   def predict(params, x):
-    x = pipeline.device_normalize(x, info.mean, info.std)
+    x = arrays.device_normalize(x, info.mean, info.std)
     return jnp.argmax(run.model.apply({"params": params}, x), -1)
   out = [np.asarray(predict(run.params, images[i:i + batch_size]))
          for i in range(0, len(images), batch_size)]

@@ -26,7 +26,8 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, mixup as mixup_lib, ops, pipeline, sections, streaming
+from laplax import sections
+from laplax.data import arrays, builders, mixup as mixup_lib, streaming
 from laplax.data.images import check_shared_cache, load_image_data
 from laplax.models import vit
 from laplax.train import ranges
@@ -171,7 +172,7 @@ def steps_from_epochs(config: ml_collections.ConfigDict, num_train: int) -> tupl
 
 class ImageTask(Task):
   """What the image tasks (classification, DINO) share: an image data section, in memory or
-  streamed (data.tfds_name set), completed from its table (laplax.data.sections: every key at
+  streamed (data.tfds_name set), completed from its table (laplax.sections: every key at
   its default where unset; a key the table lacks is one line)."""
   unit = "images"
 
@@ -189,6 +190,7 @@ class ImageTask(Task):
 class ClassificationTask(ImageTask):
   name = "classification"
   sections = Task.sections + ("loss",)
+  progress = "loss {loss:.4f}  acc {accuracy:.3f}"
 
   data: dict[str, Any]
 
@@ -198,7 +200,10 @@ class ClassificationTask(ImageTask):
     if self.streaming:
       self._validate_streaming()
     else:
-      ops.in_memory(d.augment, self.info().image_shape[:2])
+      h, w, _ = self.info().image_shape
+      crop, _ = streaming.check_train_options(image_size=h, augment=d.augment, sized=True)
+      if crop is not None and h != w:
+        raise ValueError(f"data.augment's {crop} crops squares: {d.name} images are {h} x {w}")
     mixup_config(self.config)
     loss = self.config.loss
     if loss.name not in LOSSES:
@@ -261,10 +266,9 @@ class ClassificationTask(ImageTask):
     return init_module(model, rng, np.zeros((1,) + self.info().image_shape, np.float32))
 
   def abstract_batch(self, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """{'image': float32 (or streamed: uint8) (B, H, W, C), 'label': int32 (B,)}."""
+    """{'image': uint8 (B, H, W, C), 'label': int32 (B,)}: normalised in the step."""
     b = global_batch_size
-    dtype = jnp.uint8 if self.streaming else jnp.float32  # streamed batches stay uint8
-    return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, dtype),
+    return {"image": jax.ShapeDtypeStruct((b,) + self.info().image_shape, jnp.uint8),
             "label": jax.ShapeDtypeStruct((b,), jnp.int32)}
 
   def flops_per_step(self, model: vit.ViT, params) -> int:
@@ -291,7 +295,7 @@ class ClassificationTask(ImageTask):
     info = self.info()
 
     def loss_fn(params, batch, rng):
-      images = pipeline.device_normalize(batch["image"], info.mean, info.std)
+      images = arrays.device_normalize(batch["image"], info.mean, info.std)
       if mix.active:  # unmixed runs keep their dropout keys (and so their losses) unchanged
         mix_rng, rng = jax.random.split(rng)
       else:
@@ -306,20 +310,14 @@ class ClassificationTask(ImageTask):
     return loss_fn
 
   def train_iterator(self, process_index: int, process_count: int):
+    """One path for both data modes: streaming.train_dataset over the training source
+    (_source: in-memory arrays as an ArraySource), uint8 batches normalised in the step."""
     d = self.config.data
-    if self.streaming:
-      return iter(streaming.train_dataset(
-          self.data["train"], batch_size=d.batch_size // process_count, seed=self.config.seed,
-          image_size=d.image_size, augment=d.augment, process_index=process_index,
-          process_count=process_count, limit=d.train_subset, **loader_options(d)))
-    info, (x, y) = self.data["info"], self.data["train"]
-    return iter(pipeline.train_dataset(
-        x, y, batch_size=self.config.data.batch_size // process_count, seed=self.config.seed,
-        augment=d.augment, mean=info.mean, std=info.std, process_index=process_index,
-        process_count=process_count, num_threads=int(d.num_threads), prefetch=int(d.prefetch)))
-
-  def describe(self, m: dict[str, float]) -> str:
-    return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
+    return iter(streaming.train_dataset(
+        self._source("train"), batch_size=d.batch_size // process_count, seed=self.config.seed,
+        image_size=self.info().image_shape[0], augment=d.augment, process_index=process_index,
+        process_count=process_count, limit=d.train_subset if self.streaming else 0,
+        **loader_options(d)))
 
   def adapt_params(self, source_params, source_config, expected):
     """A source ViT trained at another resolution (DeiT-III: 192 px, then a 224 px fine-tune):
@@ -351,9 +349,10 @@ class ClassificationTask(ImageTask):
 
   # Private: the public names would make this task pass for EvalSources, whose evaluators
   # need a DINO backbone.
-  def _eval_source(self, split: str):
-    """`split` as a random-access source of {'image' uint8, 'label'} records: the opened
-    TFDS / parquet split when streamed, an ArraySource of the loaded arrays in memory."""
+  def _source(self, split: str):
+    """`split` ('train' / 'val' / 'test') as a random-access source of {'image' uint8, 'label'}
+    records: the opened TFDS / parquet split when streamed, an ArraySource of the loaded arrays
+    in memory."""
     return self.data[split] if self.streaming else streaming.ArraySource(*self.data[split])
 
   def _eval_crop(self) -> tuple[int, int]:
@@ -368,9 +367,9 @@ class ClassificationTask(ImageTask):
                    process_index: int | None = None, process_count: int | None = None):
     """Host `process_index`'s padded, masked batches (None: this process's; global batch j is
     the hosts' blocks in order) of the first `limit` examples of `split` (None: eval_size's),
-    one path for both data modes (streaming.eval_dataset over _eval_source, at _eval_crop):
+    one path for both data modes (streaming.eval_dataset over _source, at _eval_crop):
     {'image': uint8 (B, H, W, C), 'label': int32 (B,), 'mask': bool (B,)}, normalised where
-    they are used (pipeline.device_normalize / host_normalize)."""
+    they are used (arrays.device_normalize / host_normalize)."""
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
     # In memory, load_data cut val / test to eval_subset and the training split is not capped
@@ -379,7 +378,7 @@ class ClassificationTask(ImageTask):
       limit = self.config.data.eval_subset if self.streaming else 0
     resize, crop = self._eval_crop()
     return streaming.eval_dataset(
-        self._eval_source(split), batch_size=batch_size, resize=resize, crop=crop,
+        self._source(split), batch_size=batch_size, resize=resize, crop=crop,
         process_index=pi, process_count=pc, limit=limit, **loader_options(self.config.data))
 
   def eval_params(self, model: vit.ViT, params):

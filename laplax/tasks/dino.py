@@ -39,13 +39,12 @@ from laplax import flops as flops_lib
 from laplax import heads as heads_lib
 from laplax.data import builders, dino_stream, streaming
 from laplax.data import multicrop as multicrop_lib
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
 from laplax.tasks.classification import (ImageTask, image_info, loader_options,
                                          steps_from_epochs, streaming_info, vit_from_config)
-from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
@@ -210,7 +209,7 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
     # Split in three as when the first key cut the crops here: drop-path draws (and so a
     # streamed run's losses) stay as they were.
     _, k_global, k_local = jax.random.split(rng, 3)
-    views = lambda x: pipeline.device_normalize(jnp.swapaxes(x, 0, 1), mean, std)
+    views = lambda x: arrays.device_normalize(jnp.swapaxes(x, 0, 1), mean, std)
     globals_ = views(batch["global"])
     locals_ = views(batch["local"]) if "local" in batch else None
     teacher_params = jax.lax.stop_gradient(state.extra["teacher"])
@@ -256,6 +255,10 @@ def make_dino_step(model: dino_lib.DINO, tx: optax.GradientTransformation,
 class DinoTask(ImageTask):
   name = "dino"
   sections = Task.sections + ("dino", "multicrop", "head")
+  progress = ("loss {loss:.4f}  H(teacher) {teacher_entropy:.3f}  KL {kl:.3f}  "
+              "rank {effective_rank:.1f}")
+  # The backbone under config.model's names, the projection head under config.head's.
+  model_sections = {"backbone": "model", "head": "head"}
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
@@ -370,11 +373,6 @@ class DinoTask(ImageTask):
     return {"teacher": params,
             "centre": jnp.zeros((self.config.head.out_dim,), jnp.float32)}
 
-  def model_identity(self, model: dino_lib.DINO) -> dict[str, Any]:
-    """The backbone under config.model's names, the projection head under config.head's."""
-    return {**identity_lib.module_fields(model.backbone, "model"),
-            **identity_lib.module_fields(model.head, "head")}
-
   def describe_model(self, model, num_params: int) -> str:
     crops = multicrop_config(self.config)
     return (f"DINO ViT {heads_lib.model_heads(model)}, {num_params:,} student parameters; crops "
@@ -436,7 +434,3 @@ class DinoTask(ImageTask):
         seed=self.config.seed, crops=multicrop_config(self.config),
         process_index=process_index, process_count=process_count, limit=limit,
         **loader_options(d)))
-
-  def describe(self, m: dict[str, float]) -> str:
-    return (f"loss {m['loss']:.4f}  H(teacher) {m['teacher_entropy']:.3f}  KL {m['kl']:.3f}  "
-            f"rank {m['effective_rank']:.1f}")

@@ -54,6 +54,7 @@ class LanguageModelTask(Task):
   name = "lm"
   sections = Task.sections + ("loss",)
   unit = "tokens"
+  progress = "loss {loss:.4f}  {tokens_per_s:,.0f} tok/s"
 
   tokenizer: Tokenizer | None = None
   words: list[str] | None = None  # the spelling tasks' words (the chat task loads them)
@@ -167,9 +168,6 @@ class LanguageModelTask(Task):
 
   def items_per_step(self) -> int:
     return self.config.data.batch_size * self.config.data.seq_len
-
-  def describe(self, m: dict[str, float]) -> str:
-    return f"loss {m['loss']:.4f}  {m['tokens_per_s']:,.0f} tok/s"
 
   # --- What the evaluators read (laplax.train.task.EvalTokens) -------------------------------
 

@@ -61,6 +61,15 @@ def plain(value: Any) -> Any:
     return getattr(value, "__name__", str(value))
 
 
+def model_fields(model: Any, sections: Mapping[str, str]) -> dict[str, Any]:
+  """The resolved model sections of a built model: `sections` maps a submodule's attribute
+  ('' the model itself) to the config section its fields are named by (Task.model_sections)."""
+  out = {}
+  for attr, section in sections.items():
+    out.update(module_fields(getattr(model, attr) if attr else model, section))
+  return out
+
+
 def module_fields(module: Any, prefix: str) -> dict[str, Any]:
   """A built model's constructor fields as {'model.depth': 2, ...}: the resolved model section
   (presets expanded, defaults filled in). A nested module's fields get its name in the prefix;

@@ -92,7 +92,7 @@ RANGES: dict[str, Range] = {
     "optim.lr": POSITIVE, "optim.weight_decay": NON_NEGATIVE,
     "optim.weight_decay_end": NON_NEGATIVE, "optim.warmup_steps": COUNT,
     "optim.final_lr_fraction": UNIT, "optim.warmdown_fraction": UNIT, "optim.lr_scale": POSITIVE,
-    "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA, "optim.eps": POSITIVE,
+    "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA,
     "optim.grad_accum_steps": AT_LEAST_ONE,
     "optim.embed_lr_scale": POSITIVE, "optim.unembed_lr_scale": POSITIVE,
     "optim.mix_lr_scale": POSITIVE, "optim.gate_lr_scale": POSITIVE,

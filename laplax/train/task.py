@@ -24,6 +24,11 @@ asked, in this order:
   identity(model, n)         what its checkpoints were trained as (laplax.train.identity),
                              compared on every resume
 
+What is data rather than a hook are class attributes: `sections` (the config sections it
+reads), `unit` (what data.batch_size counts), `progress` (the progress line's format over the
+logged metrics), `model_sections` (which config section names each submodule's fields in the
+identity), `batch_keys`.
+
 A task measures nothing: evaluators do (laplax.train.evaluator, picked by config.evals), reading
 the task's data. eval.py asks `load_assets(workdir)` (files build_model needs besides the
 config). A study's report section is found by the task's name (laplax.study.cells.SECTIONS).
@@ -45,6 +50,7 @@ import numpy as np
 import optax
 
 from laplax import heads as heads_lib
+from laplax import sections
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import ranges
@@ -133,10 +139,17 @@ class Task(abc.ABC):
   sections: ClassVar[tuple[str, ...]] = ("seed", "log_every", "checkpoint", "mesh", "data",
                                          "model", "optim")
   unit: ClassVar[str] = "examples"  # what data.batch_size counts, for throughput lines
+  # The progress line's task part: a format string over the logged metrics row.
+  progress: ClassVar[str] = "loss {loss:.4f}"
+  # The built model's submodules ('' the model itself) -> the config section naming their
+  # fields in the identity (laplax.train.identity.model_fields; convert and export read it).
+  model_sections: ClassVar[dict[str, str]] = {"": "model"}
   batch_keys: ClassVar[tuple[str, ...] | None] = None  # batch entries the step takes (None: all)
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
+    # Every optim key a field (laplax.sections.OPTIM), also in an older run's config.
+    sections.complete(config.optim, sections.OPTIM, "optim")
 
   # --- Before anything is written ------------------------------------------------------------
 
@@ -243,10 +256,6 @@ class Task(abc.ABC):
   def items_per_step(self) -> int:
     return self.config.data.batch_size
 
-  def describe(self, metrics: dict[str, float]) -> str:
-    """The progress line's task part."""
-    return f"loss {metrics['loss']:.4f}"
-
   def results_info(self, step: int) -> dict[str, Any]:
     """Facts of the run for results.json besides the evaluators' results (default: none)."""
     del step
@@ -257,7 +266,7 @@ class Task(abc.ABC):
     another value stops (laplax.train.identity). Called after load_data; a task adds what else
     its checkpoints depend on (the LM: its tokenizer and corpus)."""
     c = self.config
-    out = {"task": self.name, **self.model_identity(model),
+    out = {"task": self.name, **identity_lib.model_fields(model, self.model_sections),
            identity_lib.HEADS: identity_lib.head_rows(model)}
     out.update({f"data.{k}": identity_lib.plain(c.data[k]) for k in ("name", "tfds_name", "sources")
                 if k in c.data})
@@ -265,10 +274,6 @@ class Task(abc.ABC):
                 "optim.grad_accum_steps": int(c.optim.grad_accum_steps),
                 "total_steps": int(total_steps)})
     return out
-
-  def model_identity(self, model: nn.Module) -> dict[str, Any]:
-    """The resolved model section: the built module's fields as 'model.<field>'."""
-    return identity_lib.module_fields(model, "model")
 
 # --- What evaluators read ------------------------------------------------------------------
 # A data interface an evaluator declares (Evaluator.reads) and a task implements; a task

@@ -283,7 +283,7 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
       options = loop.LoopOptions(
           start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
           items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
-          describe=task.describe, evaluate=evaluate if periodic else None,
+          describe=lambda row: task.progress.format(**row), evaluate=evaluate if periodic else None,
           batch_keys=task.batch_keys, stop_requested=stop_requested,
           profile=_profile_window(config, workdir),
           flops_per_step=task.flops_per_step(model, abstract.params), switch=switch)

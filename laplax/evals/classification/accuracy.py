@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 from laplax import sharding
-from laplax.data import pipeline
+from laplax.data import arrays
 
 
 def make_eval_fn(model: nn.Module, mesh, rules, *, mean=0.0, std=1.0):
@@ -19,7 +19,7 @@ def make_eval_fn(model: nn.Module, mesh, rules, *, mean=0.0, std=1.0):
   units); float images are taken as already normalised."""
 
   def eval_step(params, batch):
-    images = pipeline.device_normalize(batch["image"], mean, std)
+    images = arrays.device_normalize(batch["image"], mean, std)
     logits = model.apply({"params": params}, images, train=False)
     mask = batch["mask"].astype(jnp.float32)
     correct = (jnp.argmax(logits, -1) == batch["label"]) * mask

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from laplax import multihost
-from laplax.data import pipeline
+from laplax.data import arrays
 from laplax.evals.classification import accuracy
 from laplax.geometry import plots
 from laplax.geometry import vit as vit_geometry
@@ -80,7 +80,7 @@ class VitGeometry(Evaluator):
     task, n, split = self.ctx.task, self.config.examples, self.config.split
     info = task.info()
     # Each host reads its block of every batch: all of them, in order, on every host.
-    batches = ({**b, "image": pipeline.host_normalize(b["image"], mean=info.mean, std=info.std)}
+    batches = ({**b, "image": arrays.host_normalize(b["image"], mean=info.mean, std=info.std)}
                for b in map(multihost.gather_rows, task.eval_batches(
                    split, min(n, 250), limit=n)))
     geo = vit_geometry.analyze_batches(

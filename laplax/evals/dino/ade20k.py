@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from laplax import sharding
-from laplax.data import ade20k_stream, pipeline
+from laplax.data import ade20k_stream, arrays
 from laplax.evals.dino import online_head
 
 NUM_CLASSES = 150  # labels 1..150; 0 ignored
@@ -168,7 +168,7 @@ def segmentation_probe(features, params, train_source, eval_source, protocol: Pr
   replicated = sharding.replicated(mesh)
 
   def feats_of(params, images):
-    x = features(params, pipeline.device_normalize(images, mean, std))[key]
+    x = features(params, arrays.device_normalize(images, mean, std))[key]
     return jax.lax.stop_gradient(x.astype(jnp.float32))  # the backbone is frozen
 
   def init(rng, params, images):

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from laplax import sharding
-from laplax.data import builders, pipeline, streaming
+from laplax.data import builders, arrays, streaming
 from laplax.data.images import load_image_data
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import linear_probe
@@ -167,7 +167,7 @@ def transfer_data(config: ml_collections.ConfigDict, name: str, source_dir: str,
     x, y = data[split]
     if split == "train":
       x, y = x[:cap], y[:cap]
-    out[split] = (pipeline.convert_images(x, size=size, channels=channels), y)
+    out[split] = (arrays.convert_images(x, size=size, channels=channels), y)
   return out
 
 

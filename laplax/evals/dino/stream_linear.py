@@ -33,7 +33,7 @@ import numpy as np
 import optax
 
 from laplax import sharding
-from laplax.data import pipeline, streaming
+from laplax.data import arrays, streaming
 from laplax.evals.dino import online_head
 from laplax.features import stream as stream_features
 
@@ -97,7 +97,7 @@ def streamed_linear_probe(features, params, train_source, eval_sources: dict[str
   replicated = sharding.replicated(mesh)
 
   def feats_of(params, images):
-    x = features(params, pipeline.device_normalize(images, mean, std))[key]
+    x = features(params, arrays.device_normalize(images, mean, std))[key]
     return jax.lax.stop_gradient(x)  # the backbone is frozen
 
   def init(rng, params, images):

@@ -5,8 +5,8 @@ registry, `check`, `make` and the scalings every optimiser gets.
 
   make(optim, total_steps, *, width=None, freeze_last_layer_steps=None) -> (tx, lr schedule)
 
-builds the optimiser that `optim.name` names (OPTIMIZERS; default 'adamw'), with the learning
-rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
+builds the optimiser that `optim.name` names (OPTIMIZERS), with the learning rate on the
+schedule that `optim.schedule` names (SCHEDULES):
 
   'adamw'  AdamW with weight decay on matrices only (parts.decay_mask), constant or on a cosine
            (weight_decay_schedule), after clipping (parts.gradient_clip, optim.clip_mode):
@@ -21,10 +21,10 @@ rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
            task passes `width`, the model's, for its lr scaling). optim.muon.distributed:
            Newton-Schulz on each device's share of the matrices (scale_by_muon)
 
-  Any optimiser: optim.mix_lr_scale (default 1) scales the updates of the learned head-operator
+  Any optimiser: optim.mix_lr_scale scales the updates of the learned head-operator
   coefficients (the 'mix_a' / 'mix_b' parameters of 'mix' heads, laplax.heads), which no
   optimiser decays (they are vectors; Muon gives them its scalar AdamW group).
-  optim.gate_lr_scale (default GATE_LR_SCALE) scales those of the gate logits of an
+  optim.gate_lr_scale scales those of the gate logits of an
   'auto(...)' phase (laplax.train.auto_heads), without a state of its own: a run's optimiser
   state is the same with gates or without (with_gate_lr_scale).
 
@@ -32,7 +32,9 @@ rate on the schedule that `optim.schedule` names (SCHEDULES; default 'cosine'):
   'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
               the steps (nanochat; warmdown_schedule)
 
-`check(optim)` raises the one-line ValueErrors of a bad optim section (Task.validate calls it
+Every key has its default in laplax.sections.OPTIM: `check` and `make` read the section
+completed from it (a key it lacks is refused in one line). `check(optim)` raises the one-line
+ValueErrors of a bad optim section (Task.validate calls it
 before anything is written). A new optimiser: a module with `build` (make's signature) and
 `check`, one line in OPTIMIZERS.
 """
@@ -45,6 +47,7 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
+from laplax import sections
 from laplax.train import ranges
 from laplax.train.optim import adamw, muon
 from laplax.train.optim.parts import CLIP_MODES, key_names
@@ -64,23 +67,26 @@ OPTIMIZERS: dict[str, Optimizer] = {
 }
 
 
+def completed(optim) -> Any:
+  """The optim section with every key (laplax.sections.OPTIM's defaults where unset), a copy;
+  a key OPTIM lacks is one ValueError line."""
+  return sections.completed(optim, sections.OPTIM, "optim")
+
+
 def check(optim) -> None:
-  """One-line ValueErrors for a bad optim section: names (optim.name, optim.schedule,
-  optim.clip_mode), the shared numbers, then the optimiser's own values."""
-  name = optim.get("name", "adamw")
-  if name not in OPTIMIZERS:
-    raise ValueError(f"optim.name={name!r}: use one of {tuple(OPTIMIZERS)}")
-  schedule = optim.get("schedule", "cosine")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"optim.schedule={schedule!r}: use one of {tuple(SCHEDULES)}")
-  if optim.get("clip_mode", "global") not in CLIP_MODES:
+  """One-line ValueErrors for a bad optim section: unknown keys, names (optim.name,
+  optim.schedule, optim.clip_mode), the shared numbers, then the optimiser's own values."""
+  optim = completed(optim)
+  if optim.name not in OPTIMIZERS:
+    raise ValueError(f"optim.name={optim.name!r}: use one of {tuple(OPTIMIZERS)}")
+  if optim.schedule not in SCHEDULES:
+    raise ValueError(f"optim.schedule={optim.schedule!r}: use one of {tuple(SCHEDULES)}")
+  if optim.clip_mode not in CLIP_MODES:
     raise ValueError(f"optim.clip_mode={optim.clip_mode!r}: use one of {CLIP_MODES}")
   ranges.check(optim, "optim")  # every number's range (laplax.train.ranges.RANGES)
-  if schedule == "warmdown" and "warmdown_fraction" not in optim:
-    raise ValueError("optim.schedule='warmdown' needs optim.warmdown_fraction (in [0, 1])")
-  if optim.get("mix_lr_scale", 1) not in (None, 1) and optim.get("flatten", False):
+  if optim.mix_lr_scale != 1 and optim.flatten:
     raise ValueError("optim.mix_lr_scale needs parameter names: set optim.flatten=False")
-  OPTIMIZERS[name].check(optim)
+  OPTIMIZERS[optim.name].check(optim)
 
 
 MIX_PARAMS = ("mix_a", "mix_b")  # laplax.attention.MultiHeadAttention's mix coefficients
@@ -100,10 +106,6 @@ def scale_mix_updates(scale: float) -> optax.GradientTransformation:
 
 
 GATE_PARAMS = ("gate_logit",)  # laplax.attention.MultiHeadAttention's gate heads
-# An 'auto(...)' phase is short (a fifth of the run by default) and a gate logit must travel a
-# few units in it; at the weights' lr it moves ~lr per step (Adam), far too little. Measured on
-# the main job's recipe (configs/study_auto.py): see benchmarks/README.md.
-GATE_LR_SCALE = 10.0
 
 
 def with_gate_lr_scale(tx: optax.GradientTransformation, scale: float
@@ -124,16 +126,16 @@ def with_gate_lr_scale(tx: optax.GradientTransformation, scale: float
 def make(optim, total_steps: int, *, width: int | None = None,
          freeze_last_layer_steps: int | None = None
          ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """(tx, the learning-rate schedule to log) of the optimiser optim.name names (default
-  'adamw'), after check(optim).
+  """(tx, the learning-rate schedule to log) of the optimiser optim.name names, after
+  check(optim), from the completed section.
 
   What only the task knows: width (the model's, for Muon's lr scaling; ignored by 'adamw')
   and freeze_last_layer_steps (DINO: the head's last layer frozen for that many steps; None:
   no layer kept apart; only 'adamw' honours it)."""
   check(optim)
-  tx, lr = OPTIMIZERS[optim.get("name", "adamw")].build(
+  optim = completed(optim)
+  tx, lr = OPTIMIZERS[optim.name].build(
       optim, total_steps, width=width, freeze_last_layer_steps=freeze_last_layer_steps)
-  mix_scale = optim.get("mix_lr_scale")
-  if mix_scale is not None and mix_scale != 1:
-    tx = optax.chain(tx, scale_mix_updates(float(mix_scale)))
-  return with_gate_lr_scale(tx, float(optim.get("gate_lr_scale", GATE_LR_SCALE))), lr
+  if optim.mix_lr_scale != 1:
+    tx = optax.chain(tx, scale_mix_updates(float(optim.mix_lr_scale)))
+  return with_gate_lr_scale(tx, float(optim.gate_lr_scale)), lr

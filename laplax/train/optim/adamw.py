@@ -104,7 +104,7 @@ def freeze_first_steps(core: Callable[[int], optax.GradientTransformation], step
 
 
 def _has_groups(optim) -> bool:
-  return optim.get("embed_lr_scale") is not None or optim.get("unembed_lr_scale") is not None
+  return optim.embed_lr_scale is not None or optim.unembed_lr_scale is not None
 
 
 def build(optim, total_steps: int, *, width: int | None = None,
@@ -119,7 +119,7 @@ def build(optim, total_steps: int, *, width: int | None = None,
   del width
   lr = lr_schedule(optim, total_steps)
   wd = weight_decay_schedule(optim, total_steps)
-  if optim.get("flatten", False):
+  if optim.flatten:
     if freeze_last_layer_steps is not None:
       raise ValueError("optim.flatten=True: the DINO optimiser keeps the last layer's AdamW "
                        "apart and cannot flatten; set optim.flatten=False")
@@ -142,9 +142,8 @@ def build(optim, total_steps: int, *, width: int | None = None,
 
 def check(optim) -> None:
   """optim.flatten's limits."""
-  if optim.get("flatten", False) and (optim.get("clip_mode", "global") != "global"
-                                      or optim.get("weight_decay_end") is not None
-                                      or _has_groups(optim)):
+  if optim.flatten and (optim.clip_mode != "global" or optim.weight_decay_end is not None
+                        or _has_groups(optim)):
     raise ValueError("optim.flatten=True supports only clip_mode='global', a constant weight "
                      "decay (weight_decay_end=None) and no parameter groups; set "
                      "optim.flatten=False")

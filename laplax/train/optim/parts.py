@@ -55,9 +55,9 @@ def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
 
 
 def gradient_clip(optim) -> list[optax.GradientTransformation]:
-  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (default; one norm over all
+  """[] (clip_norm <= 0), or the clip of optim.clip_mode: 'global' (one norm over all
   gradients) or 'per_tensor' (each parameter tensor's gradient clipped to clip_norm)."""
-  mode = optim.get("clip_mode", "global")
+  mode = optim.clip_mode
   if mode not in CLIP_MODES:
     raise ValueError(f"optim.clip_mode={mode!r}: use one of {CLIP_MODES}")
   if not (optim.clip_norm and optim.clip_norm > 0):

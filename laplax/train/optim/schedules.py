@@ -16,7 +16,7 @@ def cosine_schedule(optim, total_steps: int, peak: float | None = None) -> optax
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=peak, warmup_steps=warmup,
       decay_steps=max(total_steps, warmup + 1),
-      end_value=peak * optim.get("final_lr_fraction", 0.0))
+      end_value=peak * optim.final_lr_fraction)
 
 
 def warmdown_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
@@ -42,18 +42,17 @@ SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
 
 
 def lr_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
-  """The learning rate on the schedule optim.schedule names (default 'cosine'), peaking at
-  `peak` (default optim.lr) times optim.lr_scale (default 1; nanochat's init_lr_frac: a
-  fine-tuning stage's fraction of every pretraining lr)."""
+  """The learning rate on the schedule optim.schedule names, peaking at `peak` (default
+  optim.lr) times optim.lr_scale (nanochat's init_lr_frac: a fine-tuning stage's fraction of
+  every pretraining lr)."""
   peak = optim.lr if peak is None else peak
-  return SCHEDULES[optim.get("schedule", "cosine")](optim, total_steps,
-                                                    peak * optim.get("lr_scale", 1.0))
+  return SCHEDULES[optim.schedule](optim, total_steps, peak * optim.lr_scale)
 
 
 def weight_decay_schedule(optim, total_steps: int) -> optax.ScalarOrSchedule:
   """optim.weight_decay, constant; or, when optim.weight_decay_end is set (not None), a cosine
   from weight_decay at step 0 to weight_decay_end at total_steps (DINO: 0.04 -> 0.4)."""
-  start, end = optim.weight_decay, optim.get("weight_decay_end")
+  start, end = optim.weight_decay, optim.weight_decay_end
   if end is None:
     return start
   def schedule(count):

@@ -1,39 +1,15 @@
-"""grain pipelines over in-memory image arrays: shuffled, sharded, augmented, checkpointable.
-
-The arrays come from `laplax.data.builders.load_split` (uint8 (N, H, W, C), int32 (N,)).
-Per-record Python work is slow (about 2k examples/s), so each element of these pipelines is a
-whole batch: grain shuffles and shards example *indices*, and one NumPy gather + batched
-crop / flip + one normalisation make the batch.
-
-Training stream (`train_dataset`): epoch e is a fresh permutation of all N examples (grain's
-`shuffle` reseeds per epoch); epochs are concatenated and cut into global batches of
-`batch_size * process_count` examples, so a batch may straddle two epochs and no example is ever
-skipped except the final remainder of a finite run. Host p takes the contiguous block p of each
-global batch (`grain_utils.HostBlock`), the rows its devices hold, so the global array a step
-sees is the same for any number of hosts, row for row (per-row randomness on the device, such as
-Mixup partners or DINO's crops, then does not depend on it either). Augmentation (`augment`, the
-ops of laplax.data.ops) is drawn per global batch from (seed, step) for the leading ops that run
-on whole batches (pad_crop, flip), then per image from (seed, step, position in the global
-batch) (rrc, three_augment, color_jitter: a Python loop over the batch, fine for CPU-sized
-data), so it does not depend on the number of hosts and a restored iterator reproduces it
-exactly.
+"""In-memory image arrays: normalisation (on the host, or on the device inside a jitted
+function: the pipelines send uint8), the seeded train / val hold-out, and conversion to another
+size or channel count. The arrays come from `laplax.data.builders.load_split` (uint8 (N, H, W, C),
+int32 (N,)); every pipeline reads them as a `laplax.data.streaming.ArraySource`.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-import grain
 import numpy as np
 
 from laplax.data import grain_utils
-from laplax.data import ops as ops_lib
-
-
-def _check_arrays(images: np.ndarray, labels: np.ndarray) -> None:
-  if images.ndim != 4 or images.dtype != np.uint8:
-    raise ValueError(f'images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}')
-  if labels.shape != images.shape[:1]:
-    raise ValueError(f'labels shape {labels.shape} does not match {len(images)} images')
 
 
 def normalization(mean: Sequence[float] | float, std: Sequence[float] | float,
@@ -84,62 +60,6 @@ def device_normalize(images, mean: Sequence[float] | float, std: Sequence[float]
     return images
   scale, shift = normalization(mean, std, images.shape[-1])
   return images.astype(jnp.float32) * scale - shift
-
-
-def train_dataset(images: np.ndarray, labels: np.ndarray, *, batch_size: int, seed: int,
-                  augment: ops_lib.Spec = (), mean: Sequence[float] | float,
-                  std: Sequence[float] | float, process_index: int = 0, process_count: int = 1,
-                  num_epochs: int | None = None, num_threads: int = 1,
-                  prefetch: int = 2) -> grain.IterDataset:
-  """The training stream of this host's batches (see the module docstring).
-
-  Args:
-    images: uint8 (N, H, W, C), all hosts' training data (every host holds the arrays).
-    labels: int (N,).
-    batch_size: examples per batch on THIS host; the global batch is
-      `batch_size * process_count`.
-    seed: shuffling and augmentation seed (same on every host).
-    augment: the augmentation ops (laplax.data.ops), e.g. ('pad_crop(4)', 'flip') or
-      ('rrc(0.08,1)', 'flip', 'three_augment', 'color_jitter(0.3)'); () for none.
-    mean, std: per-channel normalisation in [0, 1] pixel units (see `dataset_info`).
-    process_index, process_count: this host and the number of hosts.
-    num_epochs: None repeats forever; otherwise the stream ends after `num_epochs` passes,
-      dropping the last incomplete global batch.
-    num_threads, prefetch: grain threads and batches made ahead of the consumer.
-
-  Returns:
-    `grain.IterDataset` of {'image': float32 (B, H, W, C), 'label': int32 (B,)}. `iter()` gives
-    a `grain.DatasetIterator`; its `get_state()`/`set_state()` resume exactly.
-  """
-  _check_arrays(images, labels)
-  grain_utils.check_seed(seed)
-  grain_utils.check_hosts(process_index, process_count)
-  batch_ops, image_ops = ops_lib.in_memory(augment, images.shape[1:3])
-  global_batch = batch_size * process_count
-  scale, shift = normalization(mean, std, images.shape[-1])
-  augment_seed = grain_utils.derive_seed(seed, grain_utils.AUGMENT_STREAM)
-
-  def make_batch(step: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    x = images[indices]
-    # This host's examples sit at its block of positions of the global batch.
-    host = slice(process_index * batch_size, (process_index + 1) * batch_size)
-    if batch_ops:
-      rng = np.random.default_rng([augment_seed, step])
-      for op in batch_ops:
-        x = op.batch(x, rng, host, global_batch)
-    if image_ops:
-      x = np.stack([ops_lib.run_images(
-          image_ops, im, np.random.default_rng([augment_seed, step, position]))
-          for im, position in zip(x, range(global_batch)[host])])
-    return {'image': _apply_normalization(x, scale, shift),
-            'label': labels[indices].astype(np.int32)}
-
-  # Example index at each position of the global stream.
-  ds = grain_utils.epochs(grain.MapDataset.range(len(images)), seed=seed, batch_size=batch_size,
-                          process_count=process_count, num_epochs=num_epochs)
-  ds = grain_utils.host_batches(ds, batch_size, process_index, process_count)
-  ds = ds.map_with_index(make_batch)
-  return grain_utils.to_iter(ds, num_threads=num_threads, prefetch=prefetch)
 
 
 def split_train_val(images: np.ndarray, labels: np.ndarray, *, val_size: int | float,

@@ -1,7 +1,8 @@
-"""The image data sections' keys and defaults, in one place: configs/common.py builds its
-sections from these tables, and the image tasks complete a config's section from them (an older
-run's config.json, a hand-written config) and refuse a key they do not hold, so every key a user
-may set is a field (`--config.data.KEY=V` works for each) and a typo never passes.
+"""Config sections' keys and defaults, in one place: the image data sections and the optim
+section. configs/common.py builds its sections from these tables, and the tasks complete a
+config's section from them (an older run's config.json, a hand-written config) and refuse a key
+they do not hold, so every key a user may set is a field (`--config.data.KEY=V`,
+`--config.optim.KEY=V` work for each) and a typo never passes.
 
 No heavy imports: configs import this module.
 """
@@ -77,6 +78,54 @@ CLASSIFICATION_STREAMED = {
 }
 
 
+# The optim section, every optimiser's keys (laplax.train.optim: what each means and which
+# optimiser reads it; ranges in laplax.train.ranges).
+MUON = {  # optim.muon: nanochat's values (configs/common.py's muon() says where from)
+    "matrix_lr": 0.02,
+    "embedding_lr": 0.3,
+    "unembedding_lr": 0.004,
+    "scalar_lr": 0.004,
+    "width_reference": 768,
+    "adam_b1": 0.8,
+    "adam_b2": 0.95,
+    "adam_eps": 1e-10,
+    "momentum_start": 0.85,
+    "momentum": 0.95,
+    "momentum_warmup_steps": 300,
+    "ns_steps": 5,
+    "distributed": False,  # True: Newton-Schulz sharded over the mesh
+}
+OPTIM = {
+    "name": "adamw",  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon'
+    "schedule": "cosine",  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown'
+    "lr": 1e-3,  # peak lr (AdamW's; Muon's are in optim.muon)
+    "warmup_steps": 0,
+    "warmdown_fraction": 0.2,  # 'warmdown': the last fraction of the steps decays linearly
+    "final_lr_fraction": 0.0,  # the schedule ends at lr times this
+    "lr_scale": 1.0,  # every lr times this (a fine-tuning stage's fraction of its source's)
+    "weight_decay": 0.0,  # on matrices only
+    "weight_decay_end": None,  # None: constant; else a cosine from weight_decay to it (DINO)
+    "b1": 0.9,
+    "b2": 0.999,
+    "clip_norm": 1.0,  # <= 0: no clipping
+    "clip_mode": "global",  # 'global' (one norm over all gradients) | 'per_tensor' (DINO)
+    "grad_accum_steps": 1,
+    "skip_nonfinite": False,  # True: a NaN/inf step is skipped (as large runs do), not fatal
+    "embed_lr_scale": None,  # AdamW parameter groups (the LM): the embedding's lr scale
+    "unembed_lr_scale": None,  # and the unembedding's (lm_head); None: no groups
+    "mix_lr_scale": 1.0,  # the learned head-operator coefficients' updates (laplax.heads mix)
+    # The gate logits' of an 'auto(...)' phase (laplax.train.auto_heads): the phase is short (a
+    # fifth of the run by default) and a gate logit must travel a few units in it; at the
+    # weights' lr it moves ~lr per step (Adam), far too little. Measured on the main job's
+    # recipe (configs/study_auto.py): see benchmarks/README.md.
+    "gate_lr_scale": 10.0,
+    # One AdamW update over a raveled parameter vector (adamw.flat_adamw): the same update in
+    # fewer ops on the CPU; global clipping and constant weight decay only.
+    "flatten": False,
+    "muon": MUON,
+}
+
+
 # (task, streamed) -> the table of its data section.
 TABLES = {("classification", False): CLASSIFICATION_IN_MEMORY,
           ("classification", True): CLASSIFICATION_STREAMED,
@@ -95,13 +144,27 @@ def build(defaults: Mapping[str, Any], **keys) -> ml_collections.ConfigDict:
   return section
 
 
+def completed(section: Mapping, defaults: Mapping[str, Any], where: str
+              ) -> ml_collections.ConfigDict:
+  """A completed copy of `section` (`complete`); the section itself is left as it is."""
+  copy = ml_collections.ConfigDict(
+      section.to_dict() if isinstance(section, ml_collections.ConfigDict) else dict(section))
+  complete(copy, defaults, where)
+  return copy
+
+
 def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
              where: str) -> None:
-  """Adds `defaults`' keys that `section` lacks (in place); a key of `section` that `defaults`
-  does not hold is one ValueError line naming `where` and the keys it takes."""
+  """Adds `defaults`' keys that `section` lacks (in place; a sub-table as a sub-section, itself
+  completed); a key of `section` that `defaults` does not hold is one ValueError line naming
+  `where` and the keys it takes."""
   unknown = sorted(set(section) - set(defaults))
   if unknown:
     raise ValueError(f"{where} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
   for key, value in defaults.items():
-    if key not in section:
+    if isinstance(value, Mapping):
+      if key not in section:
+        section[key] = ml_collections.ConfigDict()
+      complete(section[key], value, f"{where}.{key}")
+    elif key not in section:
       section[key] = value
