@@ -191,52 +191,22 @@ def muon() -> ml_collections.ConfigDict:
 def text_data(*, sources, vocab_size: int = 2048, seq_len: int = 256, batch_size: int = 16,
               eval_batch_size: int = 32) -> ml_collections.ConfigDict:
   """A text corpus for the lm task: files, directories (recursive), globs, JSONL or parquet,
-  tokenised once by a BPE of `vocab_size` (laplax.data.text), in windows of seq_len + 1."""
-  d = ml_collections.ConfigDict()
-  d.name = "text"
-  d.sources = tuple(sources)  # files, directories (recursive) or globs
-  d.suffixes = (".txt", ".rst", ".py")  # what directory sources contribute
-  d.include_stdlib = False  # also the Python standard library (.py) as a code corpus
-  d.cache_dir = ""  # '' = ~/.cache/laplax/text (tokenizers and token shards)
-  # True: every host sees cache_dir (NFS, gs://; checked at start). False: detected; hosts with
-  # their own disks exchange their shares of the tokenised corpus through the workdir.
-  d.shared_cache = False
-  d.tokenize_group_mb = 256.0  # text per unit of tokenising work (hosts share the units)
-  d.vocab_size = vocab_size  # BPE vocabulary incl. the BOS token
-  d.tokenizer_train_chars = 2_000_000
-  d.val_fraction = 0.02  # the last 2 % of every document
-  d.seq_len = seq_len
-  d.batch_size = batch_size  # global, in windows of seq_len + 1 tokens
-  d.eval_batch_size = eval_batch_size
-  d.eval_windows = 0  # first N validation windows (0 = all)
-  d.wait_timeout_s = 4 * 3600.0  # how long hosts > 0 wait for process 0's tokenizer and shards
-  return d
+  tokenised once by a BPE of `vocab_size` (laplax.data.text), in windows of seq_len + 1; every
+  key of laplax.sections.TEXT (where each is explained) at its default, these set."""
+  return sections.build(sections.TEXT, sources=tuple(sources), vocab_size=vocab_size,
+                        seq_len=seq_len, batch_size=batch_size, eval_batch_size=eval_batch_size)
 
 
 def chat_data(*, rows: str, train: dict, val: dict, seq_len: int, batch_size: int,
               eval_batch_size: int, vocab_size: int) -> ml_collections.ConfigDict:
   """Conversation mixtures for the chat task (laplax.tasks.chat): data.train / data.val are
   {name: {kind, path, split, start, size, weight}} (kinds: laplax.data.chat_tasks.KINDS),
-  rendered by the pretraining run's tokenizer into packed windows or padded rows."""
-  d = ml_collections.ConfigDict()
-  d.name = "chat"
-  d.rows = rows  # 'packed' (mid-training: all tokens) | 'padded' (SFT: assistant tokens)
-  d.train = ml_collections.ConfigDict(train)
-  d.val = ml_collections.ConfigDict(val)
-  d.tokenizer = ""  # '' = init_from's tokenizer.json (the ids the parameters were trained on)
-  d.vocab_size = vocab_size  # the pretraining run's (validation traces the model before data)
-  d.words = ""  # the spelling tasks' word list (one per line); '' = words of data.words_from
-  d.words_from = ()  # text files, directories or globs to take words from
-  d.mixture_seed = 42  # nanochat's TaskMixture shuffle seed
-  d.max_tokens = 2048  # render_conversation's cut (nanochat's)
-  d.epochs = 1.0  # passes over the training rows when total_steps = 0
-  d.seq_len = seq_len
-  d.batch_size = batch_size  # global, in rows
-  d.eval_batch_size = eval_batch_size
-  d.eval_windows = 0  # first N validation rows / windows (0 = all)
-  d.cache_dir = ""  # '' = ~/.cache/laplax/text
-  d.shared_cache = False  # True: every host sees cache_dir (checked); False: one copy per host
-  return d
+  rendered by the pretraining run's tokenizer into packed windows or padded rows; every key of
+  laplax.sections.CHAT at its default, these set."""
+  return sections.build(sections.CHAT, rows=rows, train=ml_collections.ConfigDict(train),
+                        val=ml_collections.ConfigDict(val), seq_len=seq_len,
+                        batch_size=batch_size, eval_batch_size=eval_batch_size,
+                        vocab_size=vocab_size)
 
 
 def chat_stage(base: ml_collections.ConfigDict, name: str, *, data: ml_collections.ConfigDict,

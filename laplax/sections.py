@@ -1,5 +1,5 @@
-"""Config sections' keys and defaults, in one place: the image data sections and the optim
-section. configs/common.py builds its sections from these tables, and the tasks complete a
+"""Config sections' keys and defaults, in one place: the data sections (images in memory and
+streamed, text, chat mixtures) and the optim section. configs/common.py builds its sections from these tables, and the tasks complete a
 config's section from them (an older run's config.json, a hand-written config) and refuse a key
 they do not hold, so every key a user may set is a field (`--config.data.KEY=V`,
 `--config.optim.KEY=V` work for each) and a typo never passes.
@@ -78,6 +78,51 @@ CLASSIFICATION_STREAMED = {
 }
 
 
+# A text corpus for the lm task (laplax.data.text), tokenised once by a BPE.
+TEXT = {
+    "name": "text",
+    "sources": (),  # files, directories (recursive), globs, JSONL or parquet
+    "suffixes": (".txt", ".rst", ".py"),  # what directory sources contribute
+    "include_stdlib": False,  # also the Python standard library (.py) as a code corpus
+    "cache_dir": "",  # '' = ~/.cache/laplax/text (tokenizers and token shards)
+    # True: every host sees cache_dir (NFS, gs://; checked at start). False: detected; hosts with
+    # their own disks exchange their shares of the tokenised corpus through the workdir.
+    "shared_cache": False,
+    "tokenize_group_mb": 256.0,  # text per unit of tokenising work (hosts share the units)
+    "vocab_size": 2048,  # BPE vocabulary incl. the BOS token
+    "tokenizer_train_chars": 2_000_000,
+    "val_fraction": 0.02,  # the last 2 % of every document
+    "seq_len": 256,
+    "batch_size": 16,  # global, in windows of seq_len + 1 tokens
+    "eval_batch_size": 32,
+    "eval_windows": 0,  # first N validation windows (0 = all)
+    "wait_timeout_s": 4 * 3600.0,  # how long hosts > 0 wait for process 0's tokenizer and shards
+}
+
+# Conversation mixtures for the chat task (laplax.tasks.chat), rendered by the pretraining
+# run's tokenizer. train / val: {name: {kind, path, split, start, size, weight}} (kinds:
+# laplax.data.chat_tasks.KINDS), free-form (an empty dict default: `complete` keeps its keys).
+CHAT = {
+    "name": "chat",
+    "rows": "packed",  # 'packed' (mid-training: all tokens) | 'padded' (SFT: assistant tokens)
+    "train": {},
+    "val": {},
+    "tokenizer": "",  # '' = init_from's tokenizer.json (the ids the parameters were trained on)
+    "vocab_size": 2048,  # the pretraining run's (validation traces the model before data)
+    "words": "",  # the spelling tasks' word list (one per line); '' = words of data.words_from
+    "words_from": (),  # text files, directories or globs to take words from
+    "mixture_seed": 42,  # nanochat's TaskMixture shuffle seed
+    "max_tokens": 2048,  # render_conversation's cut (nanochat's)
+    "epochs": 1.0,  # passes over the training rows when total_steps = 0
+    "seq_len": 256,
+    "batch_size": 16,  # global, in rows
+    "eval_batch_size": 32,
+    "eval_windows": 0,  # first N validation rows / windows (0 = all)
+    "cache_dir": "",  # '' = ~/.cache/laplax/text
+    "shared_cache": False,  # True: every host sees cache_dir (checked); False: one copy per host
+}
+
+
 # The optim section, every optimiser's keys (laplax.train.optim: what each means and which
 # optimiser reads it; ranges in laplax.train.ranges).
 MUON = {  # optim.muon: nanochat's values (configs/common.py's muon() says where from)
@@ -126,10 +171,11 @@ OPTIM = {
 }
 
 
-# (task, streamed) -> the table of its data section.
+# (task, streamed) -> the table of its data section (laplax.train.task.Task completes it).
 TABLES = {("classification", False): CLASSIFICATION_IN_MEMORY,
           ("classification", True): CLASSIFICATION_STREAMED,
-          ("dino", False): IN_MEMORY, ("dino", True): STREAMED}
+          ("dino", False): IN_MEMORY, ("dino", True): STREAMED,
+          ("lm", False): TEXT, ("chat", False): CHAT}
 
 
 def is_streamed(data: Mapping) -> bool:
@@ -156,13 +202,18 @@ def completed(section: Mapping, defaults: Mapping[str, Any], where: str
 def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
              where: str) -> None:
   """Adds `defaults`' keys that `section` lacks (in place; a sub-table as a sub-section, itself
-  completed); a key of `section` that `defaults` does not hold is one ValueError line naming
-  `where` and the keys it takes."""
+  completed; an empty dict default is a free-form sub-section, kept as given); a key of
+  `section` that `defaults` does not hold is one ValueError line naming `where` and the keys it
+  takes."""
   unknown = sorted(set(section) - set(defaults))
   if unknown:
     raise ValueError(f"{where} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
   for key, value in defaults.items():
     if isinstance(value, Mapping):
+      if not value:
+        if key not in section:
+          section[key] = ml_collections.ConfigDict()
+        continue
       if key not in section:
         section[key] = ml_collections.ConfigDict()
       complete(section[key], value, f"{where}.{key}")

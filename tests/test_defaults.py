@@ -358,3 +358,50 @@ def test_every_key_of_the_optim_section_is_set_from_the_command_line(which, tmp_
     with pytest.raises(ValueError, match="^optim has no key 'eps'; its keys: b1, b2, ") as e:
       build()
     assert "\n" not in str(e.value)
+
+
+TEXT_CONFIG = '''
+import ml_collections
+from configs import common
+
+def get_config(which):
+  if which == "lm":
+    return ml_collections.ConfigDict({"data": common.text_data(sources=("a.txt",))})
+  return ml_collections.ConfigDict({"data": common.chat_data(
+      rows="padded", train={"s": {"kind": "smoltalk"}}, val={}, seq_len=64, batch_size=4,
+      eval_batch_size=4, vocab_size=512)})
+'''
+
+
+@pytest.mark.parametrize("task", ["lm", "chat"])
+def test_every_key_of_a_text_data_section_is_set_from_the_command_line(task, tmp_path):
+  """The lm and chat data sections hold every key of their laplax.sections table, each a field
+  --config.data.KEY=V sets; the task completes a section written without them, keeps the free
+  mixture sections (chat's train / val) as given, and refuses a key its table lacks."""
+  from laplax import sections
+  table = sections.TABLES[task, False]
+  path = tmp_path / "text_sections.py"
+  path.write_text(TEXT_CONFIG)
+  built = parse(f"{path}:{task}").data
+  assert set(built) == set(table)
+  wanted, overrides = {}, []
+  for key, value in built.items():
+    wanted[key], text = _other(value)
+    overrides.append(f"--config.data.{key}={text}")
+  got = parse(f"{path}:{task}", *overrides).data.to_dict()
+  for key, value in wanted.items():
+    assert got[key] == value, (key, got[key], value)
+
+  config = make_config("lm")
+  config.task = task
+  config.data = ml_collections.ConfigDict(
+      {"seq_len": 32, **({"train": {"mine": {"kind": "smoltalk"}}} if task == "chat" else {})})
+  task_lib.for_config(config)
+  assert set(config.data) == set(table) and config.data.seq_len == 32
+  if task == "chat":
+    assert config.data.train.to_dict() == {"mine": {"kind": "smoltalk"}}
+    assert config.data.val.to_dict() == {}
+  config.data.suffix = ".md"
+  with pytest.raises(ValueError, match="^data has no key 'suffix'; its keys: ") as e:
+    task_lib.for_config(config)
+  assert "\n" not in str(e.value)

@@ -47,10 +47,10 @@ class ChatTask(LanguageModelTask):
 
   def validate(self, dp: int, hosts: int) -> None:
     d = self.config.data
-    if d.get("rows") not in conv_lib.ROWS:
-      raise ValueError(f"data.rows={d.get('rows')!r}: use one of {conv_lib.ROWS}")
+    if d.rows not in conv_lib.ROWS:
+      raise ValueError(f"data.rows={d.rows!r}: use one of {conv_lib.ROWS}")
     for split in ("train", "val"):
-      conv_lib.check_sources(split, d[split].to_dict() if split in d else {})
+      conv_lib.check_sources(split, d[split].to_dict())
     self._check_model_matches_source()
     super().validate(dp, hosts)
 
@@ -79,13 +79,13 @@ class ChatTask(LanguageModelTask):
 
   def _tokenizer_source(self) -> pathlib.Path:
     d = self.config.data
-    if d.get("tokenizer"):
+    if d.tokenizer:
       return as_path(d.tokenizer)
     return as_path(self.config.init_from) / "tokenizer.json"
 
   def load_data(self, workdir, log) -> None:
     t0, c, d = time.time(), self.config, self.config.data
-    if not c.get("init_from") and not d.get("tokenizer"):
+    if not c.get("init_from") and not d.tokenizer:
       raise ValueError("the chat task fine-tunes a pretrained GPT: set init_from (a "
                        "pretraining run's workdir) or data.tokenizer")
     self.tokenizer_path = workdir / "tokenizer.json"
@@ -99,15 +99,14 @@ class ChatTask(LanguageModelTask):
     self.tokenizer = Tokenizer.load(path)
     if path == source and jax.process_index() == 0:
       self.tokenizer.save(self.tokenizer_path)
-    if c.get("init_from") and d.get("tokenizer"):
+    if c.get("init_from") and d.tokenizer:
       theirs = as_path(c.init_from) / "tokenizer.json"
       if theirs.exists() and Tokenizer.load(theirs).fingerprint() != self.tokenizer.fingerprint():
         raise ValueError(f"data.tokenizer={d.tokenizer} is not the tokenizer of init_from="
                          f"{c.init_from}: its ids would mean other tokens; leave "
                          "data.tokenizer empty")
     # Also for the chat evaluator's SpellingBee, which reads the task's words.
-    self.words = (self._words() if self._needs_words() or d.get("words") or d.get("words_from")
-                  else None)
+    self.words = self._words() if self._needs_words() or d.words or d.words_from else None
     train_spec, val_spec = d.train.to_dict(), d.val.to_dict()
     by_split = {split: conv_lib.source_conversations(spec, words=self.words)
                 for split, spec in (("train", train_spec), ("val", val_spec))}
@@ -122,7 +121,7 @@ class ChatTask(LanguageModelTask):
     cache = text_cache_dir(d)
     self.cache = conv_lib.render_cache(
         splits, self.tokenizer, cache, key, max_tokens=int(d.max_tokens), stats=stats, log=log,
-        shared=host_cache.shared(cache, promised=bool(d.get("shared_cache", False))))
+        shared=host_cache.shared(cache, promised=bool(d.shared_cache)))
     self.meta = json.loads((self.cache / shards.META).read_text())
     pad = self.tokenizer.special_id("<|assistant_end|>")
     if d.rows == "packed":
@@ -161,9 +160,9 @@ class ChatTask(LanguageModelTask):
     """The spelling tasks' word list: data.words (a file, one word per line), else words of
     the texts in data.words_from."""
     d = self.config.data
-    if d.get("words"):
+    if d.words:
       return chat_tasks.load_words(d.words)
-    if not d.get("words_from"):
+    if not d.words_from:
       raise ValueError("the spelling sources need words: set data.words (a word list) or "
                        "data.words_from (text files to take words from)")
     files = corpus.list_documents(list(d.words_from))

@@ -172,15 +172,10 @@ def steps_from_epochs(config: ml_collections.ConfigDict, num_train: int) -> tupl
 
 class ImageTask(Task):
   """What the image tasks (classification, DINO) share: an image data section, in memory or
-  streamed (data.tfds_name set), completed from its table (laplax.sections: every key at
-  its default where unset; a key the table lacks is one line)."""
+  streamed (data.tfds_name set; Task completes it from its table in laplax.sections)."""
   unit = "images"
 
   _tfds_info = None  # the streamed data set's TFDS metadata, once load_data opened it
-
-  def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
-    sections.complete(config.data, sections.TABLES[self.name, self.streaming], "data")
 
   @property
   def streaming(self) -> bool:

@@ -148,7 +148,11 @@ class Task(abc.ABC):
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
-    # Every optim key a field (laplax.sections.OPTIM), also in an older run's config.
+    # Every data and optim key a field (laplax.sections' tables), also in an older run's
+    # config; a key a table lacks is one line.
+    table = sections.TABLES.get((self.name, sections.is_streamed(config.data)))
+    if table is not None:
+      sections.complete(config.data, table, "data")
     sections.complete(config.optim, sections.OPTIM, "optim")
 
   # --- Before anything is written ------------------------------------------------------------

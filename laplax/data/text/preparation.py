@@ -13,6 +13,7 @@ import jax
 from etils import epath
 
 from laplax import multihost
+from laplax import sections
 from laplax.data import cache as cache_lib
 from laplax.data import host_cache
 from laplax.data.text import corpus, shards
@@ -43,11 +44,11 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   """Documents -> tokenizer (loaded from `tokenizer_path` if it exists, else trained on the
   training text, cached by content in cache_dir, and saved there) -> token shard directory.
 
-  data_config fields: sources, include_stdlib, suffixes, vocab_size, val_fraction,
-  tokenizer_train_chars (the tokenizer sees at most this many characters, the same share of
-  every document), shared_cache (True promises that every host sees cache_dir),
-  tokenize_group_mb (text per unit of tokenising work), wait_timeout_s (how long a host waits
-  for the others; default 4 h).
+  data_config fields (laplax.sections.TEXT; the ones it lacks at their defaults): sources,
+  include_stdlib, suffixes, vocab_size, val_fraction, tokenizer_train_chars (the tokenizer sees
+  at most this many characters, the same share of every document), shared_cache (True promises
+  that every host sees cache_dir), tokenize_group_mb (text per unit of tokenising work),
+  wait_timeout_s (how long a host waits for the others).
 
   In a multi-host job every process calls it at once (laplax.multihost.together): process 0
   trains (or loads) the tokenizer and sends it to the others through the coordination service;
@@ -56,15 +57,15 @@ def prepare(data_config, cache_dir: str | os.PathLike[str], *,
   directory every host sees, into each host's own cache_dir).
   """
   log = log or (lambda *_: None)
+  data_config = sections.completed(data_config, sections.TEXT, "data")
   index = jax.process_index() if multihost.is_multiprocess() else 0
-  suffixes = tuple(data_config.get("suffixes") or corpus.DEFAULT_SUFFIXES)
+  suffixes = tuple(data_config.suffixes or corpus.DEFAULT_SUFFIXES)
   paths = corpus.list_documents(corpus.resolve_sources(data_config), suffixes=suffixes)
   val_fraction = float(data_config.val_fraction)  # in (0, 0.5): laplax.train.ranges
-  # > 0 (laplax.train.ranges); absent from the config.json of runs trained before it was a key
-  group_mb = float(data_config.get("tokenize_group_mb", shards.GROUP_BYTES / 2**20))
-  timeout_s = float(data_config.get("wait_timeout_s", 4 * 3600.0))
+  group_mb = float(data_config.tokenize_group_mb)  # > 0 (laplax.train.ranges)
+  timeout_s = float(data_config.wait_timeout_s)
   cache_dir = as_path(cache_dir)
-  shared = host_cache.shared(cache_dir, promised=bool(data_config.get("shared_cache", False)))
+  shared = host_cache.shared(cache_dir, promised=bool(data_config.shared_cache))
   tokenizer = None
   if index == 0:
     tokenizer = _tokenizer(data_config, paths, val_fraction, cache_dir, tokenizer_path, log)
@@ -92,7 +93,7 @@ def _tokenizer(data_config, paths, val_fraction: float, cache_dir: epath.Path,
                        f"config data.vocab_size={vocab_size}: use the config the run was made "
                        "with, or delete the file to retrain")
     return tokenizer
-  budget = int(data_config.get("tokenizer_train_chars", 2_000_000))
+  budget = int(data_config.tokenizer_train_chars)
   key = hashlib.sha256(f"{shards.CACHE_VERSION}|{corpus.sources_fingerprint(paths)}|"
                        f"{val_fraction}|{budget}|{vocab_size}|{SPLIT_PATTERN}|"
                        f"{SPECIAL_TOKENS}".encode()).hexdigest()[:16]
