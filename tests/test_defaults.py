@@ -262,6 +262,23 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
   assert isinstance(task_lib.for_config(make_config("lm")), task_lib.EvalChat)
 
 
+def _every_key_set(tmp_path, config_text: str, arg: str, table, skip=()) -> None:
+  """The data section of config_text's get_config(arg), built as train.py does, holds exactly
+  `table`'s keys, and --config.data.KEY=V sets each (but `skip`) to another value."""
+  path = tmp_path / "data_sections.py"
+  path.write_text(config_text)
+  built = parse(f"{path}:{arg}").data
+  assert set(built) == set(table)
+  wanted, overrides = {}, []
+  for key, value in built.items():
+    if key not in skip:
+      wanted[key], text = _other(value)
+      overrides.append(f"--config.data.{key}={text}")
+  got = parse(f"{path}:{arg}", *overrides).data.to_dict()
+  for key, value in wanted.items():
+    assert got[key] == value, (key, got[key], value)
+
+
 DATA_CONFIG = '''
 import ml_collections
 from configs import common
@@ -282,19 +299,8 @@ def test_every_key_of_an_image_data_section_is_set_from_the_command_line(task, s
   older config.json) to the same keys, and refuses a key its table lacks in one line."""
   from laplax import sections
   table = sections.TABLES[task, streamed]
-  path = tmp_path / "data_sections.py"
-  path.write_text(DATA_CONFIG)
-  built = parse(f"{path}:{task},{int(streamed)}").data
-  assert set(built) == set(table)
-  wanted, overrides = {}, []
-  for key, value in built.items():
-    if key == "tfds_name":
-      continue  # what makes the section streamed
-    wanted[key], text = _other(value)
-    overrides.append(f"--config.data.{key}={text}")
-  got = parse(f"{path}:{task},{int(streamed)}", *overrides).data.to_dict()
-  for key, value in wanted.items():
-    assert got[key] == value, (key, got[key], value)
+  # tfds_name: what makes the section streamed
+  _every_key_set(tmp_path, DATA_CONFIG, f"{task},{int(streamed)}", table, skip=("tfds_name",))
 
   config = make_config("dino" if task == "dino" else "vit")
   config.data = ml_collections.ConfigDict(
@@ -380,17 +386,7 @@ def test_every_key_of_a_text_data_section_is_set_from_the_command_line(task, tmp
   mixture sections (chat's train / val) as given, and refuses a key its table lacks."""
   from laplax import sections
   table = sections.TABLES[task, False]
-  path = tmp_path / "text_sections.py"
-  path.write_text(TEXT_CONFIG)
-  built = parse(f"{path}:{task}").data
-  assert set(built) == set(table)
-  wanted, overrides = {}, []
-  for key, value in built.items():
-    wanted[key], text = _other(value)
-    overrides.append(f"--config.data.{key}={text}")
-  got = parse(f"{path}:{task}", *overrides).data.to_dict()
-  for key, value in wanted.items():
-    assert got[key] == value, (key, got[key], value)
+  _every_key_set(tmp_path, TEXT_CONFIG, task, table)
 
   config = make_config("lm")
   config.task = task
