@@ -4,9 +4,9 @@
 
 parsed once (`parse`) against one registry (`register`) and run in order, per record, by the
 one training pipeline (laplax.data.streaming.train_dataset: in-memory arrays and streamed files
-alike). A spec is `name`
-or `name(arg, ...)`; arguments are numbers (simple arithmetic such as 4/3 allowed), bare words
-(`pad_crop(4,reflect)`) or quoted strings, positional or by name. The ops:
+alike). A spec is `name` or `name(arg, ...)`; arguments are numbers (simple arithmetic such as
+4/3 allowed), bare words (`pad_crop(4,reflect)`) or quoted strings, positional or by name. The
+ops:
 
   pad_crop(pad=4, mode=constant)  random crop of the image padded by `pad` on every side
       ('constant' zeros: torchvision's RandomCrop(padding); 'reflect': DeiT-III's simple random

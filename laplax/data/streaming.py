@@ -375,10 +375,13 @@ class _Records(grain.transforms.Map):
 
   def map(self, batch: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
     positions, indices = batch
+    keys = [int(i) for i in indices]
+    # One read of the batch where the source has it (TFDS's ArrayRecord sources: one call).
+    read = getattr(self.source, '__getitems__', None)
+    records = read(keys) if read is not None else [self.source[i] for i in keys]
     rng = np.random.Generator(np.random.Philox(self.seed))
-    records = [self.transform.random_map(self.source[int(i)], _reset(rng, int(p)))
-               for p, i in zip(positions, indices)]
-    return {k: np.stack([r[k] for r in records]) for k in records[0]}
+    out = [self.transform.random_map(r, _reset(rng, int(p))) for p, r in zip(positions, records)]
+    return {k: np.stack([r[k] for r in out]) for k in out[0]}
 
 
 def eval_dataset(source, *, batch_size: int, resize: int, crop: int, process_index: int = 0,
