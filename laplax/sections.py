@@ -1,8 +1,9 @@
 """Config sections' keys and defaults, in one place: the data sections (images in memory and
-streamed, text, chat mixtures) and the optim section. configs/common.py builds its sections from these tables, and the tasks complete a
-config's section from them (an older run's config.json, a hand-written config) and refuse a key
-they do not hold, so every key a user may set is a field (`--config.data.KEY=V`,
-`--config.optim.KEY=V` work for each) and a typo never passes.
+streamed, text, chat mixtures) and the optim section. configs/common.py builds its sections
+from these tables, and the tasks complete a config's section from them (an older run's
+config.json, a hand-written config) and refuse a key they do not hold, so every key a user may
+set is a field (`--config.data.KEY=V`, `--config.optim.KEY=V` work for each) and a typo never
+passes.
 
 No heavy imports: configs import this module.
 """
