@@ -114,9 +114,8 @@ def streamed_image_data(tfds_name: str, *, task: str = "classification", **keys
                         ) -> ml_collections.ConfigDict:
   """`task`'s section of a prepared TFDS data set read per record (laplax.data.streaming):
   decoded, cropped and augmented in grain workers (as in-memory arrays are), sent to the device
-  as uint8. Every key of
-  laplax.sections' table at its default, `keys` set. The classifier's `augment` starts with
-  a crop of the decoded record to image_size ('rrc(0.08,1)': RandomResizedCrop;
+  as uint8. Every key of laplax.sections' table at its default, `keys` set. The classifier's
+  `augment` starts with a crop of the decoded record to image_size ('rrc(0.08,1)': RandomResizedCrop;
   'pad_crop(4,reflect)': DeiT-III's resize, pad 4, crop), then per-record ops ('flip',
   'three_augment', 'color_jitter(0.3)')."""
   return sections.build(sections.TABLES[task, True], name=tfds_name, tfds_name=tfds_name, **keys)
@@ -159,8 +158,8 @@ def optim_section(**keys) -> ml_collections.ConfigDict:
   """An optim section: every key of laplax.sections.OPTIM at its default, `keys` set (a key it
   lacks is refused); None defaults typed float, so the command line can set them."""
   o = sections.build(sections.OPTIM, **keys)
-  for key in ("weight_decay_end", "embed_lr_scale", "unembed_lr_scale"):
-    if o[key] is None:
+  for key, default in sections.OPTIM.items():
+    if default is None and o[key] is None:  # OPTIM's None keys are all numbers when set
       o[key] = ml_collections.FieldReference(None, field_type=float)
   return o
 

@@ -116,10 +116,10 @@ class _ArrayBatch(grain.transforms.Map):
 
   def map(self, positions: np.ndarray) -> dict[str, np.ndarray]:
     indices, mask = grain_utils.padded(positions, self.n)
-    images = self.source.images[indices]
-    images[~mask] = 0
-    labels = np.where(mask, np.asarray(self.source.labels)[indices], 0).astype(np.int32)
-    return {'image': images, 'label': labels, 'mask': mask}
+    batch = self.source.rows(indices)
+    batch['image'][~mask] = 0
+    batch['label'][~mask] = 0
+    return {**batch, 'mask': mask}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +129,7 @@ class _ArrayRows(grain.transforms.Map):
   source: 'ArraySource'
 
   def map(self, batch: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
-    indices = batch[1]
-    return {'image': self.source.images[indices],
-            'label': np.asarray(self.source.labels)[indices].astype(np.int32)}
+    return self.source.rows(batch[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,6 +212,12 @@ class ArraySource:
 
   def __getitem__(self, i: int) -> dict[str, Any]:
     return {'image': self.images[i], 'label': int(self.labels[i])}
+
+  def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """Records `indices` (int (B,)) as one batch, a gather: {'image': uint8 (B, H, W, C),
+    'label': int32 (B,)} (new arrays)."""
+    return {'image': self.images[indices],
+            'label': np.asarray(self.labels)[indices].astype(np.int32)}
 
 
 SOURCES = ('tfds', 'parquet')

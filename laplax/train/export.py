@@ -130,7 +130,8 @@ def write_export(out: epath.PathLike, params, config: ml_collections.ConfigDict,
   """Writes an export of `params` (and `extra`, the task state) into `out`; returns the manifest.
 
   `model` exposes laplacian_heads, num_heads and depth; `model_fields` its resolved fields
-  (identity.model_fields of Task.model_sections); `info` an image data set's facts (input normalisation, class names);
+  (identity.model_fields of Task.model_sections); `info` an image data set's facts (input
+  normalisation, class names);
   `tokenizer` a tokenizer.json to copy. `out` may be the source workdir itself; it never
   overwrites another run's checkpoints or another source's export (one-line ValueError).
   """

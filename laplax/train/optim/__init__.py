@@ -76,7 +76,11 @@ def completed(optim) -> Any:
 def check(optim) -> None:
   """One-line ValueErrors for a bad optim section: unknown keys, names (optim.name,
   optim.schedule, optim.clip_mode), the shared numbers, then the optimiser's own values."""
-  optim = completed(optim)
+  _check(completed(optim))
+
+
+def _check(optim) -> None:
+  """check of a completed section."""
   if optim.name not in OPTIMIZERS:
     raise ValueError(f"optim.name={optim.name!r}: use one of {tuple(OPTIMIZERS)}")
   if optim.schedule not in SCHEDULES:
@@ -132,8 +136,8 @@ def make(optim, total_steps: int, *, width: int | None = None,
   What only the task knows: width (the model's, for Muon's lr scaling; ignored by 'adamw')
   and freeze_last_layer_steps (DINO: the head's last layer frozen for that many steps; None:
   no layer kept apart; only 'adamw' honours it)."""
-  check(optim)
   optim = completed(optim)
+  _check(optim)
   tx, lr = OPTIMIZERS[optim.name].build(
       optim, total_steps, width=width, freeze_last_layer_steps=freeze_last_layer_steps)
   if optim.mix_lr_scale != 1:
