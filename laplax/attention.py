@@ -34,6 +34,15 @@ computed with P and the accumulator in float32 and returned unrounded, the combi
 heat head's later passes) is done in float32, and the result is cast once. Layers of plain heads
 keep the native path.
 
+Sliding windows (`window`, the nanochat fork's short layers): a causal query at position t sees
+the keys s with t - window <= s <= t (window + 1 keys, FlashAttention's window_size=(window, 0));
+every head's matrix is the windowed one, so a Laplacian head returns v_t minus the attention
+average over its window, and a control's U averages over the window. Static on every path (the
+fused kernels' own local window: `local_window_size`, splash's LocalMask; explicit and cached
+decoding: in the mask); a scanned model passes a traced code into `window_palette` (its layers'
+distinct windows): a mask on the xla / explicit paths, a `lax.switch` over the static kernels on
+splash / cuDNN. A window that covers every key is no window (the unmasked fast path).
+
 Shapes follow JAX: q (B, T, Hq, D); k, v (B, S, Hkv, D), Hq a multiple of Hkv (grouped-query
 attention: query head n reads kv head n // (Hq // Hkv)).
 """
@@ -120,11 +129,56 @@ def query_positions(batch: int, t: int, s: int, query_offset) -> Array:
   return offset[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
 
 
-def _full_mask(mask, is_causal: bool, positions: Array | None, b: int, t: int, s: int):
-  """Combine a user mask with a causal mask aligned at `positions` -> (B|1, 1|H, T, S) bools."""
+class Window:
+  """A causal sliding window: each query sees its own position and the `size` keys before it.
+
+  `size` is static (an int, or None: no window) or, in a scanned model, a traced int32 code into
+  the static `palette` (that layer's entry of the model's distinct windows; None = none). For
+  S keys, `static(s)` is the static size with windows that cover every key dropped (None), and
+  `limit(s)` the size as an int32 array (S where there is none) for masks and running means."""
+
+  def __init__(self, size=None, palette: tuple = ()):
+    self.traced = isinstance(size, jax.Array) and not isinstance(size, np.ndarray)
+    if self.traced and not palette:
+      raise ValueError("a traced window code needs its palette")
+    if not self.traced and size is not None and (isinstance(size, bool) or int(size) < 0):
+      raise ValueError(f"window={size!r} must be None or an integer >= 0")
+    self.size = size if self.traced or size is None else int(size)
+    self.palette = tuple(palette)
+
+  def static(self, s: int) -> int | None:
+    """The static size for S keys: None where it covers them all (no window)."""
+    return None if self.size is None or self.size >= s - 1 else self.size
+
+  @property
+  def active(self) -> bool:
+    return self.traced or self.size is not None
+
+  def limit(self, s: int) -> Array:
+    """The size as an int32 scalar, S when there is none (every key is within it)."""
+    if not self.traced:
+      return jnp.asarray(s if self.size is None else self.size, jnp.int32)
+    sizes = np.asarray([s if w is None else min(int(w), s) for w in self.palette], np.int32)
+    return jnp.asarray(sizes)[self.size]
+
+  def branches(self, s: int) -> tuple[int | None, ...]:
+    """The palette's static sizes for S keys (a traced window switches between them)."""
+    return tuple(Window(w).static(s) for w in self.palette)
+
+
+NO_WINDOW = Window()
+
+
+def _full_mask(mask, is_causal: bool, positions: Array | None, b: int, t: int, s: int,
+               window: Window = NO_WINDOW):
+  """Combine a user mask with a causal mask aligned at `positions`, and the window ->
+  (B|1, 1|H, T, S) bools."""
   if not is_causal:
     return mask
-  causal = positions[:, None, :, None] >= jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
+  keys = jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
+  causal = positions[:, None, :, None] >= keys
+  if window.traced or window.static(s) is not None:
+    causal = jnp.logical_and(causal, positions[:, None, :, None] - keys <= window.limit(s))
   return causal if mask is None else jnp.logical_and(mask, causal)
 
 
@@ -146,13 +200,14 @@ def _explicit_attention(q, k, v, mask, scale, f32_out: bool = False) -> tuple[Ar
 
 
 def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array | None,
-                 t: int, num_heads: int) -> Array:
+                 t: int, num_heads: int, window: Window = NO_WINDOW) -> Array:
   """U V without a softmax: per query, the float32 mean of the values over the keys it may
   attend to (B, T, Hq, D); a query that may attend to none gets 0.
 
   v (B, S, Hkv, D); mask as laplacian_attention's (broadcastable to (B, Hq, T, S)); positions
   (B, T) the queries' key positions (None: self-attention, query t at key t). Costs a sum or,
-  causal, a cumulative sum over the keys (the running mean over s <= t); only a mask that
+  causal, a cumulative sum over the keys (the running mean over s <= t; with a window, the
+  difference of two cumulative sums: the mean over t - window <= s <= t); only a mask that
   differs between queries needs the (T, S) matrix it is (one einsum with it, normalised)."""
   b, s, hkv, d = v.shape
   v32 = v.astype(jnp.float32)
@@ -164,7 +219,7 @@ def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array
     m = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, s))
     if is_causal:
       pos = positions if positions is not None else query_positions(b, t, s, 0)
-      m = jnp.logical_and(m, pos[:, None, :, None] >= jnp.arange(s)[None, None, None, :])
+      m = jnp.logical_and(m, _full_mask(None, True, pos, b, t, s, window))
     w = m.astype(jnp.float32)
     w = jnp.broadcast_to(w / jnp.maximum(w.sum(-1, keepdims=True), 1.0),
                          (b,) + w.shape[1:])
@@ -183,10 +238,18 @@ def uniform_mean(v: Array, mask: Array | None, is_causal: bool, positions: Array
     out = jnp.broadcast_to(out, (b, t) + out.shape[2:])
   else:  # the running mean over s <= t: cumulative sums, read at each query's position
     sums, counts = jnp.cumsum(wv, axis=1), jnp.cumsum(w, axis=1)
-    if positions is not None:
-      sums = jnp.take_along_axis(sums, positions[:, :, None, None], axis=1)
-      counts = jnp.take_along_axis(jnp.broadcast_to(counts, (b,) + counts.shape[1:]),
-                                   positions[:, :, None], axis=1)
+
+    def at(a, idx):  # a (B|1, S, ...) read at key positions idx (B|1, T); 0 before key 0
+      a = jnp.broadcast_to(a, (b,) + a.shape[1:])
+      idx = jnp.broadcast_to(idx, (b, t)).reshape((b, t) + (1,) * (a.ndim - 2))
+      return jnp.where(idx >= 0, jnp.take_along_axis(a, jnp.maximum(idx, 0), axis=1), 0.0)
+
+    if window.active:  # the sum over (t - window, t]: minus the sum up to t - window - 1
+      pos = positions if positions is not None else jnp.arange(t, dtype=jnp.int32)[None]
+      lower = pos - window.limit(s) - 1
+      sums, counts = at(sums, pos) - at(sums, lower), at(counts, pos) - at(counts, lower)
+    elif positions is not None:
+      sums, counts = at(sums, positions), at(counts, positions)
     out = sums / jnp.maximum(counts, 1.0)[..., None]
   return jnp.repeat(out, groups, axis=2) if groups > 1 else out
 
@@ -199,15 +262,16 @@ class _Attend:
   steps) reuse it: one einsum, no second softmax."""
 
   def __init__(self, impl: str, *, mask, is_causal: bool, scale: float, positions, f32: bool,
-               explicit: bool, shape: tuple[int, int, int]):
+               explicit: bool, shape: tuple[int, int, int], window: Window = NO_WINDOW):
     self.impl, self.mask, self.is_causal, self.scale = impl, mask, is_causal, scale
     self.positions, self.f32, self.explicit = positions, f32, explicit
     self.aligned = positions is None
     self.shape = shape  # (B, T, S)
+    self.window = window
     b, t, s = shape
     # The explicit path's whole mask, built once for every pass.
     self.full = (_full_mask(mask, is_causal, query_positions(b, t, s, 0) if self.aligned
-                            else positions, b, t, s) if explicit else None)
+                            else positions, b, t, s, window) if explicit else None)
     self.probs = None
 
   def __call__(self, qh, kh, vh, heads=None) -> Array:
@@ -220,20 +284,38 @@ class _Attend:
         return out
       p = self.probs if heads is None else self.probs[:, heads]
       return jnp.einsum("bnts,bsnd->btnd", p, vh.astype(jnp.float32 if f32 else vh.dtype))
+    s = self.shape[2]
+    if self.window.traced and self.impl in ("splash", "cudnn"):
+      # their windows are static kernels: one branch per window of the palette
+      return jax.lax.switch(self.window.size, [
+          lambda q, k, v, w=w: self._fused(q, k, v, mask, w) for w in self.window.branches(s)],
+          qh, kh, vh)
+    if self.window.traced:  # xla: the traced window goes into the mask
+      return self._fused(qh, kh, vh, mask, None, masked=True)
+    return self._fused(qh, kh, vh, mask, self.window.static(s))
+
+  def _fused(self, qh, kh, vh, mask, window: int | None, masked: bool = False) -> Array:
+    """One fused pass with a static `window` (None: none), or with the layer's window in an
+    explicit mask (`masked`; cached decoding always)."""
+    f32 = self.f32
     if self.impl == "splash":
       return splash_lib.splash_attention(qh, kh, vh, is_causal=self.is_causal, scale=self.scale,
-                                         out_dtype=jnp.float32 if f32 else None)
+                                         out_dtype=jnp.float32 if f32 else None, window=window)
     # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
     # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
     if f32 and self.impl == "xla":
       qh, kh, vh = (x.astype(jnp.float32) for x in (qh, kh, vh))
     elif self.impl == "cudnn":
       vh = vh.astype(qh.dtype)
-    if self.aligned:  # the fused kernel's own causal mask (top-left aligned) is right here
-      return jax.nn.dot_product_attention(qh, kh, vh, mask=mask, scale=self.scale,
-                                          is_causal=self.is_causal, implementation=self.impl)
+    if self.aligned and not masked:
+      # the fused kernel's own causal mask (top-left aligned) and window are right here
+      return jax.nn.dot_product_attention(
+          qh, kh, vh, mask=mask, scale=self.scale, is_causal=self.is_causal,
+          local_window_size=None if window is None else (window, 0), implementation=self.impl)
+    b, t, s = self.shape
+    positions = query_positions(b, t, s, 0) if self.aligned else self.positions
     return jax.nn.dot_product_attention(
-        qh, kh, vh, mask=_full_mask(mask, self.is_causal, self.positions, *self.shape),
+        qh, kh, vh, mask=_full_mask(mask, self.is_causal, positions, *self.shape, self.window),
         scale=self.scale, implementation=self.impl)
 
 
@@ -253,6 +335,8 @@ def laplacian_attention(
     palette: tuple[heads_lib.Operator, ...] | None = None,
     mix: tuple[Array, Array] | None = None,
     values_for_pass: Callable[[int, Array], Array] | None = None,
+    window: int | Array | None = None,
+    window_palette: tuple[int | None, ...] = (),
 ) -> Array | tuple[Array, Array]:
   """Multi-head attention whose heads apply their operators (laplax.heads) to V.
 
@@ -280,6 +364,8 @@ def laplacian_attention(
     values_for_pass: multi-step operators (heat) when T < S: called as f(i, y_i) with pass i's
       output at the T query positions (B, T, Hq, D), returns y_i at all S key positions (a KV
       cache of the earlier steps). Not needed for self-attention.
+    window: causal sliding window (module docstring: query t sees keys t - window .. t), None
+      for none; or, scanned, a traced int32 code into `window_palette` (sizes or None).
 
   Returns:
     (B, T, Hq, D) outputs in q's dtype (and P if `return_probs`). The identity term is the
@@ -303,6 +389,10 @@ def laplacian_attention(
     if not is_causal:
       raise ValueError("multi-step operators (heat) decode only causally: without a causal "
                        "mask the earlier positions' outputs change with every new key")
+  window = Window(window, window_palette)
+  if window.active and not is_causal:
+    raise ValueError("a sliding window is causal (query t sees keys t - window .. t): pass "
+                     "is_causal=True")
   positions = None if aligned else query_positions(b, t, s, query_offset)
   impl = resolve_implementation(implementation, dtype=q.dtype, self_attention=aligned,
                                 has_mask=mask is not None)
@@ -314,7 +404,7 @@ def laplacian_attention(
   attend = _Attend(impl, mask=mask, is_causal=is_causal,
                    scale=1.0 / np.sqrt(head_dim) if scale is None else scale,
                    positions=positions, f32=f32, explicit=return_probs or impl == "explicit",
-                   shape=(b, t, s))
+                   shape=(b, t, s), window=window)
 
   if not ops.any_other:  # plain attention
     out = attend(q, k, v)
@@ -363,7 +453,8 @@ def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mix, va
     idx = np.flatnonzero(ops.softmax)
     if 0 < idx.size < num_heads and idx.size == idx[-1] - idx[0] + 1:
       softmax_heads = slice(int(idx[0]), int(idx[-1]) + 1)
-  fill = (uniform_mean(v, attend.mask, attend.is_causal, attend.positions, t, num_heads)
+  fill = (uniform_mean(v, attend.mask, attend.is_causal, attend.positions, t, num_heads,
+                      attend.window)
           .astype(work)
           if ops.any_mean else jnp.zeros_like(v_self))
   if not (ops.any_softmax or return_probs):
@@ -490,6 +581,8 @@ class MultiHeadAttention(nn.Module):
   is_causal: bool = False
   implementation: str | None = None  # None = 'auto'; see the module docstring
   palette: tuple = ()  # the operators a traced int `head_mask` row indexes
+  window: int | None = None  # causal sliding window (laplacian_attention); None: none
+  window_palette: tuple = ()  # the windows a traced `window` code at call time indexes
   # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
   kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
   out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
@@ -534,9 +627,13 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None, head_mask: Array | None = None,
                positions: Array | None = None, decode: bool = False,
-               return_probs: bool = False, gate_rng: Array | None = None):
+               return_probs: bool = False, gate_rng: Array | None = None,
+               window: Array | None = None, value_residual: Array | None = None):
     """x (B, T, E) -> (B, T, E) (and P (B, H, T, S) if `return_probs`).
 
+    window: a traced int32 code into `window_palette` (scanned layers), instead of the static
+    `window`. value_residual (B, T, Hkv, D): added to the values before anything reads them
+    (the fork's gated value embeddings, laplax.models.gpt); the Laplacian term uses the sum.
     decode=True appends this call's keys/values to the 'cache' collection (initialise it by
     calling once with the full-length input and decode=True) and attends over the cache.
     gate_rng: a key while training gate heads ('auto(...)'): each example draws its own gates
@@ -546,16 +643,23 @@ class MultiHeadAttention(nn.Module):
     q = self._proj(x, self.num_heads, "query")
     k = self._proj(x, kv_heads, "key")
     v = self._proj(x, kv_heads, "value")
+    if value_residual is not None:
+      v = v + value_residual.astype(v.dtype)
     b, t = x.shape[:2]
     cached = decode and not self.is_initializing()
+    window = self.window if window is None else window
+    windowed = window is not None
     if decode:
       cache_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
       cache_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
       index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+      if windowed:  # each slot's position: a window counts positions, not slots (padding)
+        cache_pos = self.variable("cache", "cached_positions", jnp.zeros, (b, k.shape[1]),
+                                  jnp.int32)
     start = index.value if cached else 0
+    if positions is None and (self.rope_theta is not None or windowed):
+      positions = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if self.rope_theta is not None:
-      if positions is None:
-        positions = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       q = apply_rope(q, positions, self.rope_theta, self.rope_table_dtype)
       k = apply_rope(k, positions, self.rope_theta, self.rope_table_dtype)  # cached rotated
     # Rotary, then QK-norm (nanochat's order): the same function with exact cos / sin, not with
@@ -572,6 +676,12 @@ class MultiHeadAttention(nn.Module):
       if not self.is_causal:  # causal masks aligned at query_offset already hide empty slots
         written = jnp.arange(k.shape[1]) < start + t
         mask = written[None, None, None, :] if mask is None else mask & written
+      if windowed:  # in the mask, by positions: a caller's padded slots do not count
+        cache_pos.value = jax.lax.dynamic_update_slice(cache_pos.value, positions, (0, start))
+        limit = Window(window, self.window_palette).limit(k.shape[1])
+        near = positions[:, None, :, None] - cache_pos.value[:, None, None, :] <= limit
+        mask = near if mask is None else mask & near
+        window = None
     # Names for remat policies (laplax.models.remat); no-ops outside jax.checkpoint.
     q, k, v = (checkpoint_name(a, "attn_qkv") for a in (q, k, v))
     spec = head_mask if head_mask is not None else self.laplacian_heads
@@ -608,7 +718,8 @@ class MultiHeadAttention(nn.Module):
                               query_offset=query_offset, implementation=self.implementation,
                               return_probs=return_probs or analysis,
                               palette=self.palette or None, mix=mix,
-                              values_for_pass=values_for_pass)
+                              values_for_pass=values_for_pass,
+                              window=window, window_palette=self.window_palette)
     probs = None
     if return_probs or analysis:
       out, probs = out

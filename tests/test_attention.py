@@ -30,9 +30,9 @@ def apply_operators(p, v_self, v, row, mix=None, xp=np, u=None):
   return xp.stack(outs, axis=2)
 
 
-def reference(q, k, v, lap, mask=None, causal=False, offset=None, mix=None):
+def reference(q, k, v, lap, mask=None, causal=False, offset=None, mix=None, window=None):
   """float64 NumPy: per head, P = softmax(q k^T / sqrt(d) + mask); out = the head's operator
-  applied to v (apply_operators)."""
+  applied to v (apply_operators). `window`: a causal query at t sees keys t - window .. t."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   b, t, hq, d = q.shape
   s, hkv = k.shape[1], k.shape[2]
@@ -46,6 +46,8 @@ def reference(q, k, v, lap, mask=None, causal=False, offset=None, mix=None):
     allowed &= np.broadcast_to(np.asarray(mask), allowed.shape)
   if causal:
     allowed &= pos[:, None, :, None] >= np.arange(s)[None, None, None, :]
+  if window is not None:
+    allowed &= pos[:, None, :, None] - np.arange(s)[None, None, None, :] <= window
   logits = np.where(allowed, logits, -np.inf)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
@@ -96,7 +98,7 @@ def test_returned_probs_match_reference():
   np.testing.assert_allclose(np.asarray(p).sum(-1), 1.0, atol=1e-6)
 
 
-def reference_grads(q, k, v, w, lap, causal=False, offset=None, mix=None):
+def reference_grads(q, k, v, w, lap, causal=False, offset=None, mix=None, window=None):
   """float64 jax.grad of sum(w * reference attention) w.r.t. (q, k, v) (and the mix
   coefficients when given), as NumPy arrays."""
   t, s = q.shape[1], k.shape[1]
@@ -108,6 +110,8 @@ def reference_grads(q, k, v, w, lap, causal=False, offset=None, mix=None):
     pos = (s - t if offset is None else offset) + jnp.arange(t)
     logits = jnp.einsum("btnd,bsnd->bnts", q, kk) / np.sqrt(q.shape[-1])
     allowed = (pos[:, None] >= jnp.arange(s)[None]) if causal else jnp.ones((t, s), bool)
+    if window is not None:
+      allowed = allowed & (pos[:, None] - jnp.arange(s)[None] <= window)
     logits = jnp.where(allowed, logits, -jnp.inf)
     u = jnp.broadcast_to(allowed / allowed.sum(-1, keepdims=True), logits.shape)
     return apply_operators(jax.nn.softmax(logits, -1), vv[:, pos], vv, row,
@@ -134,6 +138,52 @@ def test_gradients_match_float64_reference(causal, offset, t, s, impl, lap):
       argnums=(0, 1, 2))(q, k, v)
   for got, exp in zip(ours, reference_grads(q, k, v, w, lap, causal, offset)):
     np.testing.assert_allclose(np.asarray(got), exp, atol=5e-5, rtol=1e-4)
+
+
+WINDOW_HEADS = [0, 2, (True, False, True, False), "heat(2)", ("centering", "uniform",
+                                                                  "identity", "laplacian")]
+
+
+@pytest.mark.parametrize("lap", WINDOW_HEADS, ids=str)
+@pytest.mark.parametrize("impl", ["xla", "explicit", "splash"])
+def test_sliding_window_matches_float64_reference(impl, lap):
+  """A causal sliding window (query t sees keys t - 3 .. t) on every path, static and as a
+  traced code into a palette (scanned layers), against the float64 reference with the windowed
+  P: a Laplacian head returns v_t minus the attention average over its window, a control's U
+  averages over the window; GQA, T = 11 (splash pads it to 128)."""
+  q, k, v = _qkv(jax.random.key(21), 2, 11, 11, 4, 2, 8)
+  want, p = reference(q, k, v, lap, causal=True, window=3)
+  assert np.all(p[..., 8, :4] == 0) and np.all(p[..., 8, 5:9] > 0)  # the band 5..8
+  static = laplacian_attention(q, k, v, lap, is_causal=True, implementation=impl, window=3)
+  np.testing.assert_allclose(np.asarray(static), want, atol=2e-5, rtol=1e-5)
+  for code, palette in ((0, (3, None)), (1, (None, 3))):
+    traced = jax.jit(lambda c: laplacian_attention(
+        q, k, v, lap, is_causal=True, implementation=impl, window=c,
+        window_palette=palette))(jnp.int32(code))
+    np.testing.assert_allclose(np.asarray(traced), want, atol=2e-5, rtol=1e-5)
+  # a window that covers every key is no window
+  whole = laplacian_attention(q, k, v, lap, is_causal=True, implementation=impl, window=10)
+  np.testing.assert_allclose(np.asarray(whole), reference(q, k, v, lap, causal=True)[0],
+                             atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla", "explicit", "splash"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_sliding_window_gradients_match_float64_reference(impl, traced):
+  q, k, v = _qkv(jax.random.key(22), 2, 9, 9, 4, 2, 8)
+  w = jax.random.normal(jax.random.key(23), (2, 9, 4, 8))
+  lap = (False, True, True, False)
+  window = dict(window=jnp.int32(1), window_palette=(None, 2)) if traced else dict(window=2)
+  ours = jax.grad(lambda q, k, v: jnp.sum(w * laplacian_attention(
+      q, k, v, lap, is_causal=True, implementation=impl, **window)), argnums=(0, 1, 2))(q, k, v)
+  for got, exp in zip(ours, reference_grads(q, k, v, w, lap, True, window=2)):
+    np.testing.assert_allclose(np.asarray(got), exp, atol=5e-5, rtol=1e-4)
+
+
+def test_sliding_window_needs_causal_attention():
+  q, k, v = _qkv(jax.random.key(24), 1, 4, 4, 2, 2, 8)
+  with pytest.raises(ValueError, match="sliding window is causal"):
+    laplacian_attention(q, k, v, 1, window=2)
 
 
 def test_k0_equals_dot_product_attention():
@@ -236,11 +286,14 @@ def test_module_param_trees_identical_and_k0_module_equals_plain_attention():
     ("heat(2)", 4), (("attention", "mix(0.3,-0.7)", "heat(2)", "heat(3)"), 2),
     (("heat(3)", "mix", "laplacian", "attention"), 1),
     (("centering", "uniform", "identity", "attention"), 2), ("centering", 1)])
-def test_module_kv_cache_decoding_equals_full_forward(lap, kv_heads):
-  """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass;
-  heat(t) heads read their cached earlier steps (cache entries cached_step1..t-1)."""
+@pytest.mark.parametrize("window", [None, 2])
+def test_module_kv_cache_decoding_equals_full_forward(lap, kv_heads, window):
+  """Cached decoding, token by token (and a 2-token prefill), equals the causal full pass,
+  with and without a sliding window; heat(t) heads read their cached earlier steps (cache
+  entries cached_step1..t-1)."""
   mod = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=kv_heads, laplacian_heads=lap,
-                           qk_norm="rms", rope_theta=10000.0, is_causal=True, use_bias=False)
+                           qk_norm="rms", rope_theta=10000.0, is_causal=True, use_bias=False,
+                           window=window)
   x = jax.random.normal(jax.random.key(10), (2, 7, 32))
   variables = mod.init(jax.random.key(0), x)
   full = mod.apply(variables, x)

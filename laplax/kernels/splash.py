@@ -59,11 +59,16 @@ def block_size(t_pad: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _mask(num_heads: int, t: int, is_causal: bool):
-  """(MultiHeadMask, BlockSizes) for (num_heads, t_pad, D) inputs whose keys >= t are padding.
-  Host objects only: the kernel's processed mask is cached by JAX on this (hashable) mask."""
+def _mask(num_heads: int, t: int, is_causal: bool, window: int | None = None):
+  """(MultiHeadMask, BlockSizes) for (num_heads, t_pad, D) inputs whose keys >= t are padding;
+  `window`: causal sliding window (query q sees keys q - window .. q). Host objects only: the
+  kernel's processed mask is cached by JAX on this (hashable) mask."""
   t_pad = padded_length(t)
-  if is_causal:  # real queries (< t) never see a later, padded key
+  if window is not None:  # causal and local: splash skips the blocks outside the band
+    if not is_causal:
+      raise ValueError("a sliding window is causal")
+    mask = sm.LocalMask((t_pad, t_pad), window_size=(window, 0), offset=0)
+  elif is_causal:  # real queries (< t) never see a later, padded key
     mask = sm.CausalMask((t_pad, t_pad))
   elif t == t_pad:
     mask = sm.FullMask((t_pad, t_pad))
@@ -77,18 +82,18 @@ def _mask(num_heads: int, t: int, is_causal: bool):
   return sm.MultiHeadMask([mask] * num_heads), blocks
 
 
-def _kernel(num_heads: int, t: int, is_causal: bool, interpret: bool):
+def _kernel(num_heads: int, t: int, is_causal: bool, interpret: bool, window: int | None):
   """Splash kernel for (num_heads, t_pad, D) inputs whose keys >= t are padding. Built per
   trace, never cached: its mask arrays are staged into the trace that builds it (jnp.array of
   NumPy), and a cached kernel would leak them into the next (nn.scan, nn.remat)."""
-  mask, blocks = _mask(num_heads, t, is_causal)
+  mask, blocks = _mask(num_heads, t, is_causal, window)
   return sk.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
                             interpret=interpret)
 
 
-def _local(q, k, v, *, t: int, is_causal: bool, interpret: bool):
+def _local(q, k, v, *, t: int, is_causal: bool, interpret: bool, window: int | None):
   """One shard: q (b, Hq, t_pad, D), k/v (b, Hkv, t_pad, D) -> (b, Hq, t_pad, D)."""
-  return jax.vmap(_kernel(q.shape[1], t, is_causal, interpret))(q, k, v)
+  return jax.vmap(_kernel(q.shape[1], t, is_causal, interpret, window))(q, k, v)
 
 
 def _mesh_specs(mesh, b: int, hq: int, hkv: int):
@@ -106,9 +111,11 @@ def _mesh_specs(mesh, b: int, hq: int, hkv: int):
 
 def splash_attention(q_BxTxHxD: Array, k_BxTxKxD: Array, v_BxTxKxD: Array, *,
                      is_causal: bool = False, scale: float | None = None,
-                     out_dtype=None, interpret: bool | None = None) -> Array:
+                     out_dtype=None, interpret: bool | None = None,
+                     window: int | None = None) -> Array:
   """Self-attention P V with the splash kernel. q (B, T, Hq, D); k, v (B, T, Hkv, D), Hq % Hkv
-  == 0 (grouped-query attention). Returns (B, T, Hq, D) in `out_dtype` (default q's dtype)."""
+  == 0 (grouped-query attention); `window`: a causal sliding window (None: none). Returns
+  (B, T, Hq, D) in `out_dtype` (default q's dtype)."""
   q, k, v = q_BxTxHxD, k_BxTxKxD, v_BxTxKxD
   b, t, hq, d = q.shape
   if k.shape[1] != t:
@@ -125,7 +132,8 @@ def splash_attention(q_BxTxHxD: Array, k_BxTxKxD: Array, v_BxTxKxD: Array, *,
   # (B, T, H, D) -> (B, H, T_pad, D)
   pad = lambda x: jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, t_pad - t), (0, 0)))
   q, k, v = pad(q), pad(k), pad(v)
-  fn = functools.partial(_local, t=t, is_causal=is_causal, interpret=interpret)
+  fn = functools.partial(_local, t=t, is_causal=is_causal, interpret=interpret,
+                         window=None if window is None or window >= t - 1 else int(window))
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
     spec_q = _mesh_specs(mesh, b, hq, k.shape[1])
