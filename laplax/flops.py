@@ -35,7 +35,7 @@ from laplax import heads as heads_lib
 
 # Tables a token reads by lookup or addition: no multiply-adds. A ViT's patch projection is
 # 'embedding/kernel': a matmul, counted.
-NOT_MATMULS = frozenset({"embedding", "pos_embedding", "cls"})
+NOT_MATMULS = frozenset({"embedding", "pos_embedding", "cls", "value_embeds"})
 # Elementwise parameters, 2-D as per-head biases (heads, head_dim) or when scanned (layers, E).
 ELEMENTWISE = ("bias", "scale", "gamma")
 
@@ -51,11 +51,18 @@ def matmul_params(params: Any, *, skip: frozenset[str] = NOT_MATMULS) -> int:
   return total
 
 
-def attention_passes(model) -> float:
+def attention_passes(model, seq_len: int | None = None) -> float:
   """L: a model's attention layers weighted by their heads' mean number of fused softmax passes
-  (its depth when every head is attention, Laplacian, mix or gate; 0 for a control head)."""
+  (its depth when every head is attention, Laplacian, mix or gate; 0 for a control head) and,
+  for sliding windows (a GPT's config.windows; `seq_len` given), by min(window, T) / T: the
+  keys a query sees, as the fork's estimate_flops counts them."""
   table = heads_lib.head_table(model.laplacian_heads, model.num_heads, model.depth)
-  return float(sum(np.mean([op.passes for op in row]) for row in table))
+  windows = getattr(getattr(model, "config", None), "windows", None)
+  if not seq_len or not windows:
+    windows = [None] * len(table)
+  share = lambda w: 1.0 if w is None else min(w, seq_len) / seq_len
+  return float(sum(np.mean([op.passes for op in row]) * share(w)
+                   for row, w in zip(table, windows)))
 
 
 def transformer_flops(n_matmul: int, *, layers: float, seq_len: int, attn_dim: int,

@@ -4,20 +4,15 @@ per-block outputs (float32, relative error < 1e-5), and laplax -> PyTorch -> lap
 ViT: timm's VisionTransformer from PyPI (DeiT-III's layout with QK-norm, LayerScale and no class
 position entry; DINO's vit_small layout with a class position entry; average pooling), its
 Laplacian heads added by this file's own Attention subclass (what the authors' deit_mixed
-MixedAttention does). GPT: nanochat is not a package, so `NanochatReference` is written here from
-the conventions laplax.convert.gpt's docstring states (rotary by -angle, bf16 tables, QK-norm
-after rotary, the fork's base and 1.2 scale, the last heads Laplacian with repeat_interleave'd
-values). Needs the test dependencies (requirements-test.txt: bash scripts/setup.sh --test).
+MixedAttention does). GPT <-> nanochat: tests/test_nanochat.py. Needs the test dependencies
+(requirements-test.txt: bash scripts/setup.sh --test).
 """
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -35,11 +30,9 @@ timm = _require("timm")
 F = torch.nn.functional
 
 from laplax import convert  # noqa: E402
-from laplax import heads as heads_lib  # noqa: E402
-from laplax.convert import checkpoints, gpt as gpt_convert, vit as vit_convert  # noqa: E402
-from laplax.data.tokenizer import Tokenizer  # noqa: E402
+from laplax.convert import checkpoints, vit as vit_convert  # noqa: E402
 from laplax.evals import offline  # noqa: E402
-from laplax.models import gpt as gpt_lib, vit as vit_lib  # noqa: E402
+from laplax.models import vit as vit_lib  # noqa: E402
 from laplax.train import export  # noqa: E402
 from timm.models.vision_transformer import Attention, VisionTransformer  # noqa: E402
 
@@ -153,168 +146,6 @@ def test_vit_refuses_what_it_cannot_express():
       "hidden_dim": 384, "num_heads": 6, "patch_size": 16, "image_size": 224,
       "laplacian_heads": 5}
   assert vit_convert.parse_arch("vit_small_patch16_224.dino")["laplacian_heads"] == 0
-
-
-class NanochatReference(torch.nn.Module):
-  """nanochat's GPT as laplax.convert.gpt's docstring states its conventions."""
-
-  def __init__(self, vocab, depth, heads, kv_heads, width, laplacian, base, qk_scale,
-               table_dtype):
-    super().__init__()
-    nn = torch.nn
-    self.h, self.kv, self.d, self.lap = heads, kv_heads, width // heads, laplacian
-    self.base, self.qk_scale, self.table_dtype = base, qk_scale, table_dtype
-    self.transformer = nn.ModuleDict({"wte": nn.Embedding(vocab, width), "h": nn.ModuleList()})
-    for _ in range(depth):
-      block = nn.Module()
-      block.attn, block.mlp = nn.Module(), nn.Module()
-      block.attn.c_q = nn.Linear(width, heads * self.d, bias=False)
-      block.attn.c_k = nn.Linear(width, kv_heads * self.d, bias=False)
-      block.attn.c_v = nn.Linear(width, kv_heads * self.d, bias=False)
-      block.attn.c_proj = nn.Linear(width, width, bias=False)
-      block.mlp.c_fc = nn.Linear(width, 4 * width, bias=False)
-      block.mlp.c_proj = nn.Linear(4 * width, width, bias=False)
-      self.transformer.h.append(block)
-    self.lm_head = nn.Linear(width, vocab, bias=False)
-
-  def forward(self, idx):
-    b, t = idx.shape
-    norm = lambda x: F.rms_norm(x, (x.size(-1),))
-    inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
-    freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
-    cos = freqs.cos().to(self.table_dtype)[None, :, None]
-    sin = freqs.sin().to(self.table_dtype)[None, :, None]
-
-    def rotary(x):  # by -angle
-      x1, x2 = x[..., :self.d // 2], x[..., self.d // 2:]
-      return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], 3)
-
-    x = norm(self.transformer.wte(idx))
-    hidden = [x]
-    for block in self.transformer.h:
-      a = norm(x)
-      q = block.attn.c_q(a).view(b, t, self.h, self.d)
-      k = block.attn.c_k(a).view(b, t, self.kv, self.d)
-      v = block.attn.c_v(a).view(b, t, self.kv, self.d)
-      q, k = norm(rotary(q)) * self.qk_scale, norm(rotary(k)) * self.qk_scale
-      y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=True, enable_gqa=self.h != self.kv)
-      y = y.transpose(1, 2)
-      if self.lap:
-        n = self.h - self.lap
-        values = v.repeat_interleave(self.h // self.kv, dim=2)
-        y = torch.cat([y[:, :, :n], values[:, :, n:] - y[:, :, n:]], 2)
-      x = x + block.attn.c_proj(y.reshape(b, t, -1))
-      x = x + block.mlp.c_proj(F.relu(block.mlp.c_fc(norm(x))).square())
-      hidden.append(x)
-    logits = self.lm_head(norm(x)).float()
-    return 15 * torch.tanh(logits / 15), hidden
-
-
-GPT_CASES = {  # (laplacian heads, rotary base, q/k scale, cos/sin dtype)
-    "ae0bf52": (0, 10000.0, 1.0, "bfloat16"),
-    "laplacian_fork": (2, 100000.0, 1.2, "bfloat16"),
-    "float32_tables": (1, 10000.0, 1.0, "float32"),
-}
-
-
-def nanochat_reference(case: str, vocab: int = 128, seed: int = 0):
-  lap, base, scale, table = GPT_CASES[case]
-  ref = NanochatReference(vocab, 2, 4, 2, 64, lap, base, scale, getattr(torch, table))
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in ref.named_parameters():
-      p.copy_(torch.randn(p.shape, generator=g) / (1.0 if "wte" in name else p.shape[1] ** 0.5))
-  model_config = {"vocab_size": vocab, "n_layer": 2, "n_head": 4, "n_kv_head": 2,
-                  "n_embd": 64, "sequence_len": 64}
-  if case == "laplacian_fork":
-    model_config.update(laplacian_heads=[lap, lap], window_pattern="L",
-                        **{k: False for k in ("use_ve", "use_resid_lambdas", "use_x0",
-                                              "use_smear", "use_backout")})
-  return ref, model_config
-
-
-@pytest.mark.parametrize("case", sorted(GPT_CASES))
-def test_gpt_matches_nanochat_and_round_trips_bit_exactly(case):
-  lap, base, scale, table = GPT_CASES[case]
-  ref, model_config = nanochat_reference(case)
-  state = numpy_state(ref)
-  fields, flat = gpt_convert.from_nanochat(state, model_config, rope_theta=base, qk_scale=scale,
-                                           rope_table_dtype=table, laplacian_heads=lap)
-  model = gpt_lib.GPT(fields)
-  tokens = np.random.RandomState(1).randint(0, 128, (2, 48))
-  logits, aux = model.apply({"params": export.unflatten(flat)}, tokens, return_hidden=True)
-  with torch.no_grad():
-    ref_logits, hidden = ref(torch.from_numpy(tokens))
-  assert rel(logits, ref_logits.numpy()) < TOL
-  for i, h in enumerate(hidden):
-    assert rel(aux["hidden"][i], h.numpy()) < TOL, f"hidden {i}"
-  back, _ = gpt_convert.to_nanochat(flat, model.config)
-  assert back.keys() == state.keys()
-  assert all(np.array_equal(back[n], state[n]) for n in state)
-  # the rotary flip is what makes it exact: without it the logits are far off
-  unflipped = dict(flat)
-  for key in flat:
-    if key.endswith(("attn/query", "attn/key")):
-      unflipped[key] = np.concatenate([flat[key][..., :8], -flat[key][..., 8:]], -1)
-  wrong = model.apply({"params": export.unflatten(unflipped)}, tokens)
-  assert rel(wrong, ref_logits.numpy()) > 1e-2
-
-
-def test_gpt_refuses_what_it_cannot_express():
-  ref, model_config = nanochat_reference("laplacian_fork")
-  state = numpy_state(ref)
-  with pytest.raises(ValueError, match="use_ve=True .value embeddings"):
-    gpt_convert.from_nanochat(state, {**model_config, "use_ve": True})
-  with pytest.raises(ValueError, match="window_pattern='SSSL'"):
-    gpt_convert.from_nanochat(state, {**model_config, "window_pattern": "SSSL"})
-  with pytest.raises(ValueError, match="resid_lambdas"):
-    gpt_convert.from_nanochat({**state, "resid_lambdas": np.ones(2, np.float32)}, model_config)
-  with pytest.raises(ValueError, match="vocab_size=100 is not a multiple of 64"):
-    gpt_convert.from_nanochat(state, {**model_config, "vocab_size": 100})
-  with pytest.raises(ValueError, match="GPT-2 cannot be .*learned position embeddings .* "
-                     "nothing was converted"):
-    gpt_convert.from_hf_gpt2({"model_type": "gpt2"})
-  with pytest.raises(ValueError, match="'llama' model, not GPT-2"):
-    gpt_convert.from_hf_gpt2({"model_type": "llama"})
-
-
-@pytest.fixture(scope="module")
-def nanochat_files(tmp_path_factory, shared_data):
-  """A nanochat checkpoint directory as nanochat writes it: model_000007.pt, meta_000007.json,
-  tokenizer.pkl (a pickled tiktoken Encoding) for a tokenizer of 320 ids."""
-  tmp = tmp_path_factory.mktemp("nanochat")
-  text = (shared_data / "text" / "tinyshakespeare" / "input.txt").read_text()[:20_000]
-  tok = Tokenizer.train([text], 320)
-  assert tok.vocab_size == 320
-  ref, model_config = nanochat_reference("laplacian_fork", vocab=320, seed=3)
-  torch.save(ref.state_dict(), tmp / "model_000007.pt")
-  (tmp / "meta_000007.json").write_text(json.dumps({"step": 7, "model_config": model_config}))
-  (tmp / "tokenizer.pkl").write_bytes(pickle.dumps(tok._enc))  # as nanochat's save() does
-  return tmp, ref, tok
-
-
-def test_nanochat_checkpoint_to_export_and_back(nanochat_files, tmp_path):
-  src, ref, tok = nanochat_files
-  manifest = convert.from_nanochat(src / "model_000007.pt", tmp_path / "export", meta=None,
-                                   tokenizer=src / "tokenizer.pkl")
-  run = offline.load(tmp_path / "export")
-  assert run.step == 7 and run.model.config.rope_theta == 100000.0
-  assert run.model.config.qk_scale == 1.2 and heads_lib.model_heads(run.model) == "k=2"
-  assert run.task.tokenizer.fingerprint() == tok.fingerprint()
-  assert json.loads(manifest.read_text())["files"]["tokenizer.json"]["sha256"]
-  tokens = tok.encode("To be, or not to be")[None]
-  with torch.no_grad():
-    expected = ref(torch.from_numpy(tokens.astype(np.int64)))[0].numpy()
-  assert rel(run.model.apply({"params": run.params}, tokens), expected) < TOL
-  # and back to nanochat's files: the same state dict, a tokenizer tiktoken itself unpickles
-  written = convert.to_torch(tmp_path / "export", tmp_path / "nanochat", "nanochat")
-  state, _ = checkpoints.read_state(written[0])
-  assert all(np.array_equal(state[n], v.numpy()) for n, v in ref.state_dict().items())
-  meta = json.loads((tmp_path / "nanochat" / "meta_000007.json").read_text())
-  assert meta["model_config"]["laplacian_heads"] == [2, 2]
-  enc = pickle.loads((tmp_path / "nanochat" / "tokenizer" / "tokenizer.pkl").read_bytes())
-  assert enc.encode_ordinary("To be") == list(tok.encode("To be"))
 
 
 @pytest.mark.slow  # a CLI process

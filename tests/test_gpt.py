@@ -8,12 +8,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import common
 from conftest import make_config
+from steps import run_steps
 from laplax import sharding
 from laplax.models import gpt
 from laplax.tasks import lm
 from laplax.train import optim as optim_lib
-from laplax.train import state as state_lib
 
 TINY = dict(vocab_size=64, depth=2, width=32, head_dim=8)  # 4 heads of 8
 
@@ -139,7 +140,8 @@ def test_nanochat_init_follows_init_weights(scan):
 
 
 def test_unknown_init_is_one_error_line():
-  with pytest.raises(ValueError, match=r"model.init='xavier'; use one of \('glorot', 'nanochat'\)"):
+  with pytest.raises(ValueError, match=r"model.init='xavier'; use one of \('glorot', 'nanochat', "
+                     "'fork'\)"):
     gpt.GPTConfig(init="xavier")
 
 
@@ -160,10 +162,98 @@ def test_forward_shapes_hidden_states_and_softcap():
     (dict(num_kv_heads=3), "num_kv_heads=3"),
     (dict(width=30), "head_dim"),
     (dict(colour="red"), "colour"),
+    (dict(window_pattern="SXL", sequence_len=64), r"window_pattern='SXL': use a string of S"),
+    (dict(window_pattern="SL"), r"window_pattern='SL' has short windows, .*set "
+                                "model.sequence_len"),
+    (dict(use_ve="yes"), "use_ve='yes' must be True or False"),
+    (dict(sequence_len=-2), "sequence_len=-2 must be an integer >= 0"),
 ])
 def test_config_errors_name_the_bad_value(bad, match):
   with pytest.raises(ValueError, match=match):
     gpt.GPT({**TINY, **bad})
+
+
+# The authors' fork's parts (laplax.models.gpt's docstring), small: 4 layers of 4 heads of 8
+# (2 kv heads), windows from a context of 256 (S = 128 keys back: decoding past 129 sees them).
+FORK = dict(vocab_size=64, depth=4, width=32, head_dim=8, num_kv_heads=2, init="fork",
+            window_pattern="SSSL", sequence_len=256, rope_theta=1e5, qk_scale=1.2,
+            **dict.fromkeys(gpt.FORK_SWITCHES, True))
+
+
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
+@pytest.mark.parametrize("scan", [False, True])
+def test_fork_parts_decode_with_the_cache_as_the_full_forward(scan):
+  """Every fork part under the KV cache: the smear reads the cached previous embedding, the
+  value embeddings the decoded tokens', the short windows drop keys older than 128 positions
+  (prefill 131, then single tokens and a chunk); scanned (window codes and value embeddings
+  scanned with the layers) and unrolled."""
+  model = gpt.GPT({**FORK, "laplacian_heads": [0, 1, 2, 4], "scan_layers": scan})
+  params = _random_params(model, seed=4)
+  tokens = jax.random.randint(jax.random.key(2), (2, 140), 0, 64)
+  full = model.apply({"params": params}, tokens)
+  cache = gpt.init_cache(model, 2, 140)
+  assert cache["smear_prev"].shape == (2, 1, 32)
+  apply = jax.jit(lambda v, x: model.apply(v, x, decode=True, mutable=["cache"]))
+  chunks = []
+  for start, stop in [(0, 131), (131, 132), (132, 133), (133, 137), (137, 140)]:
+    out, mutated = apply({"params": params, "cache": cache}, tokens[:, start:stop])
+    cache = mutated["cache"]
+    chunks.append(out)
+  np.testing.assert_allclose(jnp.concatenate(chunks, 1), full, atol=3e-5, rtol=1e-5)
+  # the window matters here: the full context at every layer gives other logits
+  wide = gpt.GPT({**FORK, "laplacian_heads": [0, 1, 2, 4], "scan_layers": scan,
+                  "window_pattern": "L"})
+  assert np.abs(np.asarray(wide.apply({"params": params}, tokens) - full)[:, 130:]).max() > 1e-3
+
+
+def test_fork_parameter_counts_per_group_are_the_forks():
+  """laplax.models.gpt.param_counts of the fork presets' models (abstract: nothing allocated)
+  against the counts the fork's GPT.num_scaling_params prints (d12 / d16 / d20, vocabulary
+  32768; read once from its own file, benchmarks/README.md) and against its layout, written
+  out: per layer 12 E^2 (q, k, v, out, MLP 4E x 2), a 12 x heads gate on each value-embedding
+  layer (alternating, the last always), V x E per value embedding, 2 scalars per layer + the
+  smear gate (24) + smear and backout scalars."""
+  printed = {12: (25165824, 150994944, 25165824, 84935088, 50, 286261730),
+             16: (33554432, 268435456, 33554432, 201327360, 58, 536871738),
+             20: (41943040, 419430400, 41943040, 393217200, 66, 896533746)}
+  for depth, want in printed.items():
+    c = make_config("lm")
+    c.model = common.gpt_fork_model(depth)
+    c.model.update(sequence_len=2048, attention_impl="xla", scan_layers=False)
+    model = lm.gpt_from_config(c.model, 32768)
+    counts = gpt.param_counts(jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))
+    assert tuple(counts.values()) == want, depth
+    e, v, n_ve = -(-64 * depth // 128) * 128, 32768, (depth + 1) // 2
+    heads = e // 128
+    assert want == (v * e, n_ve * v * e, v * e, depth * 12 * e * e + n_ve * 12 * heads,
+                    2 * depth + 26, sum(want[:5]))
+
+
+def test_fork_init_follows_its_init_weights():
+  """init='fork' and the parts' inits (the fork's init_weights at 1f70b557): embedding normal(0.8),
+  c_fc uniform(+-0.4 sqrt(3 / E)), value embeddings uniform(+-sqrt(3 / E)), their gates and the
+  smear gate uniform(0, 0.02), residual scalars 1.15 - 0.10 i / (L - 1), x0 scalars 0.20 -
+  0.15 i / (L - 1), smear 0, backout 0.2."""
+  cfg = {**FORK, "vocab_size": 4096, "width": 128, "head_dim": 32, "depth": 5}
+  p = nn.unbox(gpt.GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
+  bound = np.sqrt(3 / 128)
+  assert np.std(p["embedding"]) == pytest.approx(0.8, rel=0.02)
+  fc1 = np.asarray(p["block0"]["mlp"]["fc1"]["kernel"])
+  assert 0.98 * 0.4 * bound < np.abs(fc1).max() <= 0.4 * bound
+  ve = np.asarray(p["value_embeds"])
+  assert ve.shape == (3, 4096, 64) and 0.99 * bound < np.abs(ve).max() <= bound  # 2 kv heads
+  for gate in (p["ve_gates"], p["smear_gate"]):
+    assert 0 <= np.min(gate) and np.max(gate) <= 0.02
+  assert p["ve_gates"].shape == (3, 12, 2) and p["smear_gate"].shape == (24, 1)
+  np.testing.assert_allclose(p["resid_lambdas"], 1.15 - 0.10 * np.arange(5) / 4, atol=1e-7)
+  np.testing.assert_allclose(p["x0_lambdas"], 0.20 - 0.15 * np.arange(5) / 4, atol=1e-7)
+  assert p["smear_lambda"].tolist() == [0.0]
+  assert p["backout_lambda"].tolist() == [np.float32(0.2)]
+  assert gpt.GPTConfig(**cfg).ve_layers == (0, 2, 4)
+  assert gpt.GPTConfig(**{**cfg, "depth": 4}).ve_layers == (1, 3)
+  assert gpt.GPTConfig(**{**cfg, "depth": 7, "window_pattern": "SL"}).windows == (
+      128, 256, 128, 256, 128, 256, 256)  # the last layer always long
 
 
 @pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
@@ -175,7 +265,6 @@ def test_sharded_fsdp_model_step_equals_one_device():
       clip_norm=1.0, schedule="warmdown"))
   tx, _ = optim_lib.make(optim, 4)
   task = lm.LanguageModelTask(make_config("lm", **{"data.seq_len": 16}))
-  rules = sharding.rules_from_config(())
   # One batch three times: its loss must fall.
   batches = [{"tokens": np.asarray(jax.random.randint(jax.random.key(0), (8, 17), 0, 64),
                                    np.int32)}] * 3
@@ -183,16 +272,7 @@ def test_sharded_fsdp_model_step_equals_one_device():
   for name, shape, devices in [("one", {"data": 1}, jax.devices()[:1]),
                                ("mesh", {"data": 2, "fsdp": 2, "model": 2}, jax.devices()[:8])]:
     mesh = sharding.make_mesh(shape, devices)
-    state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed=0)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      step = jax.jit(task.make_step(model, tx, 4),
-                     in_shardings=(shardings, sharding.batch_sharding(mesh)),
-                     out_shardings=(shardings, None), donate_argnums=(0,))
-    losses[name] = []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      for batch in batches:
-        state, metrics = step(state, sharding.host_batch_to_global(batch, mesh))
-        losses[name].append(float(metrics["loss"]))
+    losses[name], state = run_steps(task, model, tx, mesh, batches, total=4)
     params[name] = jax.device_get(state.params)
     if name == "mesh":  # really sharded: the q kernel over fsdp (embed) and model (heads)
       spec = state.params["block0"]["attn"]["query"].sharding.spec

@@ -13,9 +13,9 @@ from laplax.evals.lm import tasks as lm_tasks
 from laplax.models import gpt
 
 
-def _random_gpt(vocab=64, laplacian_heads=1):
+def _random_gpt(vocab=64, laplacian_heads=1, **extra):
   model = gpt.GPT(gpt.GPTConfig(vocab_size=vocab, depth=2, width=32, head_dim=8,
-                                laplacian_heads=laplacian_heads))
+                                laplacian_heads=laplacian_heads, **extra))
   params = model.init(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
   # Random output projections: the zero init would make every position's logits identical.
   leaves, treedef = jax.tree.flatten(params)
@@ -44,6 +44,22 @@ def test_batched_generate_equals_one_prompt_at_a_time_with_one_compilation(lapla
     gen({"params": params}, prompts, 9)
   with pytest.raises(ValueError, match="25 tokens"):
     gen({"params": params}, [[63] * 25], 2)
+
+
+@pytest.mark.slow  # heavy compile: in the full suite (scripts/test.sh)
+def test_batched_generate_of_the_forks_model_equals_one_prompt_at_a_time():
+  """The fork's parts under the padded layout: windows (S = 128 keys back from a context of
+  256) count positions across the padding, the smear carries the prompt's last real token;
+  prompts of 1 to 139 tokens in one batch."""
+  model, params = _random_gpt(laplacian_heads=1, window_pattern="SL", sequence_len=256,
+                              **dict.fromkeys(gpt.FORK_SWITCHES, True))
+  gen = generate_lib.BatchedGenerator(model, batch_size=4, prompt_len=140, max_new_tokens=6)
+  rng = np.random.default_rng(1)
+  prompts = [[63] + rng.integers(0, 60, n).tolist() for n in (0, 4, 132, 138)]
+  outs = gen({"params": params}, prompts, 6)
+  for p, o in zip(prompts, outs):
+    ref = np.asarray(gpt.generate(model, {"params": params}, np.array([p]), 6))[0, len(p):]
+    np.testing.assert_array_equal(o, ref)
 
 
 def _gsm8k_like_prompts(n=12):

@@ -7,7 +7,7 @@ r"""Weights in and out: the authors' PyTorch models <-> laplax exports (laplax.t
   python -m laplax.convert --from=nanochat --in=base_checkpoints/d20/model_021400.pt \
       --tokenizer=tokenizer/tokenizer.pkl --out=runs/nanochat_d20   # meta_021400.json beside it
   python -m laplax.convert --from=laplax --in=runs/fm_k4 --to=deit_mixed --out=runs/fm_k4_timm
-  python -m laplax.convert --from=laplax --in=runs/lm_k2 --to=nanochat --out=runs/lm_k2_nanochat
+  python -m laplax.convert --from=laplax --in=runs/gpt_fork --to=nanochat --out=runs/gpt_fork_nc
 
 --from=timm|nanochat|hf-gpt2 writes a laplax export: params.safetensors, config.json (a run
 config: --config's, or a default one for the model; its model section is the converted model's),
@@ -16,7 +16,10 @@ manifest.json, tokenizer.json for GPTs. `eval.py --workdir=OUT` evaluates it and
 --from=laplax reads a workdir or an export and writes, for --to=timm / deit_mixed / dino,
 model.safetensors and timm_config.json (VisionTransformer keyword arguments; deit_mixed adds
 the authors' num_vanilla_heads); for --to=nanochat, model_{step:06d}.pt and meta_{step:06d}.json
-as nanochat's checkpoint_manager saves them, and tokenizer/tokenizer.pkl (+ token_bytes.pt).
+as nanochat's checkpoint_manager saves them, its model_config exactly the fields of the loader
+`--nanochat` names (fork: the authors' at 1f70b557; ae0bf52; auto: the one that computes the
+model, a model neither computes is refused naming the field), and tokenizer/tokenizer.pkl
+(+ token_bytes.pt).
 
 The mappings and every convention they rely on: laplax.convert.vit (timm, the authors'
 deit_mixed, DINO's vit_small) and laplax.convert.gpt (nanochat ae0bf52 and the authors'
@@ -173,10 +176,10 @@ def from_nanochat(path: epath.PathLike, out: epath.PathLike, *, meta: epath.Path
                   rope_table_dtype: str = "bfloat16", qk_scale: float | None = None,
                   laplacian_heads: Any = None,
                   config: ml_collections.ConfigDict | None = None) -> epath.Path:
-  """A nanochat checkpoint (model_*.pt + meta_*.json) -> a laplax export in `out`.
-  rope_theta / qk_scale default to the model_config's (the fork has laplacian_heads) values:
-  100000 and 1.2 for the authors' fork (its model_config lists laplacian_heads), else 10000
-  and 1.0 (ae0bf52)."""
+  """A nanochat checkpoint (model_*.pt + meta_*.json) -> a laplax export in `out`. Either
+  nanochat (laplax.convert.gpt.read_version: the authors' fork, with its six parts, or
+  ae0bf52); rope_theta / qk_scale default to the version's (100000 and 1.2 for the fork, 10000
+  and 1.0 for ae0bf52)."""
   path = workdir_lib.as_path(path)
   meta_path = workdir_lib.as_path(meta) if meta else path.parent / path.name.replace(
       "model_", "meta_").replace(".pt", ".json")
@@ -190,14 +193,11 @@ def from_nanochat(path: epath.PathLike, out: epath.PathLike, *, meta: epath.Path
     raise ValueError("--tokenizer: nanochat's tokenizer.pkl (or a laplax tokenizer.json), the "
                      "ids the weights were trained on: a GPT export carries its tokenizer")
   tok = gpt_convert.read_nanochat_tokenizer(tokenizer)
-  fork = "laplacian_heads" in model_config
+  gpt_convert.read_version(model_config)  # an unknown key: refused before the weights load
   state, _ = checkpoints.read_state(path)
   fields, flat = gpt_convert.from_nanochat(
-      state, model_config,
-      rope_theta=rope_theta if rope_theta is not None else (100000.0 if fork else 10000.0),
-      rope_table_dtype=rope_table_dtype,
-      qk_scale=qk_scale if qk_scale is not None else (1.2 if fork else 1.0),
-      laplacian_heads=laplacian_heads)
+      state, model_config, rope_theta=rope_theta, rope_table_dtype=rope_table_dtype,
+      qk_scale=qk_scale, laplacian_heads=laplacian_heads)
   if -(-tok.vocab_size // gpt_convert.VOCAB_MULTIPLE) * gpt_convert.VOCAB_MULTIPLE != \
       fields["vocab_size"]:
     raise ValueError(f"the tokenizer has {tok.vocab_size} ids, the checkpoint's embedding "
@@ -229,8 +229,9 @@ def from_hf_gpt2(path: epath.PathLike) -> None:
 
 
 def to_torch(source: epath.PathLike, out: epath.PathLike, target: str,
-             part: str = "teacher") -> list[epath.Path]:
-  """A laplax workdir or export -> the `target`'s files in `out` (the paths written)."""
+             part: str = "teacher", nanochat: str = "auto") -> list[epath.Path]:
+  """A laplax workdir or export -> the `target`'s files in `out` (the paths written);
+  `nanochat`: which nanochat's loader a --to=nanochat meta is for (laplax.convert.gpt)."""
   run = restore.load_run(source)
   out = workdir_lib.as_path(out)
   if target in ("timm", "deit_mixed", "dino"):
@@ -268,13 +269,15 @@ def to_torch(source: epath.PathLike, out: epath.PathLike, target: str,
       raise ValueError(f"--to=nanochat is for GPTs; {source} is a {run.task.name!r} run")
     config = run.model.config
     flat = checkpoints.unrolled(export_lib.flatten(run.params), config.depth)
-    state, model_config = gpt_convert.to_nanochat(flat, config)
-    if config.rope_theta != 10000.0 or config.qk_scale != 1.0:
-      model_config["rope_base"], model_config["qk_scale"] = config.rope_theta, config.qk_scale
+    state, model_config, version = gpt_convert.to_nanochat(
+        flat, config, version=nanochat, vocab_size=run.task.tokenizer.vocab_size,
+        sequence_len=int(run.config.data.seq_len))
     step = int(run.step or 0)
     written = [checkpoints.write_torch(out / f"model_{step:06d}.pt", state)]
     workdir_lib.write_json_atomic(out / f"meta_{step:06d}.json",
-                                  {"step": step, "model_config": model_config}, indent=2)
+                                  {"step": step, "model_config": model_config,
+                                   "laplax": {"nanochat": version, "source": str(source)}},
+                                  indent=2)
     gpt_convert.write_nanochat_tokenizer(run.task.tokenizer, out / "tokenizer")
     return written + [out / f"meta_{step:06d}.json", out / "tokenizer" / "tokenizer.pkl"]
   raise ValueError(f"--to={target!r}; use one of {TARGETS}")

@@ -35,7 +35,10 @@ flags.DEFINE_string("meta", None, "nanochat: its meta_*.json (default: beside --
 flags.DEFINE_string("tokenizer", None, "nanochat: its tokenizer.pkl (or a laplax "
                     "tokenizer.json).")
 flags.DEFINE_float("rope_theta", None, "nanochat: rotary base (default: 100000 for the "
-                   "authors' fork, whose model_config lists laplacian_heads; else 10000).")
+                   "authors' fork, whose model_config has its keys; 10000 for ae0bf52's).")
+flags.DEFINE_enum("nanochat", "auto", ["auto", "fork", "ae0bf52"], "--to=nanochat: the loader "
+                  "the meta is for (the authors' fork at 1f70b557, or karpathy/nanochat at "
+                  "ae0bf52); auto: the one that computes the model.")
 flags.DEFINE_float("qk_scale", None, "nanochat: q, k scale after QK-norm (fork: 1.2; else 1).")
 flags.DEFINE_enum("rope_table_dtype", "bfloat16", ["bfloat16", "float32"], "nanochat: the "
                   "dtype of its cos / sin tables (bfloat16 at ae0bf52; the fork: its compute "
@@ -61,7 +64,7 @@ def main(argv):
       if target == "laplax":
         raise ValueError("--from=laplax --to=laplax: a workdir's export is eval.py --export")
       written = convert.to_torch(FLAGS["in"].value, FLAGS.out, target, part=FLAGS.part or
-                                 "teacher")
+                                 "teacher", nanochat=FLAGS.nanochat)
     elif target != "laplax":
       raise ValueError(f"--from={source} converts to laplax (--to=laplax)")
     elif source == "timm":

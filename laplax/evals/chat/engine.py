@@ -135,9 +135,9 @@ class ChatEngine:
 
   # --- compiled pieces ---
 
-  def _apply(self, params, cache, tokens, positions, key_mask):
+  def _apply(self, params, cache, tokens, positions, key_mask, last=None):
     return generate.decode_step(self.model, params, cache, tokens, positions, key_mask,
-                                vocab_limit=self.vocab_limit)
+                                vocab_limit=self.vocab_limit, last=last)
 
   def _prefill_impl(self, params, prompts, lengths):
     """prompts int32 (B, P), lengths (B,) -> (argmax (B,), cache, key_mask (B, 1, 1, S))."""
@@ -146,7 +146,7 @@ class ChatEngine:
     key_mask = ((slots[None, :] < lengths[:, None]) | (slots[None, :] >= p))[:, None, None, :]
     cache = gpt.init_cache(self.model, b, p + self.max_new_tokens)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache = self._apply(params, cache, prompts, positions, key_mask)
+    logits, cache = self._apply(params, cache, prompts, positions, key_mask, lengths - 1)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     return jnp.argmax(last, axis=-1).astype(jnp.int32), cache, key_mask
 

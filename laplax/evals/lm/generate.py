@@ -14,7 +14,10 @@ method interceptor hands both to every `MultiHeadAttention` call: RoPE positions
 key mask (B, 1, 1, P + N) that hides the padding (the causal mask at the cache offset hides
 the slots not written yet). Laplacian heads need nothing more: their identity term is the value
 at the query's own slot. Padding after a row's prompt and the rows added to fill the last batch
-never influence a real row, so the tokens equal `gpt.generate` on each prompt alone.
+never influence a real row, so the tokens equal `gpt.generate` on each prompt alone. The fork's
+parts too: sliding windows count positions, not slots (the attention caches each slot's
+position), and the smear's cached previous embedding is the prompt's last real token's (`last`,
+handed to the GPT's smear the same way).
 """
 
 from __future__ import annotations
@@ -39,14 +42,17 @@ def left_truncate(ids: Sequence[int], length: int) -> list[int]:
 
 
 def decode_step(model: gpt.GPT, params, cache, tokens, positions, key_mask, *,
-                vocab_limit: int | None = None):
+                vocab_limit: int | None = None, last=None):
   """One decode-mode forward of tokens int32 (B, T) with RoPE positions (B, T) and key_mask
   (B, 1, 1, S) handed to every MultiHeadAttention (a flax method interceptor) -> (logits
-  (B, T, V) with ids >= vocab_limit at -inf, the updated cache)."""
+  (B, T, V) with ids >= vocab_limit at -inf, the updated cache). `last` (B,) int: each row's
+  last real position in a padded chunk (the smear keeps its embedding; None: the chunk's last)."""
 
   def inject(next_fun, args, kwargs, context):
     if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
       kwargs = dict(kwargs, positions=positions, mask=key_mask)
+    elif isinstance(context.module, gpt.GPT) and context.method_name == "_smear":
+      kwargs = dict(kwargs, last=last)
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(inject):
@@ -76,9 +82,9 @@ class BatchedGenerator:
     self.max_len = prompt_len + max_new_tokens
     self._fn = jax.jit(self._generate)
 
-  def _apply(self, params, cache, tokens, positions, key_mask):
+  def _apply(self, params, cache, tokens, positions, key_mask, last=None):
     return decode_step(self.model, params, cache, tokens, positions, key_mask,
-                       vocab_limit=self.vocab_limit)
+                       vocab_limit=self.vocab_limit, last=last)
 
   def _generate(self, params, prompts, lengths, steps):
     """prompts int32 (B, P), lengths int32 (B,), steps int32 () -> int32 (B, max_new_tokens)."""
@@ -87,7 +93,7 @@ class BatchedGenerator:
     key_mask = ((slots[None, :] < lengths[:, None]) | (slots[None, :] >= p))[:, None, None, :]
     cache = gpt.init_cache(self.model, b, self.max_len)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache = self._apply(params, cache, prompts, positions, key_mask)
+    logits, cache = self._apply(params, cache, prompts, positions, key_mask, lengths - 1)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     out = jnp.zeros((b, self.max_new_tokens), jnp.int32)
     out = out.at[:, 0].set(jnp.argmax(last, axis=-1).astype(jnp.int32))
