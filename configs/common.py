@@ -96,6 +96,9 @@ def lm_evals(*, every: int) -> ml_collections.ConfigDict:
       "val": evaluator("bpb", every=every),
       "lm_tasks": evaluator("lm_tasks", final=False),
       "geometry": evaluator("lm_geometry", final=False, analysis=True),
+      # nanochat's CORE over the DCLM bundle: --set=core.bundle=DIR (python -m
+      # laplax.data.fetch core writes one)
+      "core": evaluator("core", final=False),
       "mechanism": evaluator("mechanism", final=False, analysis=True, examples=256,
                              batch_size=8)})
 
@@ -289,6 +292,73 @@ def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.Co
   base.optim = gpt_d20_optim(warmdown_fraction=0.0)  # each stage sets its own schedule
   base.optim.muon.embedding_lr = 0.2
   return base
+
+
+FORK_COMMIT = "1f70b557"  # yuchongzhang/nanochat: the newest commit with the six parts
+
+
+def gpt_fork_model(depth: int) -> ml_collections.ConfigDict:
+  """The authors' default model at `depth` (yuchongzhang/nanochat at 1f70b557, base_train's
+  build_model_meta): width ceil(64 depth / 128) x 128, heads of 128, value embeddings,
+  residual and x0 scalars, smear, backout, windows 'SSSL' (S = a quarter of the context
+  rounded up to 128 keys), the fork's init, k = 0 (--config.model.laplacian_heads=k); bf16
+  compute, splash attention, scanned blocks with full remat. model.sequence_len is set by the
+  caller (the windows derive from the training context)."""
+  width = -(-64 * depth // 128) * 128
+  m = gpt(depth=depth, width=width, head_dim=128, init="fork")
+  m.update(window_pattern="SSSL", **dict.fromkeys(
+      ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout"), True))
+  m.attention_impl = "splash"
+  m.dtype = "bfloat16"
+  m.param_dtype = "float32"
+  m.scan_layers = True
+  m.remat_policy = "full"
+  return m
+
+
+def nanochat_optim(*, target_param_data_ratio: float = 12.0) -> ml_collections.ConfigDict:
+  """The fork's base_train optimiser and schedule (optim.name 'nanochat', laplax.train.optim
+  .nanochat; the values and their sources in laplax.sections.NANOCHAT): lr multiplier warm-up
+  over 40 steps, constant, warm-down over the last 65 % to 0.05, no clipping; the horizon, the
+  batch (data.batch_size -1) and the lr / weight-decay transfer from the d12 reference at
+  `target_param_data_ratio` (0: as set)."""
+  o = lm_optim()
+  o.name = "nanochat"
+  o.schedule = "warmdown"
+  o.warmup_steps = 40
+  o.warmdown_fraction = 0.65
+  o.final_lr_fraction = 0.05
+  o.clip_norm = 0.0
+  o.nanochat.target_param_data_ratio = target_param_data_ratio
+  # Polar Express on each chip's share of the matrices (laplax.train.optim.nanochat)
+  o.nanochat.distributed = True
+  return o
+
+
+def gpt_fork(depth: int) -> ml_collections.ConfigDict:
+  """The authors' pretraining run at `depth` as runs/laplacian_sweep.sh runs it
+  (configs/pod/gpt_fork_d*.py): their default model, vocabulary 32768 (tok_train's), context
+  2048, the recipe's horizon and batch at 12 tokens per scaling parameter, validation bpb every
+  250 steps; FSDP over every chip of a TPU pod."""
+  c = run(f"gpt_fork_d{depth}", "lm", total_steps=0, log_every=50, every_steps=1000)
+  c.platform = "tpu"  # refused on another backend (laplax.train.platform)
+  c.evals = lm_evals(every=250)
+  # the sweep's CORE: every example of every task (--core-metric-max-per-task=-1) at the end,
+  # once --config.evals.core.bundle names the bundle and --config.evals.core.final=True
+  c.evals.core.max_per_task = -1
+  c.evals.core.batch_size = 256
+  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  # sources: the FineWeb-Edu / ClimbMix parquet shards (python -m laplax.data.fetch); batch -1:
+  # the recipe's (Power Lines) batch in sequences of seq_len
+  c.data = text_data(sources=(), vocab_size=32_768, seq_len=2048, batch_size=-1,
+                     eval_batch_size=256)
+  c.data.tokenizer_train_chars = 2_000_000_000  # tok_train: ~2B characters
+  c.data.eval_windows = 4096
+  c.model = gpt_fork_model(depth)
+  c.model.sequence_len = c.data.get_ref("seq_len")  # the windows follow --config.data.seq_len
+  c.loss = lm_loss(chunk=256)
+  c.optim = nanochat_optim()
+  return c
 
 
 def lm_optim() -> ml_collections.ConfigDict:

@@ -141,8 +141,30 @@ MUON = {  # optim.muon: nanochat's values (configs/common.py's muon() says where
     "ns_steps": 5,
     "distributed": False,  # True: Newton-Schulz sharded over the mesh
 }
+NANOCHAT = {  # optim.nanochat: the authors' fork at 1f70b557 (laplax.train.optim.nanochat)
+    "matrix_lr": 0.02,  # base_train --matrix-lr (Muon)
+    "embedding_lr": 0.3,  # --embedding-lr; value embeddings get half
+    "unembedding_lr": 0.008,  # --unembedding-lr
+    "scalar_lr": 0.5,  # --scalar-lr (x0 scalars; residual scalars a hundredth)
+    "width_reference": 768,  # setup_optimizer's dmodel_lr_scale = (width / 768) ** -0.5
+    "adam_eps": 1e-10,
+    "momentum_start": 0.85,  # get_muon_momentum: 0.85 -> 0.97 over 400 steps, then to 0.90
+    "momentum": 0.97,  # over the warm-down
+    "momentum_end": 0.90,
+    "momentum_warmup_steps": 400,
+    "ns_steps": 5,  # Polar Express iterations
+    "beta2": 0.9,  # NorMuon's second moment
+    "weight_decay": 0.28,  # --weight-decay: Muon's cautious decay at the d12 reference
+    # The horizon: total_steps 0 -> ratio x the scaling parameters (transformer matrices +
+    # lm_head) in tokens; data.batch_size -1 -> the Power Lines batch; 0: neither, and lr_scale
+    # / muon_weight_decay as set (--target-param-data-ratio)
+    "target_param_data_ratio": 0.0,
+    "lr_scale": 1.0,  # derived by the recipe (batch_lr_scale) when the ratio is > 0
+    "muon_weight_decay": 0.28,  # derived by the recipe (weight_decay_scaled) likewise
+    "distributed": False,  # True: each device orthogonalises its share of the matrices
+}
 OPTIM = {
-    "name": "adamw",  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon'
+    "name": "adamw",  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon' | 'nanochat'
     "schedule": "cosine",  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown'
     "lr": 1e-3,  # peak lr (AdamW's; Muon's are in optim.muon)
     "warmup_steps": 0,
@@ -169,6 +191,7 @@ OPTIM = {
     # fewer ops on the CPU; global clipping and constant weight decay only.
     "flatten": False,
     "muon": MUON,
+    "nanochat": NANOCHAT,
 }
 
 

@@ -197,8 +197,8 @@ def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
     assert not (tmp_path / "bad" / "aot.json").exists()
 
 
-POD_CONFIGS = ("gpt_d20", "vit_b16_imagenet", "vit_b16_imagenet_ft224", "vit_b_cifar100",
-               "dino_vit_s16")
+POD_CONFIGS = ("gpt_d20", "gpt_fork_d20", "vit_b16_imagenet", "vit_b16_imagenet_ft224",
+               "vit_b_cifar100", "dino_vit_s16")
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def test_pod_config_flags(name):
     ("test:dino", {"dino.momentum_teacher": 1.5},
      "dino.momentum_teacher=1.5 must be in \\[0, 1\\]"),
     ("test:lm", {"evals.lm_tasks.tasks": ("nope",)}, "evals.lm_tasks: unknown task 'nope'"),
-    ("test:dino", {"optim.name": "sgd"}, "optim.name='sgd': use one of \\('adamw', 'muon'\\)"),
+    ("test:dino", {"optim.name": "sgd"}, "optim.name='sgd': use one of \\('adamw', 'muon', 'nanochat'\\)"),
     ("test:dino", {"optim.schedule": "step"},
      "optim.schedule='step': use one of \\('cosine', 'warmdown'\\)"),
 ])

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import make_config
+from steps import run_steps
 from laplax import sharding
 from laplax.models import gpt
 from laplax.tasks import lm
 from laplax.train import optim as optim_lib
-from laplax.train import state as state_lib
 
 TINY = dict(vocab_size=64, depth=2, width=32, head_dim=8)  # 4 heads of 8
 
@@ -164,17 +164,7 @@ def _pattern_batch(batch=8, length=17, vocab=64):
 
 
 def _train(task, model, tx, mesh, steps, total):
-  rules = sharding.rules_from_config(())
-  state, shardings = state_lib.create_state(task, model, tx, mesh, rules, seed=0)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = jax.jit(task.make_step(model, tx, total),
-                   in_shardings=(shardings, sharding.batch_sharding(mesh)),
-                   out_shardings=(shardings, None), donate_argnums=(0,))
-    losses = []
-    for _ in range(steps):
-      state, metrics = step(state, sharding.host_batch_to_global(_pattern_batch(), mesh))
-      losses.append(float(metrics["loss"]))
-  return losses, state
+  return run_steps(task, model, tx, mesh, [_pattern_batch()] * steps, total=total)
 
 
 def test_tiny_gpt_learns_with_muon():

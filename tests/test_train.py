@@ -174,7 +174,7 @@ BAD_INPUTS = [
     ("--config.optim.lr=nan", "optim.lr=nan must be a finite positive number"),
     ("--config.optim.lr=inf", "optim.lr=inf must be a finite positive number"),
     ("--config.mixup.prob=0.5", "config.mixup is gone: write --config.loss.mixup.prob"),
-    ("--config.optim.name=sgd", "optim.name='sgd': use one of ('adamw', 'muon')"),
+    ("--config.optim.name=sgd", "optim.name='sgd': use one of ('adamw', 'muon', 'nanochat')"),
 ]
 
 

@@ -8,6 +8,7 @@ collapse and per-layer spectra.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -60,6 +61,12 @@ class LanguageModelTask(Task):
   words: list[str] | None = None  # the spelling tasks' words (the chat task loads them)
   min_total_steps = 1  # the chat task takes 0: one pass over its data
 
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    # The fork's base_train recipe (optim.name 'nanochat' with a target ratio): horizon, batch
+    # and lr / weight-decay transfer, in the config before it is checked or written.
+    self.recipe = optim_lib.nanochat.resolve(config, self.build_model().config)
+
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config
     super().validate(dp, hosts)  # ranges first: the rules below compare numbers
@@ -92,6 +99,8 @@ class LanguageModelTask(Task):
         self.config.data, text_cache_dir(self.config.data), tokenizer_path=self.tokenizer_path,
         exchange_dir=workdir / "exchange", log=log)
     self.corpus = shards.describe_corpus(token_dir)
+    if self.recipe:
+      log(f"recipe: {self.recipe.describe()}")
     log(f"data: {self.corpus['documents']} documents, {self.corpus['tokens']['train']:,} train"
         f" / {self.corpus['tokens']['val']:,} val tokens ({time.time() - t0:.1f} s to prepare)")
     self.train_shards = shards.TokenShards(token_dir, "train", self.config.data.seq_len)
@@ -124,8 +133,10 @@ class LanguageModelTask(Task):
 
   def flops_per_step(self, model: gpt.GPT, params) -> int:
     c = model.config
-    return flops_lib.transformer_flops(flops_lib.matmul_params(params), layers=flops_lib.attention_passes(model),
-                                       seq_len=self.config.data.seq_len,
+    seq_len = self.config.data.seq_len
+    return flops_lib.transformer_flops(flops_lib.matmul_params(params),
+                                       layers=flops_lib.attention_passes(model, seq_len),
+                                       seq_len=seq_len,
                                        attn_dim=c.num_heads * c.head_dim,
                                        sequences=self.config.data.batch_size)
 
@@ -195,5 +206,8 @@ class LanguageModelTask(Task):
                 json.dumps(corpus, sort_keys=True).encode()).hexdigest()}
 
   def results_info(self, step: int) -> dict[str, Any]:
-    return {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),
-            "corpus": self.corpus}
+    out = {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),
+           "corpus": self.corpus}
+    if self.recipe:
+      out["recipe"] = dataclasses.asdict(self.recipe)
+    return out

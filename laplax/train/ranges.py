@@ -102,6 +102,16 @@ RANGES: dict[str, Range] = {
     "optim.muon.momentum_start": BETA, "optim.muon.momentum": BETA,
     "optim.muon.adam_b1": BETA, "optim.muon.adam_b2": BETA,
     "optim.muon.ns_steps": AT_LEAST_ONE, "optim.muon.momentum_warmup_steps": COUNT,
+    "optim.nanochat.matrix_lr": POSITIVE, "optim.nanochat.embedding_lr": POSITIVE,
+    "optim.nanochat.unembedding_lr": POSITIVE, "optim.nanochat.scalar_lr": POSITIVE,
+    "optim.nanochat.width_reference": POSITIVE, "optim.nanochat.adam_eps": POSITIVE,
+    "optim.nanochat.momentum_start": BETA, "optim.nanochat.momentum": BETA,
+    "optim.nanochat.momentum_end": BETA, "optim.nanochat.beta2": BETA,
+    "optim.nanochat.momentum_warmup_steps": COUNT,
+    "optim.nanochat.ns_steps": Range(1, 5, integer=True),  # POLAR_EXPRESS has 5
+    "optim.nanochat.weight_decay": NON_NEGATIVE,
+    "optim.nanochat.target_param_data_ratio": NON_NEGATIVE,
+    "optim.nanochat.lr_scale": POSITIVE, "optim.nanochat.muon_weight_decay": NON_NEGATIVE,
     # The loss and its targets (label smoothing, Mixup / CutMix)
     "loss.label_smoothing": UNIT, "loss.chunk": COUNT,
     "loss.mixup.mixup_alpha": NON_NEGATIVE, "loss.mixup.cutmix_alpha": NON_NEGATIVE,

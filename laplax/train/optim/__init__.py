@@ -20,6 +20,9 @@ schedule that `optim.schedule` names (SCHEDULES):
   'muon'   nanochat's Muon for the hidden matrices + AdamW for the rest (muon_optimizer; the
            task passes `width`, the model's, for its lr scaling). optim.muon.distributed:
            Newton-Schulz on each device's share of the matrices (scale_by_muon)
+  'nanochat'  the authors' fork's MuonAdamW (nanochat.py: Polar Express, NorMuon, cautious
+           weight decay, AdamW per parameter group) and its base_train recipe (nanochat.resolve:
+           horizon, batch and lr / weight-decay transfer, applied by the lm task)
 
   Any optimiser: optim.mix_lr_scale scales the updates of the learned head-operator
   coefficients (the 'mix_a' / 'mix_b' parameters of 'mix' heads, laplax.heads), which no
@@ -49,7 +52,7 @@ import optax
 
 from laplax import sections
 from laplax.train import ranges
-from laplax.train.optim import adamw, muon
+from laplax.train.optim import adamw, muon, nanochat
 from laplax.train.optim.parts import CLIP_MODES, key_names
 from laplax.train.optim.schedules import SCHEDULES
 
@@ -64,6 +67,7 @@ class Optimizer(NamedTuple):
 OPTIMIZERS: dict[str, Optimizer] = {
     "adamw": Optimizer(adamw.build, adamw.check),
     "muon": Optimizer(muon.build, muon.check),
+    "nanochat": Optimizer(nanochat.build, nanochat.check),
 }
 
 

@@ -95,6 +95,32 @@ def _unshare(stack: jax.Array, axes: tuple[str, ...]) -> jax.Array:
   return jax.lax.with_sharding_constraint(stack, P(None, free, free))
 
 
+def map_sharded(stacks: list[jax.Array], fn: Callable[[jax.Array], jax.Array], mesh
+                ) -> list[jax.Array]:
+  """fn over every matrix of `stacks` ((B_i, m, n) each), each device on its share of whole
+  matrices: the stacks are grouped by (m, n, dtype), concatenated, zero-padded to a multiple
+  of the mesh size (`fn` must map a zero matrix to itself) and split over every mesh axis in
+  `jax.shard_map` (fn sees the device's (ceil(B / devices), m, n) share); the results come back
+  in the stacks' order and shapes."""
+  groups: dict[tuple, list[int]] = {}
+  for i, m in enumerate(stacks):
+    groups.setdefault((m.shape[1:], m.dtype), []).append(i)
+  axes = tuple(mesh.axis_names)
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=P(axes), out_specs=P(axes))
+  out = [None] * len(stacks)
+  for members in groups.values():
+    stack = jnp.concatenate([stacks[i] for i in members])
+    total = stack.shape[0]
+    stack = jnp.pad(stack, ((0, -total % mesh.size), (0, 0), (0, 0)))
+    done = _unshare(mapped(_share(stack, axes)), axes)[:total]
+    start = 0
+    for i in members:
+      count = stacks[i].shape[0]
+      out[i] = done[start:start + count]
+      start += count
+  return out
+
+
 def orthogonalise_sharded(updates, dims, ns_coeffs: jax.Array, ns_steps: int, eps: float,
                           mesh) -> Any:
   """optax's Newton-Schulz orthogonalisation of every Muon matrix, each device on its own
@@ -103,35 +129,18 @@ def orthogonalise_sharded(updates, dims, ns_coeffs: jax.Array, ns_steps: int, ep
   temporaries and ~180 all-gathers per update, benchmarks/muon_dist.py).
 
   The matrices of all leaves (the (layers,) axis of scanned blocks included; `dims`:
-  muon_dimension_numbers) are grouped by (m, n, dtype) into (B, m, n) stacks, zero-padded to a
-  multiple of the mesh size (a zero matrix stays zero) and split over every mesh axis in
-  `jax.shard_map`: each device orthogonalises ceil(B / devices) whole matrices of each group,
-  and the results go back to the leaves' shapes (GSPMD moves them to the parameter sharding).
-  The arithmetic per matrix is optax's own (orthogonalize_via_newton_schulz), so the update
-  equals the one-device one to float rounding."""
+  muon_dimension_numbers) go to map_sharded as (B, m, n) stacks (m <= n). The arithmetic per
+  matrix is optax's own (orthogonalize_via_newton_schulz), so the update equals the one-device
+  one to float rounding."""
   from optax.contrib import _muon  # the Newton-Schulz step scale_by_muon itself runs
   is_dims = lambda d: isinstance(d, optax.contrib.MuonDimensionNumbers)
   leaves, treedef = jax.tree.flatten(updates)
-  stacks = [_matrices(x, d) for x, d in zip(leaves, jax.tree.leaves(dims, is_leaf=is_dims))]
-  groups: dict[tuple, list[int]] = {}
-  for i, (m, _) in enumerate(stacks):
-    groups.setdefault((m.shape[1:], m.dtype), []).append(i)
-  axes = tuple(mesh.axis_names)
-  local = lambda x, c: _muon.orthogonalize_via_newton_schulz(
-      x, c, ns_steps, "frobenius", eps, optax.contrib.MuonDimensionNumbers(1, 2))
-  ortho = jax.shard_map(local, mesh=mesh, in_specs=(P(axes), P()), out_specs=P(axes))
-  out = [None] * len(leaves)
-  for members in groups.values():
-    stack = jnp.concatenate([stacks[i][0] for i in members])
-    total = stack.shape[0]
-    stack = jnp.pad(stack, ((0, -total % mesh.size), (0, 0), (0, 0)))
-    done = _unshare(ortho(_share(stack, axes), ns_coeffs.astype(stack.dtype)), axes)[:total]
-    start = 0
-    for i in members:
-      count = stacks[i][0].shape[0]
-      out[i] = stacks[i][1](done[start:start + count])
-      start += count
-  return treedef.unflatten(out)
+  views = [_matrices(x, d) for x, d in zip(leaves, jax.tree.leaves(dims, is_leaf=is_dims))]
+  local = lambda x: _muon.orthogonalize_via_newton_schulz(
+      x, ns_coeffs.astype(x.dtype), ns_steps, "frobenius", eps,
+      optax.contrib.MuonDimensionNumbers(1, 2))
+  done = map_sharded([m for m, _ in views], local, mesh)
+  return treedef.unflatten([inverse(x) for (_, inverse), x in zip(views, done)])
 
 
 def scale_by_muon(beta, ns_steps: int, distributed: bool = False, eps: float = 1e-8

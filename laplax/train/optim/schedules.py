@@ -21,15 +21,16 @@ def cosine_schedule(optim, total_steps: int, peak: float | None = None) -> optax
 
 def warmdown_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
   """Linear warm-up to `peak` (default `optim.lr`), constant, then a linear warm-down over the
-  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction` (nanochat's
-  get_lr_multiplier: with warmup_steps=0 step 0 is already at the peak)."""
+  last `optim.warmdown_fraction` of the steps to `peak * optim.final_lr_fraction`: nanochat's
+  get_lr_multiplier, step i of the warm-up at (i + 1) / warmup_steps of the peak (so with
+  warmup_steps=0 step 0 is already at the peak)."""
   peak = optim.lr if peak is None else peak
   warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
   warmdown = min(int(round(optim.warmdown_fraction * total_steps)), total_steps - warmup)
   flat = total_steps - warmup - warmdown
   final = peak * optim.final_lr_fraction
   return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
+      [lambda count: peak * (count + 1) / max(warmup, 1),
        optax.constant_schedule(peak),
        optax.linear_schedule(peak, final, max(warmdown, 1))],
       boundaries=[warmup, warmup + flat])
