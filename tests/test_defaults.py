@@ -129,7 +129,7 @@ def test_eval_py_set_selects_and_refuses_in_one_line():
       ("lm_tasks.type=bpb", "evaluator 'lm_tasks' (lm_tasks) has no key 'type'"),
       ("*.nokey=1", "no evaluator of this run has a key 'nokey'"),
       ("attention_maps.compare=x", "no evaluator 'attention_maps' in this run's config.evals "
-                                   "(['geometry', 'lm_tasks', 'mechanism', 'val']); "
+                                   "(['core', 'geometry', 'lm_tasks', 'mechanism', 'val']); "
                                    "--evals=attention_maps adds one of that type")]:
     with pytest.raises(ValueError) as e:
       offline.select(run, offline.EvalOptions(overrides=dict([offline.parse_set(text)])))

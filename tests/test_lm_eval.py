@@ -60,7 +60,7 @@ def test_eval_lm_errors(lm_workdir, tmp_path):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
         **run, "lm_tasks.tasks": "gsm8k", "lm_tasks.data_dir": str(tmp_path / "none")}))
   with pytest.raises(ValueError, match=r"^--set=photos.photos=builtin: no evaluator 'photos' in "
-                                       r"this run's config.evals \(\['geometry', 'lm_tasks', "):
+                                       r"this run's config.evals \(\['core', 'geometry', "):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={
         "photos.photos": "builtin"}))
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):

@@ -132,6 +132,7 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "bpb": "laplax.evals.lm.evaluators:BitsPerByte",
     "lm_tasks": "laplax.evals.lm.evaluators:Benchmarks",
     "lm_geometry": "laplax.evals.lm.evaluators:LmGeometry",
+    "core": "laplax.evals.lm.core:Core",
     "chat": "laplax.evals.chat.evaluators:ChatEval",
     "head_coefficients": "laplax.evals.coefficients:HeadCoefficients",
     "dino_probes": "laplax.evals.dino.evaluators:Probes",
