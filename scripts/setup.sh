@@ -7,7 +7,8 @@
 #                                   (requirements-tpu.txt; a Cloud TPU VM, every worker)
 #   bash scripts/setup.sh --cuda    + the pinned jax's CUDA 12 build, jax[cuda12]: the plugin
 #                                   and NVIDIA wheels (requirements-cuda.txt)
-#   bash scripts/setup.sh --test    + what the test suite needs (requirements-test.txt)
+#   bash scripts/setup.sh --test    + what the test suite needs (requirements-test.txt, and
+#                                   Debian's chromium for the web chat's browser test)
 #
 # Flags combine (--tpu --test); --tpu and --cuda exclude each other. PYTHON=python3.11 picks the
 # interpreter for a new venv (jax needs Python >= 3.11).
@@ -59,6 +60,17 @@ case "$accel" in
   cuda) reqs+=(-r requirements-cuda.txt "jax[cuda12]==$JAX_VERSION") ;;
 esac
 [ "$test" = 0 ] || reqs+=(-r requirements-test.txt)
+# tests/test_chat_cli.py drives a headless Chromium over its DevTools protocol (a websocket:
+# requirements-test.txt), so the browser is all it needs from Debian (no chromium-driver).
+if [ "$test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive  # no questions from the packages it pulls in
+  if ! { $SUDO apt-get update -qq &&
+         ${SUDO:+$SUDO -E} apt-get install -y -qq chromium >/dev/null; }; then
+    echo "error: could not install the Debian package chromium (the web chat's test needs it)" >&2
+    exit 1
+  fi
+fi
 .venv/bin/python -m pip install -q "${reqs[@]}"
 # The project itself, editable: `import laplax` works from any directory with this venv.
 .venv/bin/python -m pip install -q --no-deps -e .

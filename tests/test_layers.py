@@ -19,7 +19,7 @@ LAYERS = (
     ("geometry", ("laplax.geometry",)),
     ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.convert")),
     ("study", ("laplax.study",)),
-    ("CLIs", ("train", "eval")),
+    ("CLIs", ("train", "eval", "laplax.chat")),
 )
 
 # Function-local imports of laplax modules that are allowed, with the reason.
