@@ -3,6 +3,11 @@ and decoding tokens/s with the KV cache (and without, for reference).
 
   python benchmarks/lm_bench.py                      # CPU-sized defaults (lm_tiny's model)
   python benchmarks/lm_bench.py --depth 12 --width 768 --seq_len 1024 --batch 8   # accelerator
+  python benchmarks/lm_bench.py --compare fork --seq_len 512   # the fork's parts vs ae0bf52's GPT
+
+--compare heads (default): baseline (k = 0) vs Laplacian heads (--k). --compare fork: ae0bf52's
+architecture vs the authors' fork's (value embeddings, residual / x0 scalars, smear, backout,
+'SSSL' windows from a context of --seq_len, rotary 100000, q/k 1.2), both at --k.
 
 Each round times `--steps` train steps of the baseline, then of the Laplacian model (same
 shapes, same data); the ratio is of the per-model medians over rounds, so slow drifts of a
@@ -45,6 +50,7 @@ def parse_args():
   p.add_argument("--prompt_len", type=int, default=16)
   p.add_argument("--new_tokens", type=int, default=128)
   p.add_argument("--dtype", default="float32")
+  p.add_argument("--compare", choices=("heads", "fork"), default="heads")
   return p.parse_args()
 
 
@@ -59,8 +65,14 @@ def main():
   k = num_heads if args.k < 0 else args.k
   base_cfg = dict(vocab_size=args.vocab, depth=args.depth, width=args.width,
                   head_dim=args.head_dim, dtype=args.dtype)
-  models = {"baseline": gpt.GPT({**base_cfg, "laplacian_heads": 0}),
-            "laplacian": gpt.GPT({**base_cfg, "laplacian_heads": k})}
+  if args.compare == "fork":
+    fork = dict(window_pattern="SSSL", sequence_len=args.seq_len, rope_theta=1e5, qk_scale=1.2,
+                init="fork", **dict.fromkeys(gpt.FORK_SWITCHES, True))
+    models = {"baseline": gpt.GPT({**base_cfg, "laplacian_heads": k}),  # ae0bf52's
+              "laplacian": gpt.GPT({**base_cfg, **fork, "laplacian_heads": k})}  # the fork's
+  else:
+    models = {"baseline": gpt.GPT({**base_cfg, "laplacian_heads": 0}),
+              "laplacian": gpt.GPT({**base_cfg, "laplacian_heads": k})}
   optim = ml_collections.ConfigDict(dict(
       lr=1e-3, embed_lr_scale=10.0, unembed_lr_scale=1.0, warmup_steps=10,
       warmdown_fraction=0.2, final_lr_fraction=0.0, weight_decay=0.0, b1=0.9, b2=0.95,
@@ -115,7 +127,9 @@ def main():
   print(json.dumps({
       "device": str(jax.devices()[0].device_kind), "params": n_params,
       "config": {**base_cfg, "heads": num_heads, "laplacian_k": k, "seq_len": args.seq_len,
-                 "batch": args.batch},
+                 "batch": args.batch, "compare": args.compare,
+                 "models": ["ae0bf52", "fork"] if args.compare == "fork" else
+                 ["baseline", "laplacian"]},
       "train_tokens_per_s": {n: round(v, 1) for n, v in median.items()},
       "train_rounds": {n: [round(x, 1) for x in r] for n, r in rates.items()},
       "laplacian_over_baseline": round(median["laplacian"] / median["baseline"], 4),
