@@ -65,7 +65,7 @@ class LanguageModelTask(Task):
     super().__init__(config)
     # The fork's base_train recipe (optim.name 'nanochat' with a target ratio): horizon, batch
     # and lr / weight-decay transfer, in the config before it is checked or written.
-    self.recipe = optim_lib.nanochat.resolve(config, self.build_model().config)
+    self.recipe = optim_lib.nanochat.resolve(config, lambda: self.build_model().config)
 
   def validate(self, dp: int, hosts: int) -> None:
     c = self.config

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -335,13 +336,16 @@ def reference_model(model_config) -> Any:
       window_pattern="SSSL", init="fork", **dict.fromkeys(gpt_lib.FORK_SWITCHES, True))
 
 
-def resolve(config: ml_collections.ConfigDict, model_config) -> Recipe | None:
+def resolve(config: ml_collections.ConfigDict, model_config: Callable[[], Any]
+            ) -> Recipe | None:
   """Applies the recipe to a run config in place (total_steps when 0, data.batch_size when -1,
   optim.nanochat.lr_scale and muon_weight_decay) when optim.name is 'nanochat' and
-  optim.nanochat.target_param_data_ratio > 0; returns it (None: nothing to do)."""
+  optim.nanochat.target_param_data_ratio > 0; returns it (None: nothing to do).
+  model_config() -> the run's GPTConfig (built only then)."""
   optim = config.optim
   if optim.name != "nanochat" or not optim.nanochat.target_param_data_ratio:
     return None
+  model_config = model_config()
   counts = lambda c: gpt_lib.param_counts(jax.eval_shape(
       lambda: gpt_lib.GPT(c).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))
   scaling = lambda n: n["transformer_matrices"] + n["lm_head"]
