@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from laplax.evals.lm import core
 from laplax.data import chat_tasks, fetch, fetch_sources
 from laplax.data.text import corpus
 from laplax.evals.lm import tasks as lm_tasks
@@ -353,7 +354,6 @@ def test_everything_lands_where_laplax_reads_it(server, state, tmp_path, capsys)
 
 
 def test_the_core_bundle_reads_as_laplax_core_reads_it(server, state, tmp_path):
-  from laplax.evals.lm import core  # noqa: PLC0415 - only this test reads the bundle with it
   dest = tmp_path / "data"
   _fetch(server, dest, ["core"])
   (spec,) = core.read_specs(dest / "eval_bundle")
