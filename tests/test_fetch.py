@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from laplax.evals.lm import core
 from laplax.data import chat_tasks, fetch, fetch_sources
 from laplax.data.text import corpus
+from laplax.evals.lm import core
 from laplax.evals.lm import tasks as lm_tasks
 
 VAL = fetch_sources.FINEWEB_EDU.last_shard
