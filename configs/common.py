@@ -298,16 +298,16 @@ FORK_COMMIT = "1f70b557"  # yuchongzhang/nanochat: the newest commit with the si
 
 
 def gpt_fork_model(depth: int) -> ml_collections.ConfigDict:
-  """The authors' default model at `depth` (yuchongzhang/nanochat at 1f70b557, base_train's
-  build_model_meta): width ceil(64 depth / 128) x 128, heads of 128, value embeddings,
-  residual and x0 scalars, smear, backout, windows 'SSSL' (S = a quarter of the context
-  rounded up to 128 keys), the fork's init, k = 0 (--config.model.laplacian_heads=k); bf16
-  compute, splash attention, scanned blocks with full remat. model.sequence_len is set by the
-  caller (the windows derive from the training context)."""
-  width = -(-64 * depth // 128) * 128
-  m = gpt(depth=depth, width=width, head_dim=128, init="fork")
-  m.update(window_pattern="SSSL", **dict.fromkeys(
-      ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout"), True))
+  """The authors' default model at `depth` (laplax.models.gpt.fork_default: width
+  ceil(64 depth / 128) x 128, heads of 128, every part, windows 'SSSL', rotary base 100000, q/k
+  scale 1.2, the fork's init, k = 0: --config.model.laplacian_heads=k); bf16 compute, splash
+  attention, scanned blocks with full remat. model.sequence_len is set by the caller (the
+  windows derive from the training context)."""
+  from laplax.models import gpt as gpt_lib  # here: `import configs.common` stays light
+  fork = dataclasses.asdict(gpt_lib.fork_default(depth))
+  m = gpt(depth=depth, width=fork["width"], head_dim=fork["head_dim"], init="fork")
+  m.update({k: v for k, v in fork.items()
+            if k not in ("vocab_size", "laplacian_heads", "attention_impl", "sequence_len")})
   m.attention_impl = "splash"
   m.dtype = "bfloat16"
   m.param_dtype = "float32"

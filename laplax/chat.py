@@ -53,7 +53,6 @@ from laplax import cli
 from laplax.data import chat as chat_format
 from laplax.data.tokenizer import Tokenizer
 from laplax.evals.chat.calculator import use_calculator
-from laplax.evals.chat.engine import bucket
 from laplax.evals.lm import generate
 from laplax.models import gpt
 from laplax.train import gcs
@@ -116,15 +115,9 @@ class Decoder:
 
   def _prefill_impl(self, params, prompt_1xP, length, rng, temperature, top_k):
     """-> (first id int32 (), cache, key_mask (1, 1, 1, P + N))."""
-    p = prompt_1xP.shape[1]
-    slots = jnp.arange(p + self.max_new_tokens)
-    key_mask = ((slots < length) | (slots >= p))[None, None, None, :]
-    cache = gpt.init_cache(self.model, 1, p + self.max_new_tokens)
-    positions = jnp.arange(p, dtype=jnp.int32)[None]
-    logits, cache = generate.decode_step(self.model, params, cache, prompt_1xP, positions,
-                                         key_mask, vocab_limit=self.vocab_limit,
-                                         last=jnp.reshape(length - 1, (1,)))
-    last = jax.lax.dynamic_index_in_dim(logits, length - 1, axis=1, keepdims=False)
+    last, cache, key_mask = generate.prefill(self.model, params, prompt_1xP,
+                                             jnp.reshape(length, (1,)), self.max_new_tokens,
+                                             vocab_limit=self.vocab_limit)
     return sample(last, jax.random.fold_in(rng, 0), temperature, top_k)[0], cache, key_mask
 
   def _step_impl(self, params, cache, token, position, key_mask, rng, s, temperature, top_k):
@@ -140,7 +133,7 @@ class Decoder:
     """prompt ids (starting with BOS) -> (output token 0, step(token s, s) -> token s + 1)."""
     if not prompt:
       raise ValueError("the prompt is empty (it starts with BOS)")
-    p = bucket(len(prompt))
+    p = generate.bucket(len(prompt))
     buf = np.zeros((1, p), np.int32)
     buf[0, :len(prompt)] = prompt
     length = np.int32(len(prompt))

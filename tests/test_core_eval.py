@@ -348,7 +348,7 @@ def test_jitted_scorer_matches_float64_at_every_batch_size(bundle, tok):
     l, p = zip(*[next(by_row) for _ in e.tokens])
     correct[e.label] = correct.get(e.label, 0) + core.is_correct(e, l, p)
   assert results[0] == results[1] == core.summarize(tasks, correct)
-  assert forward.jitted._cache_size() == len({core.bucket(len(r)) for r in rows}) * 2
+  assert forward.jitted._cache_size() == len({core.bucket(len(r), core.MIN_BUCKET) for r in rows}) * 2
 
   # The evaluator on a mesh of 8 devices (batch_size 3 -> 8 rows): the same result
   task = types.SimpleNamespace(tokenizer=tok, val_batches=list, val_windows=lambda *a: [])

@@ -64,6 +64,7 @@ from laplax.data.builders import DataError
 from laplax.data.chat import ChatFormatError, check_conversation
 from laplax.data.fetch_sources import Corpus, Source
 from laplax.data.tokenizer import as_path
+from laplax.models import gpt
 
 USER_AGENT = "laplax-fetch (python urllib)"
 CHUNK = 1 << 20
@@ -86,22 +87,18 @@ class _Retry(Exception):
 # --- The authors' horizon in shards ------------------------------------------------------------
 
 
-def scaling_params(depth: int, *, aspect_ratio: int = 64, head_dim: int = 128,
-                   vocab_size: int = 32768) -> dict[str, int]:
+def scaling_params(depth: int, *, head_dim: int = 128, vocab_size: int = 32768
+                   ) -> dict[str, int]:
   """The fork's default depth-`depth` model's scaling parameters (scripts/base_train.py's
-  get_scaling_params: transformer_matrices + lm_head of nanochat/gpt.py's GPT):
-  width = ceil(64 depth / 128) x 128, heads of 128, the vocabulary padded to 64; per layer
-  c_q, c_k, c_v, c_proj (4 width^2) and the MLP (8 width^2), plus a ve_gate (12 x heads) on the
-  layers with a value embedding (i % 2 == (depth - 1) % 2, so always the last)."""
+  get_scaling_params: transformer_matrices + lm_head; the model is
+  laplax.models.gpt.fork_default's, the vocabulary padded to 64), and its width."""
   if depth < 1:
     raise ValueError(f"--depth={depth}: a model has at least 1 layer")
-  width = -(-depth * aspect_ratio // head_dim) * head_dim
-  heads = width // head_dim
-  vocab = -(-vocab_size // 64) * 64
-  ve_layers = sum(1 for i in range(depth) if i % 2 == (depth - 1) % 2)
-  matrices = depth * 12 * width * width + ve_layers * 12 * heads
-  return {"width": width, "transformer_matrices": matrices, "lm_head": vocab * width,
-          "scaling": matrices + vocab * width}
+  config = gpt.fork_default(depth, vocab_size=-(-vocab_size // 64) * 64, head_dim=head_dim)
+  counts = gpt.abstract_param_counts(config)
+  return {"width": config.embed_dim, "transformer_matrices": counts["transformer_matrices"],
+          "lm_head": counts["lm_head"],
+          "scaling": counts["transformer_matrices"] + counts["lm_head"]}
 
 
 @dataclasses.dataclass(frozen=True)

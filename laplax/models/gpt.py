@@ -446,6 +446,27 @@ class GPT(nn.Module):
     return logits
 
 
+def fork_default(depth: int, *, vocab_size: int = 32768, head_dim: int = 128,
+                 sequence_len: int = 2048) -> GPTConfig:
+  """The authors' default model at `depth` (their base_train's build_model_meta at 1f70b557):
+  width ceil(64 depth / head_dim) x head_dim, every part, windows 'SSSL' from `sequence_len`,
+  rotary base 100000 and q/k scale 1.2 (their gpt.py's), bf16 cos / sin tables (their compute
+  dtype on a GPU), their init, k = 0."""
+  width = -(-64 * depth // head_dim) * head_dim
+  return GPTConfig(vocab_size=vocab_size, depth=depth, width=width, head_dim=head_dim,
+                   rope_theta=100000.0, qk_scale=1.2, rope_table_dtype="bfloat16", init="fork",
+                   window_pattern="SSSL", sequence_len=sequence_len,
+                   **dict.fromkeys(FORK_SWITCHES, True))
+
+
+def abstract_param_counts(config: GPTConfig) -> dict[str, int]:
+  """param_counts of the model `config` builds, from its abstract parameters (nothing
+  allocated)."""
+  model = GPT(config)
+  return param_counts(jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))
+
+
 def param_counts(params: Any) -> dict[str, int]:
   """Parameter counts by the fork's groups (its GPT.num_scaling_params): 'wte', 'value_embeds',
   'lm_head', 'transformer_matrices' (every block parameter and the value-embedding gates, which

@@ -39,6 +39,7 @@ from laplax import sharding
 from laplax.data.tokenizer import Tokenizer
 from laplax.evals.chat.calculator import use_calculator
 from laplax.evals.lm import generate
+from laplax.evals.lm.generate import bucket  # noqa: F401  # chat's buckets
 from laplax.models import gpt
 
 # step_fn(tokens int32 (B,), s) -> argmax int32 (B,): feeds output token s of every row and
@@ -98,11 +99,6 @@ def tool_loop(first: np.ndarray, step_fn: StepFn, tokenizer: Tokenizer, *,
   return outs
 
 
-def bucket(n: int, minimum: int = 16) -> int:
-  """The padded prompt length for n tokens: the next power of two >= max(n, minimum)."""
-  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
-
-
 class ChatEngine:
   """Batched greedy chat generation and last-position logits for a laplax GPT.
 
@@ -135,24 +131,16 @@ class ChatEngine:
 
   # --- compiled pieces ---
 
-  def _apply(self, params, cache, tokens, positions, key_mask, last=None):
-    return generate.decode_step(self.model, params, cache, tokens, positions, key_mask,
-                                vocab_limit=self.vocab_limit, last=last)
-
   def _prefill_impl(self, params, prompts, lengths):
     """prompts int32 (B, P), lengths (B,) -> (argmax (B,), cache, key_mask (B, 1, 1, S))."""
-    b, p = prompts.shape
-    slots = jnp.arange(p + self.max_new_tokens)
-    key_mask = ((slots[None, :] < lengths[:, None]) | (slots[None, :] >= p))[:, None, None, :]
-    cache = gpt.init_cache(self.model, b, p + self.max_new_tokens)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache = self._apply(params, cache, prompts, positions, key_mask, lengths - 1)
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    last, cache, key_mask = generate.prefill(self.model, params, prompts, lengths,
+                                             self.max_new_tokens, vocab_limit=self.vocab_limit)
     return jnp.argmax(last, axis=-1).astype(jnp.int32), cache, key_mask
 
   def _step_impl(self, params, cache, tokens, positions, key_mask):
     """tokens, positions int32 (B, 1) -> (argmax (B,), cache)."""
-    logits, cache = self._apply(params, cache, tokens, positions, key_mask)
+    logits, cache = generate.decode_step(self.model, params, cache, tokens, positions, key_mask,
+                                         vocab_limit=self.vocab_limit)
     return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
 
   def _forward_impl(self, params, prompts, lengths):

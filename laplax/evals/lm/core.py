@@ -84,6 +84,7 @@ from etils import epath
 
 from laplax import multihost
 from laplax import sharding
+from laplax.evals.lm.generate import bucket
 from laplax.train import ranges as ranges_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.evaluator import Evaluator
@@ -385,11 +386,6 @@ def is_correct(example: Example, losses: Sequence[np.ndarray],
 
 
 # --- Batching ---------------------------------------------------------------------------------
-
-
-def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
-  """The padded length of an n-token row: the next power of two >= max(n, minimum)."""
-  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
 
 
 def _agreed_plan(plan: dict[int, int]) -> dict[int, int]:

@@ -33,6 +33,12 @@ from laplax.attention import MultiHeadAttention
 from laplax.models import gpt
 
 
+def bucket(n: int, minimum: int = 16) -> int:
+  """The padded length for n tokens: the next power of two >= max(n, minimum) (one compiled
+  program per bucket)."""
+  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
+
+
 def left_truncate(ids: Sequence[int], length: int) -> list[int]:
   """The first id (BOS) + the last length - 1 others, when ids are longer than `length`."""
   ids = list(ids)
@@ -63,6 +69,22 @@ def decode_step(model: gpt.GPT, params, cache, tokens, positions, key_mask, *,
   return logits, mutated["cache"]
 
 
+def prefill(model: gpt.GPT, params, prompts, lengths, max_new_tokens: int, *,
+            vocab_limit: int | None = None):
+  """The padded layout's prefill (module docstring): prompts int32 (B, P) right-padded to
+  their lengths (B,) -> (logits (B, V) at each row's last prompt token, the cache of
+  P + max_new_tokens slots, the key_mask (B, 1, 1, P + max_new_tokens) of every later step)."""
+  b, p = prompts.shape
+  slots = jnp.arange(p + max_new_tokens)
+  key_mask = ((slots[None, :] < lengths[:, None]) | (slots[None, :] >= p))[:, None, None, :]
+  cache = gpt.init_cache(model, b, p + max_new_tokens)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  logits, cache = decode_step(model, params, cache, prompts, positions, key_mask,
+                              vocab_limit=vocab_limit, last=lengths - 1)
+  last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  return last, cache, key_mask
+
+
 class BatchedGenerator:
   """Greedy continuations of token prompts, `batch_size` at a time, one compilation in all.
 
@@ -82,26 +104,19 @@ class BatchedGenerator:
     self.max_len = prompt_len + max_new_tokens
     self._fn = jax.jit(self._generate)
 
-  def _apply(self, params, cache, tokens, positions, key_mask, last=None):
-    return decode_step(self.model, params, cache, tokens, positions, key_mask,
-                       vocab_limit=self.vocab_limit, last=last)
-
   def _generate(self, params, prompts, lengths, steps):
     """prompts int32 (B, P), lengths int32 (B,), steps int32 () -> int32 (B, max_new_tokens)."""
-    b, p = prompts.shape
-    slots = jnp.arange(self.max_len)
-    key_mask = ((slots[None, :] < lengths[:, None]) | (slots[None, :] >= p))[:, None, None, :]
-    cache = gpt.init_cache(self.model, b, self.max_len)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache = self._apply(params, cache, prompts, positions, key_mask, lengths - 1)
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    b = prompts.shape[0]
+    last, cache, key_mask = prefill(self.model, params, prompts, lengths, self.max_new_tokens,
+                                    vocab_limit=self.vocab_limit)
     out = jnp.zeros((b, self.max_new_tokens), jnp.int32)
     out = out.at[:, 0].set(jnp.argmax(last, axis=-1).astype(jnp.int32))
 
     def body(s, carry):
       out, cache = carry
       token = jax.lax.dynamic_slice_in_dim(out, s, 1, axis=1)  # (B, 1), in slot P + s
-      logits, cache = self._apply(params, cache, token, (lengths + s)[:, None], key_mask)
+      logits, cache = decode_step(self.model, params, cache, token, (lengths + s)[:, None],
+                                  key_mask, vocab_limit=self.vocab_limit)
       nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
       return jax.lax.dynamic_update_slice_in_dim(out, nxt[:, None], s + 1, axis=1), cache
 

@@ -146,10 +146,7 @@ class MuonState(NamedTuple):
 
 def _second_moment_shape(x, d) -> tuple[int, int, int]:
   """(b, rows, 1) when rows >= cols, else (b, 1, cols), of x's _torch_matrices stack."""
-  axes = lambda a: tuple(i % x.ndim for i in ((a,) if isinstance(a, int) else a))
-  size = lambda ax: math.prod(x.shape[i] for i in ax)
-  rows, cols = size(axes(d.output_axis)), size(axes(d.reduction_axis))
-  b = math.prod(x.shape) // (rows * cols)
+  b, rows, cols = jax.eval_shape(lambda y: _torch_matrices(y, d)[0], x).shape
   return (b, rows, 1) if rows >= cols else (b, 1, cols)
 
 
@@ -239,27 +236,21 @@ def muon_weight_decay(optim, total_steps: int) -> optax.Schedule:
 def nanochat_optimizer(optim, total_steps: int, width: int) -> optax.GradientTransformation:
   """The fork's MuonAdamW (module docstring) for a laplax GPT of this width."""
   n = optim.nanochat
-  dmodel = (width / n.width_reference) ** -0.5
-  transfer = float(n.lr_scale)
-
-  def peak(lr, mult):
-    if not isinstance(lr, str):  # the smear group's fixed lr: no transfer, no width scale
-      return lr * mult
-    return n[lr] * mult * transfer * (dmodel if lr in DMODEL_SCALED else 1.0)
-
+  peaks = peak_lrs(optim, width)
   parts = {"muon": scale_by_nanochat_muon(
-      lr_schedule(optim, total_steps, n.matrix_lr * transfer), muon_momentum(optim, total_steps),
+      lr_schedule(optim, total_steps, peaks["muon"]), muon_momentum(optim, total_steps),
       muon_weight_decay(optim, total_steps), beta2=float(n.beta2), ns_steps=int(n.ns_steps),
       distributed=bool(n.distributed))}
-  for name, lr, mult, (b1, b2), decay in (*GROUPS.values(), SCALAR_GROUP):
-    parts[name] = optax.adamw(lr_schedule(optim, total_steps, peak(lr, mult)), b1=b1, b2=b2,
+  for name, _, _, (b1, b2), decay in (*GROUPS.values(), SCALAR_GROUP):
+    parts[name] = optax.adamw(lr_schedule(optim, total_steps, peaks[name]), b1=b1, b2=b2,
                               eps=float(n.adam_eps), weight_decay=decay)
   # the fork clips nothing; optim.clip_norm > 0 clips first, as 'muon' does
   return optax.chain(*gradient_clip(optim), optax.partition(parts, _labels))
 
 
 def peak_lrs(optim, width: int) -> dict[str, float]:
-  """Each group's peak lr (what nanochat_optimizer gives it before the schedule)."""
+  """Each group's peak lr before the schedule: the smear group's fixed one as is; the others
+  times the transfer (lr_scale), the embedding's and lm_head's times (width / 768) ** -0.5."""
   n = optim.nanochat
   dmodel = (width / n.width_reference) ** -0.5
   out = {"muon": n.matrix_lr * n.lr_scale}
@@ -325,15 +316,11 @@ def recipe(scaling_params: int, reference_scaling_params: int, *, ratio: float,
 
 
 def reference_model(model_config) -> Any:
-  """The d12 reference's GPTConfig: the fork's default architecture (every part, SSSL, k = 0)
-  at depth reference_depth, width ceil(depth x aspect_ratio / head_dim) x head_dim, of the
-  model's vocabulary, head size and context."""
-  depth, aspect = 12, 64
-  width = -(-depth * aspect // model_config.head_dim) * model_config.head_dim
-  return gpt_lib.GPTConfig(
-      vocab_size=model_config.vocab_size, depth=depth, width=width,
-      head_dim=model_config.head_dim, sequence_len=model_config.sequence_len or 2048,
-      window_pattern="SSSL", init="fork", **dict.fromkeys(gpt_lib.FORK_SWITCHES, True))
+  """The d12 reference's GPTConfig: the fork's default architecture at depth 12
+  (laplax.models.gpt.fork_default) of the model's vocabulary, head size and context."""
+  return gpt_lib.fork_default(12, vocab_size=model_config.vocab_size,
+                              head_dim=model_config.head_dim,
+                              sequence_len=model_config.sequence_len or 2048)
 
 
 def resolve(config: ml_collections.ConfigDict, model_config: Callable[[], Any]
@@ -346,12 +333,11 @@ def resolve(config: ml_collections.ConfigDict, model_config: Callable[[], Any]
   if optim.name != "nanochat" or not optim.nanochat.target_param_data_ratio:
     return None
   model_config = model_config()
-  counts = lambda c: gpt_lib.param_counts(jax.eval_shape(
-      lambda: gpt_lib.GPT(c).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))
-  scaling = lambda n: n["transformer_matrices"] + n["lm_head"]
+  scaling = lambda c: (lambda n: n["transformer_matrices"] + n["lm_head"])(
+      gpt_lib.abstract_param_counts(c))
   seq_len = int(config.data.seq_len)
   batch = int(config.data.batch_size)
-  r = recipe(scaling(counts(model_config)), scaling(counts(reference_model(model_config))),
+  r = recipe(scaling(model_config), scaling(reference_model(model_config)),
              ratio=float(optim.nanochat.target_param_data_ratio),
              weight_decay=float(optim.nanochat.weight_decay),
              total_batch_tokens=-1 if batch == -1 else batch * seq_len)
