@@ -29,6 +29,7 @@ cli.configure_xla()  # before JAX starts a backend (it reads XLA_FLAGS then)
 
 from laplax.study import fit  # noqa: E402
 from laplax.study import grid  # noqa: E402
+from laplax.study import sweep  # noqa: E402
 from laplax.train import aot  # noqa: E402
 from laplax.train import platform  # noqa: E402
 from laplax.train import trainer  # noqa: E402
@@ -61,7 +62,8 @@ def main(argv):
   cli.run_main(lambda: print(platform.describe()))
   # --aot compiles for a TPU topology from this host by design: no backend check
   if FLAGS.aot and "study" in FLAGS.config:  # every distinct program of the grid
-    cli.run_main(lambda: fit.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+    check = sweep.run_fit if sweep.is_sweep(FLAGS.config) else fit.run  # (of every depth)
+    cli.run_main(lambda: check(FLAGS.config, FLAGS.workdir, FLAGS.aot))
     return
   if FLAGS.aot:
     cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
@@ -71,8 +73,9 @@ def main(argv):
       FLAGS.config, allow_mismatch=FLAGS.allow_platform_mismatch)))
   for note in notes:
     print(note)
-  if "study" in FLAGS.config:  # a grid of ordinary runs and one report
-    cli.run_main(lambda: grid.run_study(FLAGS.config, FLAGS.workdir))
+  if "study" in FLAGS.config:  # a grid of ordinary runs and one report (a sweep: per depth)
+    study = sweep.run_sweep if sweep.is_sweep(FLAGS.config) else grid.run_study
+    cli.run_main(lambda: study(FLAGS.config, FLAGS.workdir))
   else:
     cli.run_main(lambda: trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                                     allow_change=FLAGS.allow_change))

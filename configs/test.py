@@ -234,6 +234,25 @@ def study_chat() -> ml_collections.ConfigDict:
   return c
 
 
+def sweep() -> ml_collections.ConfigDict:
+  """Depths 1 and 2 (widths 16 and 32: aspect ratio 16) x k = 0, 2 x one seed of the chat
+  study's pretraining (its geometry; tests add CORE) and one best-fit SFT stage with the
+  pretraining's batch (laplax.study.sweep; the fork's layout)."""
+  c = study_chat()
+  c.name = "test_sweep"
+  c.study.depths = (1, 2)
+  c.study.aspect_ratio = 16
+  sft = c.study.stages.sft
+  sft.data.rows = "bestfit"
+  c.base.data.batch_size = 64
+  sft.data.batch_size = -1  # the pretraining's 64 x 32 tokens: 8 rows of 256
+  sft.evals.chat.tasks = ("arc_easy", "gsm8k")
+  c.study.stages = ml_collections.ConfigDict({"sft": sft})
+  c.study.stage_order = ("sft",)
+  c.study.analysis_windows = 8
+  return c
+
+
 def study_dino() -> ml_collections.ConfigDict:
   c = common.study("test_study_dino", dino_rgb(), specs=(0, 1), seeds=(0,))  # 'mu': 2 heads
   c.study.analysis_examples = 48
@@ -243,7 +262,7 @@ def study_dino() -> ml_collections.ConfigDict:
 
 
 _KINDS = {f.__name__: f for f in (vit, vit_deit3, lm, dino, dino_rgb, study_vit, study_lm,
-                                   study_dino, chat_mid, chat_sft, study_chat)}
+                                   study_dino, chat_mid, chat_sft, study_chat, sweep)}
 
 
 def get_config(kind: str = "vit") -> ml_collections.ConfigDict:

@@ -105,7 +105,9 @@ TEXT = {
 # laplax.data.chat_tasks.KINDS), free-form (an empty dict default: `complete` keeps its keys).
 CHAT = {
     "name": "chat",
-    "rows": "packed",  # 'packed' (mid-training: all tokens) | 'padded' (SFT: assistant tokens)
+    # 'packed' (mid-training: all tokens) | 'padded' (SFT: assistant tokens) | 'bestfit' (the
+    # fork's SFT: whole conversations packed best-fit, assistant tokens)
+    "rows": "packed",
     "train": {},
     "val": {},
     "tokenizer": "",  # '' = init_from's tokenizer.json (the ids the parameters were trained on)

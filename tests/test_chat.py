@@ -156,6 +156,74 @@ def test_padded_rows_shift_the_mask_onto_targets_and_pad(tmp_path, tok):
   assert stream.windows(np.array([1]))[0].tolist() == flat[8:17].tolist()
 
 
+def _fork_bestfit(lengths, capacity, buffer=100):
+  """The fork's chat_sft packing loop (sft_data_generator_bos_bestfit at 1f70b557), transcribed
+  for one pass: a list buffer refilled to `buffer`, the first longest conversation that fits
+  (strictly longer replaces), padding when none fits. -> rows of conversation indices."""
+  pending, cursor, rows = [], 0, []
+
+  def refill():
+    nonlocal cursor
+    while len(pending) < buffer and cursor < len(lengths):
+      pending.append((cursor, min(lengths[cursor], capacity)))
+      cursor += 1
+  while True:
+    refill()
+    if not pending:
+      return rows
+    row, room = [], capacity
+    while True:
+      refill()
+      best, best_len = -1, 0
+      for i, (_, n) in enumerate(pending):
+        if room >= n > best_len:
+          best, best_len = i, n
+      if best < 0:
+        break
+      index, n = pending.pop(best)
+      row.append(index)
+      room -= n
+    rows.append(row)
+
+
+@pytest.mark.parametrize("seed, capacity, buffer, high", [
+    (0, 1025, 100, 700), (1, 65, 100, 40), (2, 257, 8, 256), (3, 2049, 100, 3000)])
+def test_bestfit_plan_packs_as_the_forks_sft_loader(seed, capacity, buffer, high):
+  lengths = np.random.default_rng(seed).integers(1, high, 3000)
+  items, offsets = conv_lib.bestfit_plan(lengths, capacity, buffer)
+  rows = [items[offsets[r]:offsets[r + 1]].tolist() for r in range(len(offsets) - 1)]
+  assert rows == _fork_bestfit(lengths.tolist(), capacity, buffer)
+  assert sorted(items.tolist()) == list(range(len(lengths)))  # every conversation once
+  assert all(sum(min(lengths[i], capacity) for i in r) <= capacity for r in rows)
+
+
+def test_bestfit_rows_pack_whole_conversations_and_weigh_assistant_tokens(tmp_path, tok):
+  convs = _rows(12)
+  directory = conv_lib.render_cache({"train": convs, "val": convs[:2]}, tok, tmp_path, "bf",
+                                    max_tokens=2048, log=None)
+  pad = tok.special_id("<|assistant_end|>")
+  rendered = [chat.render_conversation(tok, c) for c in convs]
+  length = 2 * max(len(ids) for ids, _ in rendered) + 3  # two or three conversations a row
+  rows = conv_lib.Rows(directory, "train", length, pad, packing="bestfit")
+  items, offsets = conv_lib.bestfit_plan([len(ids) for ids, _ in rendered], length + 1)
+  assert rows.num_rows == len(offsets) - 1 < len(convs)
+  batch = rows.rows(np.arange(rows.num_rows))
+  for r in range(rows.num_rows):
+    members = items[offsets[r]:offsets[r + 1]]
+    ids = np.concatenate([rendered[i][0] for i in members])
+    mask = np.concatenate([rendered[i][1] for i in members])
+    n = len(ids)
+    assert batch["tokens"][r, :n].tolist() == ids.tolist()
+    assert (batch["tokens"][r, n:] == pad).all()
+    assert batch["mask"][r, :n - 1].tolist() == mask[1:].tolist()  # mask[t]: target t + 1
+    assert (batch["mask"][r, n - 1:] == 0).all()
+  # Every supervised token of the split is in some row (none cut), and supervised() counts them.
+  assert rows.supervised() == int(batch["mask"].sum()) == sum(int(m[1:].sum())
+                                                              for _, m in rendered)
+  with pytest.raises(ValueError, match="packing='tight'"):
+    conv_lib.Rows(directory, "train", length, pad, packing="tight")
+
+
 def _stage(kind, tmp_path, init_from, train, val, **overrides):
   from conftest import make_config
   c = make_config(kind, tmp_path / "cache", **overrides)

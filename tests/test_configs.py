@@ -13,6 +13,7 @@ from laplax import cli
 from laplax import heads as heads_lib
 from laplax.data import builders
 from laplax.study import fit
+from laplax.study import sweep
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import task as task_lib
 
@@ -25,7 +26,7 @@ CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FI
 CONFIGS += ["pod.vit_b16_imagenet:deit3", "pod.vit_b16_imagenet_ft224:deit3"]  # named recipes
 CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", "study_vit",
                                   "study_lm", "study_dino", "chat_mid", "chat_sft",
-                                  "study_chat")]
+                                  "study_chat", "sweep")]
 
 
 def _load(name):
@@ -60,8 +61,10 @@ def test_config_is_valid(name):
       builders.dataset_info(data_set)
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS
-                                  if not n.startswith(("study", "test:st", "pod.study"))])
+STUDIES = ("study", "test:st", "test:sweep", "pod.study")
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(STUDIES)])
 def test_per_layer_head_list_from_the_command_line(name):
   task = task_lib.for_config(_load(name))
   model = task.build_model()
@@ -205,11 +208,16 @@ def test_a_study_grid_from_the_command_line():
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("pod.study")])
 def test_every_program_of_a_pod_study_validates_at_its_scale(name):
-  """Each head spec's cell (and each stage of the chat pipeline) as `train.py --aot` compiles
-  it (laplax.study.fit.programs) validates on 16 data-parallel chips of 4 hosts."""
+  """Each head spec's cell (and each stage of the chat pipeline; of each depth of a sweep) as
+  `train.py --aot` compiles it (laplax.study.fit.programs) validates on 16 data-parallel chips
+  of 4 hosts."""
   config = _load(name)
-  programs = fit.programs(config)
-  specs = len(config.study.laplacian_heads)
-  assert len(programs) == specs * (3 if config.study.get("section") else 1), list(programs)
-  for cfg in programs.values():
-    task_lib.for_config(cfg).validate(dp=16, hosts=4)
+  studies = ([sweep.depth_config(config, d) for d in config.study.depths]
+             if sweep.is_sweep(config) else [config])
+  for study in studies:
+    programs = fit.programs(study)
+    specs = len(study.study.laplacian_heads)
+    stages = 1 + len(study.study.stage_order) if study.study.get("section") else 1
+    assert len(programs) == specs * stages, list(programs)
+    for cfg in programs.values():
+      task_lib.for_config(cfg).validate(dp=16, hosts=4)

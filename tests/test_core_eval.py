@@ -290,6 +290,14 @@ def test_batches_buckets_and_a_pods_agreed_plan(monkeypatch):
   core.score_rows(rows, lambda t: fake_forward(t, calls), batch_rows=2, pad_id=BOS)
   assert calls == [(2, 32), (2, 64), (2, 64), (2, 64), (2, 128), (2, 256)]
   assert core.centered(0.25, 25.0) == 0.0 and core.centered(1.0, 25.0) == 1.0
+  # Progress by padded tokens (a line at most every log_every_s; none after the last batch):
+  # 64 + 3 x 128 + 256 + 512 of 1216 tokens.
+  lines = []
+  core.score_rows(rows, lambda t: fake_forward(t, calls), batch_rows=2, pad_id=BOS,
+                  log=lines.append, log_every_s=0.0)
+  assert [l.split(" %")[0] for l in lines] == ["[core] 5", "[core] 16", "[core] 26",
+                                               "[core] 37", "[core] 58"]
+  assert all("ETA 0:00:0" in l for l in lines)
 
 
 # --- A real tiny GPT ------------------------------------------------------------------------------
@@ -448,3 +456,35 @@ def test_section_keys_and_the_bundle_requirement(bundle, tok):
   full = evaluator_lib.section("core", bundle="gs://b/eval_bundle")
   assert (full.max_per_task, full.batch_size, full.max_seq_len, tuple(full.tasks)) == (-1, 8, 0,
                                                                                       ())
+
+
+# --- The offline bundle of the CPU studies (scripts/core_bundle.py) ---------------------------
+
+
+@pytest.mark.integration
+def test_the_offline_bundle_is_read_as_the_dclm_one_and_refuses_to_overwrite(tmp_path,
+                                                                           shared_data):
+  import subprocess
+  import sys
+  from conftest import REPO
+  dest = tmp_path / "bundle"
+  run = lambda: subprocess.run([sys.executable, str(REPO / "scripts" / "core_bundle.py"),
+                                f"--dest={dest}", f"--shared={shared_data}"],
+                               capture_output=True, text=True, timeout=120)
+  out = run()
+  assert out.returncode == 0, out.stderr[-2000:]
+  specs = {s.label: s for s in core.read_specs(dest)}
+  assert {k: (s.kind, s.num_fewshot, s.random_baseline) for k, s in specs.items()} == {
+      "arc_easy": ("multiple_choice", 10, 25.0), "arc_challenge": ("multiple_choice", 10, 25.0),
+      "piqa": ("multiple_choice", 10, 50.0), "winogrande": ("schema", 0, 50.0),
+      "lambada_openai": ("language_modeling", 0, 0.0)}
+  assert specs["piqa"].continuation_delimiter == "\nAnswer: "
+  for label, rows in (("arc_easy", 2376), ("piqa", 1838), ("lambada_openai", 5153)):
+    assert len(core.load_task(dest, specs[label]).rows) == rows  # every row of the file
+  # the prompts build: an ARC example's 10 shots, then its question with each of 4 choices
+  ex = core.prepare(core.load_task(dest, specs["arc_easy"], max_per_task=11), BYTES)[0]
+  assert len(ex.tokens) == 4 and ex.tokens[0][0] == BOS
+  assert bytes(ex.tokens[0][1:].tolist()).decode().count("\nAnswer: ") == 11
+  again = run()  # a second run never overwrites: one line, non-zero
+  assert again.returncode != 0 and again.stderr.strip().splitlines() == [
+      f"error: --dest={dest} exists: give a new folder"]

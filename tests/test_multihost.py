@@ -37,7 +37,9 @@ VIT = ("--config.loss.mixup.mixup_alpha=0.8", "--config.loss.mixup.cutmix_alpha=
 # host of two or four tokenises a share of it.
 LM = ("--config.log_every=1", "--config.data.tokenize_group_mb=0.05",
       f"--config.data.sources=('{SHARED_DATA}/text/tinyshakespeare', "
-      f"'{SHARED_DATA}/text/sotu/179*.txt')")
+      f"'{SHARED_DATA}/text/sotu/179*.txt')",
+      # the geometry (the paper's LM spectra) at the end: the same on every host count
+      "--config.evals.geometry.final=True", "--config.evals.geometry.examples=8")
 
 
 # DINO's training runs compare losses only (the probes: eval.py on 2 hosts, below).
@@ -116,6 +118,11 @@ def test_two_and_four_hosts_give_the_one_host_losses(tmp_path, cache, kind, extr
   assert len(rows) == len(set(rows))  # process 0 alone writes metrics
   out = job.output()
   assert "Traceback" not in out and "[Gloo]" not in out and "peer ranks" not in out, out
+  if kind == "lm":  # the spectra of the trained model: the one-host numbers on two hosts
+    geo = [json.loads((w / "results.json").read_text())["geometry"] for w in (two, one)]
+    assert [l["per_sequence_components_99"] for l in geo[0]["layers"]] == pytest.approx(
+        [l["per_sequence_components_99"] for l in geo[1]["layers"]], rel=1e-3)
+    assert geo[0]["collapse"]["cdnv"] == pytest.approx(geo[1]["collapse"]["cdnv"], rel=1e-3)
   if kind == "lm":  # each host tokenised groups; each holds the one-host corpus, byte for byte
     assert all("tokenised" in job.output(i) for i in range(2)), out
     [reference] = cache.glob("tokens-*")

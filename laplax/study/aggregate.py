@@ -17,7 +17,8 @@ and corpus fingerprints) and so are the configs, except what says where or how a
 rather than what it trained (IGNORED: paths, mesh, checkpointing, logging, evaluation
 frequency). An eval.py result of the same step (RUN/eval.json, e.g. `--analyze`'s geometry)
 adds what results.json lacks. A chat run (the SFT stage of nanochat's pipeline) is a cell with
-its init_from chain (mid-training, pretraining), as configs/study_chat.py's cells are.
+its init_from chain (mid-training, pretraining; or pretraining only, the authors' fork), as
+configs/study_chat.py's and configs/pod/study_gpt_fork.py's cells are.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ IGNORED_PREFIXES = ("mesh.", "checkpoint.")
 IGNORED_LEAVES = ("cache_dir", "source_dir", "tfds_data_dir", "data_dir", "dir", "path",
                   "photos", "words", "words_from", "sources")
 IGNORED_EVAL_KEYS = ("every", "at_init", "final", "analysis")
-_CHAT_STAGES = ("pretrain", "mid", "sft")
+# A pipeline's runs by the length of its init_from chain: nanochat's at ae0bf52 (mid-training,
+# then SFT) and the authors' fork's (SFT straight from the base model).
+_CHAT_STAGES = {3: ("pretrain", "mid", "sft"), 2: ("pretrain", "sft")}
 
 
 def ignored(key: str) -> bool:
@@ -154,14 +157,16 @@ def study_config(name: str, cells: list[list[Run]], specs: list, seeds: list[int
   study.data_dir = str(lm_tasks.get("data_dir", "") or "")
   study.pca_images, study.pca_fit_images = 6, 256
   if len(cells[0]) > 1:  # a pipeline: nanochat's stages (laplax.study.chat)
-    if [r.config.get("task") for r in cells[0]] != ["lm", "chat", "chat"]:
-      raise ValueError(f"{cells[0][-1].workdir}: an init_from chain of tasks "
-                       f"{[r.config.get('task') for r in cells[0]]}; the report knows nanochat's "
-                       "pipeline (lm, then chat twice: mid-training, SFT)")
+    tasks = [r.config.get("task") for r in cells[0]]
+    if len(tasks) not in _CHAT_STAGES or tasks != ["lm"] + ["chat"] * (len(tasks) - 1):
+      raise ValueError(f"{cells[0][-1].workdir}: an init_from chain of tasks {tasks}; the "
+                       "report knows nanochat's pipelines (lm, then chat: SFT, or mid-training "
+                       "and SFT)")
+    names = _CHAT_STAGES[len(tasks)]
     study.section = "chat"
     study.stages = ml_collections.ConfigDict({n: copy.deepcopy(r.config) for n, r in
-                                              zip(_CHAT_STAGES[1:], cells[0][1:])})
-    study.stage_order = _CHAT_STAGES[1:]
+                                              zip(names[1:], cells[0][1:])})
+    study.stage_order = names[1:]
   c.study = study
   return c
 
@@ -240,7 +245,7 @@ def _write_view(view: epath.Path, cell: list[Run], section) -> None:
   if len(cell) == 1:
     places = [(view, cell[0])]
   else:
-    places = [(view / n, r) for n, r in zip(_CHAT_STAGES, cell)]
+    places = [(view / n, r) for n, r in zip(_CHAT_STAGES[len(cell)], cell)]
   for place, run in places:
     place.mkdir(parents=True, exist_ok=True)
     workdir_lib.write_json_atomic(place / "results.json", run.results, indent=2)
@@ -250,7 +255,7 @@ def _write_view(view: epath.Path, cell: list[Run], section) -> None:
     workdir_lib.write_json_atomic(place / "source.json", {"workdir": str(run.workdir)})
   if len(cell) > 1:
     workdir_lib.write_json_atomic(view / "results.json", section.cell_summary(
-        {n: r.results for n, r in zip(_CHAT_STAGES, cell)}), indent=2)
+        {n: r.results for n, r in zip(_CHAT_STAGES[len(cell)], cell)}), indent=2)
 
 
 FLAGS = flags.FLAGS

@@ -1,12 +1,20 @@
-"""The chat study's section: nanochat's pipeline per cell, pretrain -> mid -> SFT -> chat eval.
+"""The chat study's section: nanochat's pipeline per cell, pretrain -> [mid ->] SFT -> chat eval.
 
 A cell of configs/study_chat.py is four runs in workdir/cells/<cell>/:
 
-  pretrain/  config.base (the lm task) with the cell's heads and seed
+  pretrain/  config.base (the lm task) with the cell's heads and seed; its final evaluators
+             `core` and `geometry` (CORE, the paper's LM spectra) run when the base enables
+             them (study.analysis_windows > 0 turns the geometry on)
   mid/       study.stages.mid (the chat task, packed rows), init_from pretrain/
-  sft/       study.stages.sft (the chat task, padded rows), init_from mid/, whose final
-             evaluator `chat` (laplax.evals.chat.evaluators) scores the benchmarks in chat format
+  sft/       study.stages.sft (the chat task, padded or best-fit rows), init_from mid/, whose
+             final evaluator `chat` (laplax.evals.chat.evaluators) scores the benchmarks in
+             chat format
   results.json  the cell's summary (written last: the cell is finished)
+
+study.stage_order is ('mid', 'sft') (nanochat at ae0bf52) or ('sft',) (the authors' fork: one
+fine-tuning stage from the base model). A stage whose data.batch_size is -1 takes the
+pretraining run's batch in rows (the fork's SFT inherits it; the recipe's, when the base sets
+none).
 
 A mid stage with its own evals.chat section is scored in chat format too, after mid-training
 (nanochat's order: chat_eval after mid-training and after SFT). Every stage takes the cell's
@@ -26,7 +34,9 @@ from typing import Any
 import jax
 
 from laplax import multihost
-from laplax.study.grid import Claim, Score, schedule_line
+from laplax.study import lm as lm_section
+from laplax.study.grid import Score, schedule_line
+from laplax.tasks import lm as lm_task
 from laplax.train import trainer
 from laplax.train import workdir as workdir_lib
 
@@ -38,13 +48,19 @@ SCORES = [Score("chat/five_task_mean", "the paper's five-task mean accuracy afte
                 digits=2),
           Score("sft_bpb", "SFT validation bits per byte (assistant tokens)",
                 higher_is_better=False, scale=1.0, digits=4)]
-CLAIMS: list[Claim] = []
-STAGE_BPB = ("pretrain_bpb", "mid_bpb")
+CLAIMS = lm_section.CLAIMS  # the pretrained model's spectra, when its geometry runs
+STAGE_ORDERS = (("mid", "sft"), ("sft",))
+# what a cell's summary keeps of its pretraining run (laplax.study.sweep's results.csv reads it)
+PRETRAIN_KEYS = ("core", "geometry", "recipe", "param_groups", "tokens_seen")
 
 
 def scale(key: str) -> tuple[float, int]:
-  if key.startswith(("chat/", "mid_chat/")) or key == "mid_chatcore":
+  if key.startswith(("chat/", "mid_chat/")) or key in ("mid_chatcore", "pretrain_core"):
     return 100.0, 1
+  if key.startswith("core/"):
+    return lm_section.scale(key)
+  if key in lm_section.SCALE:
+    return lm_section.SCALE[key]
   return (1.0, 4) if key.endswith(("_bpb", "_bpb_before")) else (1.0, 0)
 
 
@@ -55,6 +71,10 @@ def label(key: str) -> str:
     return f"{key[9:]} accuracy after mid-training (chat format, %)"
   if key == "mid_chatcore":
     return "ChatCORE after mid-training (%)"
+  if key == "pretrain_core":
+    return "CORE of the pretrained model (%)"
+  if key.startswith("core/") or key in ("cdnv", "components_99"):
+    return lm_section.label(key)
   return {"pretrain_bpb": "pretraining validation bits per byte",
           "mid_bpb": "mid-training validation bits per byte",
           "mid_bpb_before": "mid-training validation bits per byte, before it",
@@ -64,8 +84,9 @@ def label(key: str) -> str:
 
 def validate(config) -> None:
   order = tuple(config.study.get("stage_order", ()))
-  if order != ("mid", "sft") or any(s not in config.study.stages for s in order):
-    raise ValueError("study.stage_order must be ('mid', 'sft'), each a config in study.stages")
+  if order not in STAGE_ORDERS or any(s not in config.study.stages for s in order):
+    raise ValueError("study.stage_order must be ('mid', 'sft') or ('sft',), each a config in "
+                     "study.stages")
   if "chat" not in config.study.stages.sft.get("evals", {}):
     raise ValueError("study.stages.sft needs an evals.chat section (laplax.evals.chat.evaluators)")
 
@@ -82,6 +103,9 @@ def stage_config(study, name: str, base_cfg, init_from: pathlib.Path):
     cfg.evals.val.at_init = True  # the stage's validation data before and after it
     if "chat" in cfg.evals:
       cfg.evals.chat.final = True
+    if cfg.data.batch_size == -1:  # the pretraining's rows (the recipe's batch when it sets -1)
+      tokens = lm_task.recipe_batch_rows(base_cfg) * base_cfg.data.seq_len
+      cfg.data.batch_size = tokens // cfg.data.seq_len
   return cfg
 
 
@@ -90,9 +114,11 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
   if not (cell_dir / "results.json").exists():
     runs: dict[str, dict[str, Any]] = {}
     with cfg.unlocked():
-      for key in ("lm_tasks", "geometry"):  # the pipeline scores the chat model only
-        if key in cfg.evals:
-          cfg.evals[key].final = False
+      if "lm_tasks" in cfg.evals:  # the chat evaluation scores the benchmarks
+        cfg.evals.lm_tasks.final = False
+      windows = int(study.get("analysis_windows", 0))
+      if windows and "geometry" in cfg.evals:  # the paper's LM spectra of the base model
+        cfg.evals.geometry.update(final=True, examples=windows)
     runs["pretrain"] = trainer.train_and_evaluate(cfg, cell_dir / "pretrain", log=log)
     previous = cell_dir / "pretrain"
     for name in study.stage_order:
@@ -103,7 +129,8 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
     if jax.process_index() == 0:  # the hosts of a pod share the cell's directory
       workdir_lib.write_json_atomic(cell_dir / "results.json", summary, indent=2)
     multihost.agree("chat_cell_written", None)
-  return {"results": json.loads((cell_dir / "results.json").read_text())}
+  results = json.loads((cell_dir / "results.json").read_text())
+  return {"results": results, "analysis": results.get("pretrain", {}).get("geometry")}
 
 
 def cell_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -114,8 +141,10 @@ def cell_summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                          "corpus": r.get("corpus")}
                      for n, r in runs.items()},
           "chat": runs["sft"]["chat"],
+          # the base model's CORE and geometry, where the pretraining ran them
+          "pretrain": {k: runs["pretrain"][k] for k in PRETRAIN_KEYS if k in runs["pretrain"]},
           # nanochat's chat_eval after mid-training, where the config evaluates there
-          **({"chat_mid": runs["mid"]["chat"]} if "chat" in runs["mid"] else {})}
+          **({"chat_mid": runs["mid"]["chat"]} if "chat" in runs.get("mid", {}) else {})}
 
 
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
@@ -131,30 +160,39 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
     if "chatcore" in r[key]:
       out[f"{prefix}chatcore"] = r[key]["chatcore"]["chatcore"]
   out["train_time_s"] = sum(s["train_time_s"] for s in r["stages"].values())
+  pretrain = r.get("pretrain", {})
+  if "core" in pretrain:
+    out["pretrain_core"] = pretrain["core"]["core"]
+    out.update({f"core/{k}": v["centered"] for k, v in pretrain["core"]["tasks"].items()})
+  if pretrain.get("geometry"):
+    out.update(lm_section.geometry_scores(pretrain["geometry"]))
   return out
 
 
 def title(config) -> str:
-  return "GPT through nanochat's pipeline (pretrain, mid-training, SFT, chat evaluation)"
+  stages = ", mid-training" if "mid" in config.study.stage_order else ""
+  return f"GPT through nanochat's pipeline (pretrain{stages}, SFT, chat evaluation)"
 
 
 def setup(config) -> str:
   b, s = config.base, config.study
-  mid, sft = s.stages.mid, s.stages.sft
-  chat = sft.evals.chat
-  return (f"Model: GPT depth {b.model.depth}, width {b.model.width}, head_dim "
+  chat = s.stages.sft.evals.chat
+  text = (f"Model: GPT depth {b.model.depth}, width {b.model.width}, head_dim "
           f"{b.model.head_dim}, vocabulary {b.data.vocab_size}. Pretraining: "
-          f"{schedule_line(config)} Mid-training: {len(mid.data.train)} sources, packed rows "
-          f"of {mid.data.seq_len} tokens, batch {mid.data.batch_size}, lr x "
-          f"{mid.optim.lr_scale}. SFT: {len(sft.data.train)} sources, padded rows of "
-          f"{sft.data.seq_len} tokens, batch {sft.data.batch_size}, lr x {sft.optim.lr_scale}. "
-          f"Chat evaluation: {', '.join(chat.tasks)} on the first {chat.limit or 'all'} items, "
-          f"greedy, up to {chat.max_new_tokens} new tokens.")
+          f"{schedule_line(config)}")
+  for name in s.stage_order:
+    st = s.stages[name]
+    batch = "the pretraining's" if st.data.batch_size == -1 else st.data.batch_size
+    text += (f" {'Mid-training' if name == 'mid' else 'SFT'}: {len(st.data.train)} sources, "
+             f"{st.data.rows} rows of {st.data.seq_len} tokens, batch {batch}, lr x "
+             f"{st.optim.lr_scale}.")
+  return text + (f" Chat evaluation: {', '.join(chat.tasks)} on the first {chat.limit or 'all'} "
+                 f"items, greedy, up to {chat.max_new_tokens} new tokens.")
 
 
 def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   """Per-benchmark accuracies next to chance (after SFT, and after mid-training when scored),
-  and the bits per byte after each stage."""
+  the bits per byte after each stage, and the pretrained model's spectra when measured."""
   results = done[(specs[0], summary["rows"][0]["seeds"][0])]["results"]
   lines = []
   for key, prefix, when in (("chat", "", "after SFT"), ("chat_mid", "mid_", "after mid-training")):
@@ -190,4 +228,9 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
     m = lambda k: f"{sum(sc[k]) / len(sc[k]):.4f}" if k in sc else "-"
     lines.append(f"| {row['name']} | {m('pretrain_bpb')} | {m('mid_bpb_before')} -> "
                  f"{m('mid_bpb')} | {m('sft_bpb_before')} -> {m('sft_bpb')} |")
-  return lines + [""]
+  lines.append("")
+  if all(done[(spec, seed)].get("analysis") for spec, row in zip(specs, summary["rows"])
+         for seed in row["seeds"]):
+    lines += ["The pretrained models' geometry (before any chat stage):", "",
+              *lm_section.geometry_section(workdir, specs, done, summary)]
+  return lines

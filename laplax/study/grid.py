@@ -207,11 +207,14 @@ def verdict(summary: dict[str, Any], scores: list[Score], claims: list[Claim]) -
 
 
 def schedule_line(config) -> str:
-  """'500 steps, batch 128, lr 0.002. Seeds: [0, 1, 2].' of a study's base run."""
+  """'500 steps, batch 128, lr 0.002. Seeds: [0, 1, 2].' of a study's base run ('lr' is
+  AdamW's; Muon's and the fork's optimisers name their matrix lr)."""
   b = config.base
   length = f"{b.total_steps} steps" if b.total_steps else f"{b.num_epochs} epochs"
-  return (f"{length}, batch {b.data.batch_size}, lr {b.optim.lr}. Seeds: "
-          f"{list(config.study.seeds)}.")
+  name = b.optim.get("name", "adamw")
+  lr = (f"lr {b.optim.lr}" if name not in ("muon", "nanochat") else
+        f"optimiser {name}, matrix lr {b.optim[name].matrix_lr}")
+  return f"{length}, batch {b.data.batch_size}, {lr}. Seeds: {list(config.study.seeds)}."
 
 
 def cells_by_name(specs, done, summary, key: str) -> dict[str, list[Any]]:

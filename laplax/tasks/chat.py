@@ -8,7 +8,10 @@ files, benchmark *train* splits, spelling tasks) rendered once -> rows:
                         seq_len + 1 tokens; loss on every token (nanochat's mid_train.py)
   data.rows = 'padded'  SFT: one conversation per row, padded; loss on the assistant's
                         tokens only, the mean over the batch's supervised tokens
-                        (nanochat's chat_sft.py)
+                        (nanochat's chat_sft.py at ae0bf52)
+  data.rows = 'bestfit' SFT as the authors' fork runs it (its chat_sft.py at 1f70b557): whole
+                        conversations packed into each row by its best-fit rule, the rest
+                        padded; loss as 'padded'
 
 The optimiser starts fresh (the lm task's optim section; the stage configs set nanochat's
 lr fraction and schedule). Evaluators: the lm task's (bpb: packed windows, or the
@@ -129,8 +132,8 @@ class ChatTask(LanguageModelTask):
       self.val_shards = shards.TokenShards(self.cache, "val", d.seq_len)
       n_train, n_val = self.train_shards.num_windows, self.val_shards.num_windows
     else:
-      self.train_rows = conv_lib.Rows(self.cache, "train", d.seq_len, pad)
-      self.val_rows = conv_lib.Rows(self.cache, "val", d.seq_len, pad)
+      self.train_rows = conv_lib.Rows(self.cache, "train", d.seq_len, pad, packing=d.rows)
+      self.val_rows = conv_lib.Rows(self.cache, "val", d.seq_len, pad, packing=d.rows)
       # the lm evaluators (geometry) read validation windows: the val stream packed
       self.val_shards = shards.TokenShards(self.cache, "val", d.seq_len)
       n_train, n_val = self.train_rows.num_rows, self.val_rows.num_rows
@@ -138,7 +141,7 @@ class ChatTask(LanguageModelTask):
         if rows.supervised() == 0:
           raise ValueError(f"the {split} rows hold no assistant token within their first "
                            f"{d.seq_len + 1} tokens: raise data.seq_len")
-    unit = "windows" if d.rows == "packed" else "conversations"
+    unit = {"packed": "windows", "padded": "conversations", "bestfit": "packed rows"}[d.rows]
     if n_train < d.batch_size or n_val < 1:
       raise ValueError(f"the mixture gives {n_train} training and {n_val} validation {unit} "
                        f"of up to {d.seq_len + 1} tokens; data.batch_size={d.batch_size} needs "
@@ -182,13 +185,13 @@ class ChatTask(LanguageModelTask):
     """{'tokens': int32 (B, seq_len + 1)} (+ 'mask': int32 (B, seq_len), padded rows)."""
     t = self.config.data.seq_len
     batch = {"tokens": jax.ShapeDtypeStruct((global_batch_size, t + 1), jnp.int32)}
-    if self.config.data.rows == "padded":
+    if self.config.data.rows != "packed":
       batch["mask"] = jax.ShapeDtypeStruct((global_batch_size, t), jnp.int32)
     return batch
 
   def loss_fn(self, model: gpt.GPT):
-    """Packed rows: the lm task's loss. Padded rows: cross-entropy weighted by the mask,
-    sum(w * nll) / sum(w) over the (micro-)batch."""
+    """Packed rows: the lm task's loss. Padded and best-fit rows: cross-entropy weighted by the
+    mask, sum(w * nll) / sum(w) over the (micro-)batch."""
     if self.config.data.rows == "packed":
       return super().loss_fn(model)
     chunk = int(self.config.loss.chunk)

@@ -8,6 +8,7 @@ collapse and per-layer spectra.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -44,6 +45,14 @@ def gpt_from_config(model_config: ml_collections.ConfigDict, vocab_size: int) ->
   multiple = int(kw.pop("vocab_multiple", 64))  # its range: laplax.train.ranges
   kw["vocab_size"] = -(-vocab_size // multiple) * multiple
   return gpt.GPT(gpt.GPTConfig.from_any(kw))
+
+
+def recipe_batch_rows(config: ml_collections.ConfigDict) -> int:
+  """An lm run config's data.batch_size in rows once the fork's recipe resolves it (-1: the
+  Power Lines batch at the model's size; laplax.train.optim.nanochat.resolve), on a copy."""
+  c = copy.deepcopy(config)
+  optim_lib.nanochat.resolve(c, lambda: gpt_from_config(c.model, c.data.vocab_size).config)
+  return int(c.data.batch_size)
 
 
 def text_cache_dir(data_config) -> pathlib.Path:
@@ -207,7 +216,9 @@ class LanguageModelTask(Task):
 
   def results_info(self, step: int) -> dict[str, Any]:
     out = {"vocab_size": self.tokenizer.vocab_size, "tokens_seen": step * self.items_per_step(),
-           "corpus": self.corpus}
+           "corpus": self.corpus,
+           # by the fork's groups (its results.csv's params_* columns; laplax.study.sweep)
+           "param_groups": gpt.abstract_param_counts(self.build_model().config)}
     if self.recipe:
       out["recipe"] = dataclasses.asdict(self.recipe)
     return out

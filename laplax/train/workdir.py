@@ -237,6 +237,12 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
   intact; the temporary file is removed when Python is still running to do so.
   """
   text = json.dumps(json_safe(obj), indent=indent, sort_keys=True, allow_nan=False)  # before I/O
+  write_text_atomic(path, text)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+  """Writes `text` to `path` via a temporary file, fsync, rename (gs://: one object, visible
+  whole or not at all); a failure leaves the old file intact."""
   if not is_local(path):
     as_path(path).write_text(text)  # one object: visible whole or not at all
     return

@@ -18,9 +18,12 @@ it as is:
 
   packed (nanochat's mid-training)  windows of seq_len + 1 tokens cut from the stream, every
                                     token a target (as pretraining)
-  padded (nanochat's SFT)           one conversation per row, cut to seq_len + 1 tokens,
+  padded (nanochat's SFT, ae0bf52)  one conversation per row, cut to seq_len + 1 tokens,
                                     padded with <|assistant_end|>; targets weighted by the
                                     mask (assistant tokens only; padding 0)
+  bestfit (the fork's chat_sft)     whole conversations packed into rows of seq_len + 1
+                                    tokens by its best-fit rule (`bestfit_plan`), the rest of
+                                    a row padded; weighted as padded rows
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from laplax.data.tokenizer import Tokenizer, as_path
 
 CACHE_VERSION = 1
 SOURCE_KEYS = ("kind", "path", "split", "start", "size", "weight")
-ROWS = ("packed", "padded")
+ROWS = ("packed", "padded", "bestfit")
+BESTFIT_BUFFER = 100  # chat_sft's buffer_size
 WORD_KINDS = ("spelling_bee", "simple_spelling")  # the kinds that need a word list
 # A separate shuffle stream from pretraining's windows (grain_utils.derive_seed).
 CHAT_SHUFFLE_STREAM = 7
@@ -187,11 +191,56 @@ def _load_array(path: epath.Path) -> np.ndarray:
   return np.load(os.fspath(path), mmap_mode="r")
 
 
-class Rows:
-  """One split of a rendered cache as padded rows: row r is conversation r cut to length + 1
-  tokens and padded with `pad_id`."""
+def bestfit_plan(lengths: np.ndarray, capacity: int, buffer: int = BESTFIT_BUFFER
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """The fork's SFT packing (yuchongzhang/nanochat at 1f70b557, scripts/chat_sft.py
+  sft_data_generator_bos_bestfit) over one pass of conversations of these lengths, in order:
+  a buffer holds the next `buffer` conversations; a row takes the longest buffered one that
+  fits the room left (the first of equal lengths), again and again, and is padded when none
+  fits. One global plan of one pass: the buffer drains at the end, where the fork's (one per
+  rank, over every world-size-th conversation) refills from the next epoch. Lengths are cut
+  to `capacity` first (the fork's never exceed it: max_tokens 2048, rows of 2049). -> (items int64 (N,), offsets int64 (R + 1,)): row r holds conversations
+  items[offsets[r]:offsets[r + 1]], in packing order."""
+  lengths = np.minimum(np.asarray(lengths, np.int64), capacity)
+  n = len(lengths)
+  slots = np.full(buffer, -1, np.int64)  # conversation index per slot (-1: empty)
+  slot_len = np.full(buffer, -1, np.int64)
+  cursor, items, offsets = 0, [], [0]
 
-  def __init__(self, directory, split: str, length: int, pad_id: int):
+  def refill():
+    nonlocal cursor
+    for i in np.flatnonzero(slots < 0):
+      if cursor >= n:
+        return
+      slots[i], slot_len[i] = cursor, lengths[cursor]
+      cursor += 1
+
+  while True:
+    refill()
+    if (slots < 0).all():
+      break
+    room = capacity
+    while True:
+      refill()
+      fits = (slots >= 0) & (slot_len <= room)
+      if not fits.any():
+        break
+      best = slot_len[fits].max()
+      pick = np.flatnonzero(fits & (slot_len == best))
+      pick = pick[np.argmin(slots[pick])]  # the fork's list order: the earliest arrival
+      items.append(int(slots[pick]))
+      room -= int(best)
+      slots[pick], slot_len[pick] = -1, -1
+    offsets.append(len(items))
+  return np.asarray(items, np.int64), np.asarray(offsets, np.int64)
+
+
+class Rows:
+  """One split of a rendered cache as rows of length + 1 tokens: `packing` 'padded' (row r is
+  conversation r cut to length + 1 tokens) or 'bestfit' (whole conversations packed by
+  `bestfit_plan`), the rest padded with `pad_id`."""
+
+  def __init__(self, directory, split: str, length: int, pad_id: int, packing: str = "padded"):
     directory = as_path(directory)
     try:
       self.meta = json.loads((directory / shards.META).read_text())
@@ -200,28 +249,51 @@ class Rows:
     except (OSError, ValueError, KeyError) as e:
       raise DataError(f"conversation cache {directory} is unreadable ({e}); delete it to "
                       "rebuild") from None
-    self.length, self.pad_id = length, pad_id
-    self.num_rows = len(self.offsets) - 1
+    self.length, self.pad_id, self.packing = length, pad_id, packing
+    conversations = len(self.offsets) - 1
+    if packing == "bestfit":
+      self.items, self.row_offsets = bestfit_plan(np.diff(np.asarray(self.offsets)), length + 1)
+    elif packing == "padded":
+      self.items = np.arange(conversations, dtype=np.int64)
+      self.row_offsets = np.arange(conversations + 1, dtype=np.int64)
+    else:
+      raise ValueError(f"packing={packing!r}: use 'padded' or 'bestfit'")
+    self.num_rows = len(self.row_offsets) - 1
+
+  def _spans(self, row: int) -> list[tuple[int, int]]:
+    """[start, end) in ids of each conversation of the row, cut so the row fits length + 1."""
+    spans, room = [], self.length + 1
+    for r in self.items[self.row_offsets[row]:self.row_offsets[row + 1]]:
+      a, z = int(self.offsets[r]), int(self.offsets[r + 1])
+      z = min(z, a + room)
+      spans.append((a, z))
+      room -= z - a
+    return spans
 
   def supervised(self) -> int:
-    """Supervised targets inside the rows (the mask after the cut to length + 1 tokens)."""
-    starts = np.asarray(self.offsets[:-1])
-    ends = np.minimum(np.asarray(self.offsets[1:]), starts + self.length + 1)
-    csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, np.int64))])
-    return int((csum[ends] - csum[np.minimum(starts + 1, ends)]).sum())
+    """Supervised targets inside the rows: the mask after the cut, less each row's first
+    token (no position predicts it)."""
+    if self.packing == "padded":
+      starts = np.asarray(self.offsets[:-1])
+      ends = np.minimum(np.asarray(self.offsets[1:]), starts + self.length + 1)
+      csum = np.concatenate([[0], np.cumsum(np.asarray(self.mask, np.int64))])
+      return int((csum[ends] - csum[np.minimum(starts + 1, ends)]).sum())
+    return int(sum(self.rows(np.arange(b, min(b + 1024, self.num_rows)))["mask"].sum()
+                   for b in range(0, self.num_rows, 1024)))
 
   def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     """int (B,) -> {'tokens': int32 (B, length + 1), 'mask': int32 (B, length)}: mask[b, t]
     weighs the prediction of tokens[b, t + 1] (1 on assistant tokens; 0 on padding)."""
     indices = np.asarray(indices, np.int64).reshape(-1)
     tokens = np.full((len(indices), self.length + 1), self.pad_id, np.int32)
-    mask = np.zeros((len(indices), self.length), np.int32)
+    mask = np.zeros((len(indices), self.length + 1), np.int32)
     for b, r in enumerate(indices):
-      a, z = int(self.offsets[r]), int(self.offsets[r + 1])
-      z = min(z, a + self.length + 1)
-      tokens[b, :z - a] = self.ids[a:z]
-      mask[b, :z - a - 1] = self.mask[a + 1:z]
-    return {"tokens": tokens, "mask": mask}
+      t = 0
+      for a, z in self._spans(int(r)):
+        tokens[b, t:t + z - a] = self.ids[a:z]
+        mask[b, t:t + z - a] = self.mask[a:z]
+        t += z - a
+    return {"tokens": tokens, "mask": mask[:, 1:]}
 
 
 def padded_train_dataset(rows: Rows, *, batch_size: int, seed: int, process_index: int = 0,

@@ -88,6 +88,7 @@ from laplax.evals.lm.generate import bucket
 from laplax.train import ranges as ranges_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.evaluator import Evaluator
+from laplax.train.metrics import format_seconds
 from laplax.train.task import EvalTokens
 
 # tokens int32 (B, T) -> (losses float32 (B, T), predictions int32 (B, T)): losses[:, t] is the
@@ -102,6 +103,7 @@ FIELDS = {"multiple_choice": ("query", "choices", "gold"),
 SHUFFLE_SEED = 1337  # base_eval: the order that max_per_task cuts
 FEWSHOT_SEED = 1234  # core_eval: + the example's index
 MIN_BUCKET = 32
+PROGRESS_EVERY_S = 60.0  # a progress line (with its ETA) at most this often
 CONFIG_FILE, DATA_DIR, META_FILE = "core.yaml", "eval_data", "eval_meta_data.csv"
 
 
@@ -398,16 +400,19 @@ def _agreed_plan(plan: dict[int, int]) -> dict[int, int]:
 
 
 def score_rows(rows: Sequence[np.ndarray], forward_fn: ForwardFn, *, batch_rows: int,
-               pad_id: int, min_bucket: int = MIN_BUCKET
-               ) -> list[tuple[np.ndarray, np.ndarray]]:
+               pad_id: int, min_bucket: int = MIN_BUCKET, log=None,
+               log_every_s: float = PROGRESS_EVERY_S) -> list[tuple[np.ndarray, np.ndarray]]:
   """(losses (n_i,), predictions (n_i,)) of every row, through forward_fn in batches of
   batch_rows rows right-padded with pad_id to their length bucket. Buckets go in increasing
-  order, each with as many batches as the hosts' largest need (all hosts call the same)."""
+  order, each with as many batches as the hosts' largest need (all hosts call the same).
+  log: progress and an ETA (by padded tokens) every log_every_s seconds."""
   by_bucket: dict[int, list[int]] = {}
   for i, r in enumerate(rows):
     by_bucket.setdefault(bucket(len(r), min_bucket), []).append(i)
   plan = _agreed_plan({b: -(-len(ix) // batch_rows) for b, ix in by_bucket.items()})
   out: list[Any] = [None] * len(rows)
+  total = sum(width * n for width, n in plan.items())
+  done, t0, last = 0, time.time(), time.time()
   for width in sorted(plan):
     ix = by_bucket.get(width, [])
     for c in range(plan[width]):
@@ -420,6 +425,12 @@ def score_rows(rows: Sequence[np.ndarray], forward_fn: ForwardFn, *, batch_rows:
       for k, i in enumerate(chunk):
         n = len(rows[i])
         out[i] = (losses[k, :n], predictions[k, :n])
+      done += width
+      if log is not None and time.time() - last >= log_every_s and done < total:
+        last = time.time()
+        eta = (last - t0) / done * (total - done)
+        log(f"[core] {100 * done / total:.0f} % of the rows' tokens scored, ETA "
+            f"{format_seconds(eta)}")
   return out
 
 
@@ -432,10 +443,10 @@ def centered(accuracy: float, random_baseline: float) -> float:
 
 
 def count_correct(examples: Sequence[Example], forward_fn: ForwardFn, *, batch_rows: int,
-                  pad_id: int) -> dict[str, int]:
+                  pad_id: int, log=None) -> dict[str, int]:
   """{label: examples answered correctly} among `examples` (this host's)."""
   rows = [t for ex in examples for t in ex.tokens]
-  scored = score_rows(rows, forward_fn, batch_rows=batch_rows, pad_id=pad_id)
+  scored = score_rows(rows, forward_fn, batch_rows=batch_rows, pad_id=pad_id, log=log)
   correct: dict[str, int] = {}
   k = 0
   for ex in examples:
@@ -478,7 +489,8 @@ def evaluate(tasks: Sequence[Task], tokenizer, forward_fn: ForwardFn, *, batch_r
   (`examples`, host_examples' when not given) and the counts are summed over the hosts."""
   if examples is None:
     examples = host_examples(tasks, tokenizer, max_seq_len=max_seq_len)
-  mine = count_correct(examples, forward_fn, batch_rows=batch_rows, pad_id=tokenizer.bos_id)
+  mine = count_correct(examples, forward_fn, batch_rows=batch_rows, pad_id=tokenizer.bos_id,
+                       log=log)
   total: dict[str, int] = {}
   for text in multihost.gather("core_correct", json.dumps(mine)):
     for label, n in json.loads(text).items():
