@@ -121,7 +121,7 @@ def run_fit(config: ml_collections.ConfigDict, workdir, topology: str, log=print
 # --- results.csv and the report ----------------------------------------------------------------
 
 
-def _pretrain_results(config, cell_dir: epath.Path) -> dict[str, Any] | None:
+def _pretrain_results(cell_dir: epath.Path) -> dict[str, Any] | None:
   """The cell's pretraining results.json (the lm section's cell, or a chat cell's pretrain/)."""
   for path in (cell_dir / "pretrain" / "results.json", cell_dir / "results.json"):
     if path.exists():
@@ -131,13 +131,10 @@ def _pretrain_results(config, cell_dir: epath.Path) -> dict[str, Any] | None:
   return None
 
 
-def cell_row(config, sub, spec, seed: int, cell_dir: epath.Path) -> dict[str, Any] | None:
-  """The results.csv row of a finished cell (None: not finished)."""
-  _, section = cells_lib.section_for(sub)
-  cell = cells_lib.cell_config(sub, spec, seed).name
-  if not cells_lib.cell_finished(cell_dir.parent.parent, section, cell):
-    return None
-  r = _pretrain_results(sub, cell_dir)
+def cell_row(sub, spec, seed: int, cell: str, cell_dir: epath.Path) -> dict[str, Any] | None:
+  """The results.csv row of the finished cell `cell` of the depth's study `sub` (None: no
+  pretraining results)."""
+  r = _pretrain_results(cell_dir)
   if r is None:
     return None
   ratio = sub.base.optim.get("nanochat", {}).get("target_param_data_ratio", 0)
@@ -150,17 +147,16 @@ def cell_row(config, sub, spec, seed: int, cell_dir: epath.Path) -> dict[str, An
          "num_iterations": r["step"], "tokens_trained": r["tokens_seen"],
          "val_bpb": r["val"]["bpb"], "core_score": r.get("core", {}).get("core", ""),
          "train_time_sec": round(r.get("train_time_s", float("nan")))}
-  geometry = r.get("geometry")
-  chat = cell_dir / "results.json"
-  if not geometry and chat.exists():  # a chat cell keeps the base model's geometry
-    geometry = json.loads(chat.read_text()).get("pretrain", {}).get("geometry")
+  path = cell_dir / "results.json"  # a chat cell's summary (laplax.study.chat)
+  summary = json.loads(path.read_text()) if (cell_dir / "pretrain").exists() else {}
+  # a chat cell keeps the base model's geometry in its summary
+  geometry = r.get("geometry") or summary.get("pretrain", {}).get("geometry")
   last = (geometry or {}).get("layers", [{}])[-1]
   row["per_sequence_components_99"] = last.get("per_sequence_components_99", "")
-  if (cell_dir / "sft").exists() and chat.exists():
-    c = json.loads(chat.read_text())
-    row["sft_bpb"] = c["stages"]["sft"]["val"]["bpb"]
-    row["five_task_mean"] = c["chat"].get("five_task_mean", {}).get("accuracy", "")
-    row["chatcore"] = c["chat"].get("chatcore", {}).get("chatcore", "")
+  if "sft" in summary.get("stages", {}):
+    row["sft_bpb"] = summary["stages"]["sft"]["val"]["bpb"]
+    row["five_task_mean"] = summary["chat"].get("five_task_mean", {}).get("accuracy", "")
+    row["chatcore"] = summary["chat"].get("chatcore", {}).get("chatcore", "")
   return row
 
 
@@ -170,10 +166,14 @@ def results_csv(config, workdir: epath.Path) -> tuple[str, list[dict[str, Any]]]
   rows = []
   for d in config.study.depths:
     sub = depth_config(config, d)
+    _, section = cells_lib.section_for(sub)
+    names = {cell: name for name, cell in cells_lib.grid_cells(sub).items()}
     for spec in [heads_lib.freeze(s) for s in sub.study.laplacian_heads]:
       for seed in sub.study.seeds:
-        cell = cells_lib.cell_config(sub, spec, seed).name
-        row = cell_row(config, sub, spec, int(seed), workdir / f"d{d}" / "cells" / cell)
+        name = names[(spec, int(seed))]
+        if not cells_lib.cell_finished(workdir / f"d{d}", section, name):
+          continue
+        row = cell_row(sub, spec, int(seed), name, workdir / f"d{d}" / "cells" / name)
         if row is not None:
           rows.append(row)
   columns = list(COLUMNS) + [c for c in EXTRA if any(c in r for r in rows)]
