@@ -353,8 +353,8 @@ def laplacian_attention(
     query_offset: int or (B,) int array, position of query 0 along the key axis.
     implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
       'splash' needs self-attention (T == S, no offset) and no mask.
-    return_probs: also return P (B, Hq, T, S) (forces the explicit path; a control head's P is
-      the softmax it does not use).
+    return_probs: also return each head's matrix (B, Hq, T, S) (forces the explicit path): P,
+      or for the controls the U or I they apply (`operator_matrices`).
     exact_laplacian: in layers with non-attention heads and bf16/fp16 inputs, keep P V in
       float32 and combine in float32 (False: the native-dtype path, kept to measure its cost).
     palette: the operators a traced int row indexes (`heads.palette`).
@@ -368,7 +368,8 @@ def laplacian_attention(
       for none; or, scanned, a traced int32 code into `window_palette` (sizes or None).
 
   Returns:
-    (B, T, Hq, D) outputs in q's dtype (and P if `return_probs`). The identity term is the
+    (B, T, Hq, D) outputs in q's dtype (and, if `return_probs`, the (B, Hq, T, S) float32 matrix
+    each head applies: `operator_matrices`, P for softmax heads). The identity term is the
     value at the query's own position, expanded to the query heads under grouped-query
     attention.
   """
@@ -418,7 +419,30 @@ def laplacian_attention(
       out = _operator_recurrence(attend, q, k, v, v_self, ops, mix=mix,
                                  values_for_pass=values_for_pass, return_probs=return_probs)
   out = out.astype(q.dtype)
-  return (out, attend.probs) if return_probs else out
+  if not return_probs:
+    return out
+  return out, operator_matrices(attend.probs, ops, attend.full, positions, (b, t, s))
+
+
+def operator_matrices(probs: Array, ops: _Ops, full_mask: Array | None,
+                      positions: Array | None, shape: tuple[int, int, int]) -> Array:
+  """The row-stochastic matrix M each head's recurrence applies (laplax.heads: y_i = a y_{i-1} +
+  b M y_{i-1}) -> (B, Hq, T, S) float32: the softmax P for softmax heads (attention, Laplacian,
+  mix, heat, gate), U (the uniform mean over the keys the mask allows) for 'uniform' and
+  'centering', I (each query's own key) for 'identity'. What the analysis measures a head on:
+  a control's P is computed for nothing and never applied."""
+  if ops.row is not None and ops.softmax.all():
+    return probs
+  b, t, s = shape
+  allowed = (jnp.ones((1, 1, t, s), bool) if full_mask is None
+             else jnp.broadcast_to(full_mask, (full_mask.shape[0], full_mask.shape[1], t, s)))
+  w = allowed.astype(jnp.float32)
+  uniform = w / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+  pos = query_positions(b, t, s, 0) if positions is None else positions
+  eye = (pos[:, None, :, None] == jnp.arange(s, dtype=jnp.int32)).astype(jnp.float32)
+  per_head = lambda flags: jnp.asarray(flags)[None, :, None, None]
+  return jnp.where(per_head(ops.softmax), probs,
+                   jnp.where(per_head(ops.mean), uniform, eye))
 
 
 def laplacian_combine(v_self: Array, pv: Array, laplacian: np.ndarray | Array, *,
@@ -563,7 +587,8 @@ class MultiHeadAttention(nn.Module):
   these names (laplax.train.optim). The controls keep the baseline's tree.
 
   Analysis: applied with `mutable=[ANALYSIS]` ('attention'), every layer also computes P
-  explicitly and sows 'probs' (B, H, T, S) float32 and 'head_outputs' (B, T, H, E) float32 (each
+  explicitly and sows 'probs' (B, H, T, S) float32, the row-stochastic matrix each head applies
+  (P; U or I for the controls: `operator_matrices`), and 'head_outputs' (B, T, H, E) float32 (each
   head's contribution to the output, o_h W_O_h, before the output bias) into that collection
   (laplax.geometry.mechanism.collect reads them, scanned or not). Otherwise nothing changes: the
   fused kernel runs and nothing is stored.

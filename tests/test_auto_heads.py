@@ -293,3 +293,76 @@ def test_study_mask_section_tabulates_and_pictures_the_choices(tmp_path):
   assert lines == [f"- {spec} - {twin} (the chosen mask vs a random one of the same size after "
                    "the same phase, paired over 2 seeds): test_accuracy +15.00 (-48.53, "
                    "+78.53)."]
+
+
+def _train_cmd(workdir, cache):
+  import sys
+  from conftest import REPO
+  return [sys.executable, str(REPO / "train.py"),
+          "--config=" + str(REPO / "configs/fashion_mnist_vit.py"), f"--workdir={workdir}",
+          f"--config.data.cache_dir={cache}", "--config.data.train_subset=2048",
+          "--config.data.eval_subset=256", "--config.data.batch_size=32",
+          "--config.model.preset=mu", "--config.model.patch_size=7",
+          "--config.model.laplacian_heads=auto(steps=40)", "--config.optim.gate_lr_scale=1000",
+          "--config.total_steps=60", "--config.log_every=1",
+          "--config.optim.warmup_steps=5", "--config.checkpoint.every_steps=5",
+          "--config.checkpoint.keep=20"]
+
+
+@pytest.mark.slow  # five short runs in subprocesses
+@pytest.mark.integration
+@pytest.mark.parametrize("phase", ["gate", "frozen"])
+def test_auto_run_killed_in_each_phase_resumes_as_the_uninterrupted_run(tmp_path, data_cache,
+                                                                        phase):
+  """kill -9 during the gate phase (before the freeze at step 40) or in the frozen phase (after
+  it); the rerun of the same command resumes and gives the uninterrupted run's losses at every
+  step, its choice, its test accuracy; the frozen mask is in config.json and the identity."""
+  import os
+  import signal
+  import subprocess
+  import time
+  from conftest import REPO
+  from laplax.data.images import load_image_data
+  load_image_data(make_config("vit", data_cache).data)  # prepare data outside the runs
+  run = lambda wd: subprocess.run(_train_cmd(wd, data_cache), cwd=REPO, capture_output=True,
+                                  text=True, timeout=900)
+  straight = run(tmp_path / "straight")
+  assert straight.returncode == 0, straight.stdout + straight.stderr
+  killed = tmp_path / "killed"
+  ck = killed / "checkpoints"
+  proc = subprocess.Popen(_train_cmd(killed, data_cache), cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+  deadline = time.time() + 600
+  saved = lambda: identity_lib.steps_saved(ck) if ck.exists() else []
+  while time.time() < deadline and proc.poll() is None:
+    if any((5 <= s < 40) if phase == "gate" else s > 40 for s in saved()):
+      break
+    time.sleep(0.02)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  steps = saved()
+  if phase == "gate":  # killed before the freeze: no choice yet
+    assert steps and max(steps) < 40 and not (ck / auto_heads.CHOICE_FILE).exists(), steps
+  else:
+    assert 40 in steps and max(steps) < 60 and (ck / auto_heads.CHOICE_FILE).exists(), steps
+  assert not (killed / "results.json").exists()
+  again = run(killed)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert "resumed from step" in again.stdout + again.stderr
+  losses = lambda wd: {r["step"]: r["loss"] for r in read_metrics(wd / "metrics.jsonl")
+                       if r["split"] == "train"}
+  a, b = losses(tmp_path / "straight"), losses(killed)
+  assert sorted(b) == list(range(1, 61))
+  np.testing.assert_allclose([b[s] for s in range(1, 61)], [a[s] for s in range(1, 61)],
+                             rtol=1e-6)
+  choice = lambda wd: json.loads((wd / "checkpoints" / auto_heads.CHOICE_FILE).read_text())
+  assert choice(killed)["table"] == choice(tmp_path / "straight")["table"]
+  np.testing.assert_allclose(choice(killed)["p_attention"],
+                             choice(tmp_path / "straight")["p_attention"], rtol=1e-6)
+  results = lambda wd: json.loads((wd / "results.json").read_text())
+  assert results(killed)["test"] == results(tmp_path / "straight")["test"]
+  config = json.loads((killed / "config.json").read_text())
+  stored = json.loads((ck / identity_lib.FILE).read_text())["identity"]
+  assert config["auto_heads"] == {"step": 40, "table": stored[auto_heads.CHOICE_KEY]}
+  assert stored[auto_heads.CHOICE_KEY] == choice(killed)["table"]
+  assert config["model"]["laplacian_heads"] == "auto(steps=40)"  # the command's, kept

@@ -467,3 +467,72 @@ def test_covariance_moments_merge_equals_streaming_update():
   np.testing.assert_allclose(merged["covariance"], np.cov(x, rowvar=False, bias=True),
                              rtol=1e-12)
   assert merged["count"] == 60
+
+
+def test_per_sequence_spectra_with_token_masks_count_every_sequence():
+  """Padding and conversation ends: each sequence's spectrum over its valid tokens only (the
+  numpy oracle is the sequence cut to its length); its length and min(length - 1, d) beside the
+  counts; unequal lengths refused in one line where counts are compared."""
+  from laplax.geometry import spectra
+  rng = np.random.default_rng(21)
+  T, d = 12, 6
+  x = rng.normal(size=(5, T, d)) * np.linspace(3, 0.3, d) + 2.0
+  lengths = np.array([12, 9, 4, 1, 0])  # a full one, two padded, one token (no spectrum), none
+  mask = np.arange(T)[None] < lengths[:, None]
+  padded = np.where(mask[..., None], x, 1e3)  # what padding holds must not matter
+  sums = jax.jit(spectra.sequence_sums)(jnp.asarray(padded), jnp.asarray(mask))
+  with jax.enable_x64(True):
+    got = jax.device_get(spectra.SequenceSpectrumStats.init(dtype=np.float64).add(sums)
+                         .finalize())
+  ref = [spectra.per_sequence_spectra(x[i:i + 1, :n]) for i, n in enumerate(lengths[:3])]
+  for key in ("components_90", "components_99", "effective_rank"):
+    assert got[key] == pytest.approx(np.mean([r[key] for r in ref]), rel=1e-5), key
+  assert got["num_sequences"] == 3 and got["num_degenerate"] == 1  # the one-token sequence
+  assert got["length"] == pytest.approx(np.mean([12, 9, 4]))
+  assert got["rank_bound"] == pytest.approx(np.mean([6, 6, 3]))  # min(n - 1, d)
+  res = spectra.host_result(got, T, d)
+  assert res["per_sequence_length_std"] > 0 and not isinstance(res["per_sequence_length"], int)
+  spectra.check_comparable({"a": 12, "b": 12.0})
+  with pytest.raises(ValueError, match="equal sequence lengths.*a: T = 12, b: T = 8.33"):
+    spectra.check_comparable({"a": 12, "b": 8.333})
+  # No sequence at all: NaN with the reason, not a number.
+  with jax.enable_x64(True):
+    empty = jax.device_get(spectra.SequenceSpectrumStats.init(dtype=np.float64).add(
+        jax.device_get(spectra.sequence_sums(jnp.asarray(x[:1]), jnp.zeros((1, T), bool))))
+        .finalize())
+  res = spectra.host_result(empty, T, d)
+  assert np.isnan(res["per_sequence_components_99"])
+  assert "no valid" in res["undefined"]["per_sequence_components_99"]
+
+
+def test_round_off_denominators_are_nan_with_a_reason():
+  """0 / 0 up to rounding is NaN with a reason, not +-1e16: identical class tokens (a ViT's
+  layer 0), one class, identical tokens; rank-deficient class means keep a finite NC1 on the
+  directions they span."""
+  rng = np.random.default_rng(22)
+  labels = np.repeat(np.arange(4), 25)
+  cls = np.full((100, 8), 0.37) + np.linspace(0, 1, 8)  # the same vector for every image
+  cls = cls * (1 + 1e-17 * rng.normal(size=cls.shape))  # below float64 resolution
+  out = geometry.neural_collapse(cls, labels)
+  for key in ("nc1", "equinorm", "equiangularity", "etf_distance"):
+    assert np.isnan(out[key]), key
+    assert "coincide" in out["undefined"][key]
+  one = geometry.neural_collapse(rng.normal(size=(30, 8)), np.zeros(30, int))
+  assert np.isnan(one["nc1"]) and "fewer than two" in one["undefined"]["nc1"]
+  # Class means on a line (rank 1 < C - 1 = 3): finite, from the one direction they span.
+  means = np.outer(np.arange(4.0), np.ones(8))
+  feats = means[labels] + 0.1 * rng.normal(size=(100, 8))
+  res = geometry.neural_collapse(feats, labels)
+  assert np.isfinite(res["nc1"]) and "undefined" not in res
+  # Identical tokens: the variance fractions are 0 / 0, the pooled spectrum has none.
+  same = np.full((6, 5, 4), 2.5)
+  var = geometry.variance_decomposition(same, np.arange(6) % 2)
+  assert np.isnan(var["within_sequence"]) and "equal up to round-off" in \
+      var["undefined"]["within_sequence"]
+  with jax.enable_x64(True):
+    cov = stats.CovarianceStats.init(4, dtype=np.float64).update(jnp.asarray(same))
+    pooled = geometry.pooled_spectrum(jax.device_get(cov.finalize()))
+  assert np.isnan(pooled["components_99"]) and "components_99" in pooled["undefined"]
+  # A normal case stays a number, with no 'undefined'.
+  ok = geometry.variance_decomposition(rng.normal(size=(6, 5, 4)), np.arange(6) % 2)
+  assert "undefined" not in ok and ok["within_sequence"] > 0

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import heads as heads_lib
 from laplax.attention import ANALYSIS, MultiHeadAttention
 from laplax.evals import attention_maps, inputs
 from laplax.evals import mechanism as mechanism_eval
@@ -22,6 +23,15 @@ def _stochastic(rng, shape, causal=False):
   return p / p.sum(-1, keepdims=True)
 
 
+def _graph_energy(X, M, w):
+  """float64 oracle, written apart: 1/2 sum over valid pairs of M_ts ||x_t - x_s||^2."""
+  e = 0.0
+  for t in np.flatnonzero(w):
+    for s in np.flatnonzero(w):
+      e += 0.5 * M[t, s] * np.sum((X[t] - X[s]) ** 2)
+  return e
+
+
 def test_batch_sums_match_numpy_on_planted_inputs():
   rng = np.random.default_rng(0)
   L, B, H, T, E = 2, 6, 3, 6, 4
@@ -29,38 +39,106 @@ def test_batch_sums_match_numpy_on_planted_inputs():
   p = _stochastic(rng, (L, B, H, T, T), causal=True)
   y = rng.normal(size=(L, B, T, H, E))
   y[0, :, :, 1] = 7.0  # head 1 of block 0 moves only the mean: share 1
-  y[1, :, :, 2] -= y[1, :, :, 2].mean(1, keepdims=True)  # only the deviation: share 0
-  valid = np.array([1, 1, 0, 1, 1, 1], bool)
+  valid = np.ones((B, T), bool)
+  valid[2] = False  # a sequence left out whole
+  valid[4, 4:] = False  # padding at the end of another
+  for b in range(B):  # block 1's head 2 moves only the deviation (of the valid tokens): share 0
+    y[1, b, :, 2] -= y[1, b, valid[b], 2].mean(0) if valid[b].any() else 0.0
   acc, sums = mechanism.MechanismStats(), jax.jit(mechanism.batch_sums)
   for part in (slice(0, 3), slice(3, 6)):  # two batches
     acc.add(sums(x[:, part], p[:, part], y[:, part], valid[part]))
   out = acc.finalize()
-  assert out["num_sequences"] == 5
-  keep = valid
+  assert out["num_sequences"] == 5 and out["num_queries"] == valid.sum()
   for l in range(L):
     row = out["layers"][l]
     for h in range(H):
-      num = den = num_c = den_c = ent = mean_e = tot = 0.0
-      for b in np.flatnonzero(keep):
-        X, P = x[l, b], p[l, b, h]
-        num += np.trace(X.T @ (np.eye(T) - P) @ X)
-        den += np.trace(X.T @ X)
-        Xc = X - X.mean(0)
-        num_c += np.trace(Xc.T @ (np.eye(T) - P) @ Xc)
-        den_c += np.trace(Xc.T @ Xc)
-        ent -= np.sum(np.where(P > 0, P * np.log(np.where(P > 0, P, 1)), 0))
-        Y = y[l, b, :, h]
-        mean_e += T * np.sum(Y.mean(0) ** 2)
-        tot += np.sum(Y ** 2)
-      want = {"dirichlet_energy": num / den, "dirichlet_energy_centred": num_c / den_c,
-              "attention_entropy": ent / (keep.sum() * T), "mean_share": mean_e / tot}
+      num = den = ent = mean_e = tot = 0.0
+      for b in range(B):
+        w = valid[b]
+        if not w.any():
+          continue
+        X, P, Y = x[l, b], p[l, b, h], y[l, b, :, h]
+        num += _graph_energy(X, P, w)
+        den += np.sum((X[w] - X[w].mean(0)) ** 2)
+        ent -= np.sum(np.where(P[w] > 0, P[w] * np.log(np.where(P[w] > 0, P[w], 1)), 0))
+        mean_e += w.sum() * np.sum(Y[w].mean(0) ** 2)
+        tot += np.sum(Y[w] ** 2)
+      want = {"graph_energy": num / den, "attention_entropy": ent / valid.sum(),
+              "mean_share": mean_e / tot}
       for k, v in want.items():
         assert row[k + "_heads"][h] == pytest.approx(v, rel=2e-5), (l, h, k)
-    assert row["dirichlet_energy"] == pytest.approx(np.mean(row["dirichlet_energy_heads"]))
+    assert row["graph_energy"] == pytest.approx(np.mean(row["graph_energy_heads"]))
   assert out["layers"][0]["mean_share_heads"][1] == pytest.approx(1.0, rel=1e-6)
   assert out["layers"][1]["mean_share_heads"][2] == pytest.approx(0.0, abs=1e-6)
   with pytest.raises(ValueError, match="no batches"):
     mechanism.MechanismStats().finalize()
+  with pytest.raises(ValueError, match="valid has shape"):
+    mechanism.batch_sums(x[:, :2], p[:, :2], y[:, :2], valid[:2, :3])
+
+
+def test_graph_energy_is_the_graph_energy_where_the_trace_form_is_not():
+  """A causal attention sink (every query puts most of its weight on token 0, whose
+  representation is far from the others'): the trace form tr(X^T (I - P) X) / tr(X^T X) goes
+  negative; the graph energy is non-negative, 0 on I, exactly V on the non-causal U."""
+  rng = np.random.default_rng(3)
+  T, E = 9, 5
+  shared = np.full(E, 2.0)  # what every token carries (a residual stream's common part)
+  X = shared + 0.5 * rng.normal(size=(T, E))
+  X[0] = 3.0 * shared  # the sink's representation
+  P = np.tril(np.full((T, T), 0.02))
+  P[:, 0] = 1.0
+  P /= P.sum(1, keepdims=True)
+  U = np.full((T, T), 1.0 / T)
+  eye = np.eye(T)
+  Xc = X - X.mean(0)
+  trace_form = np.trace(X.T @ (eye - P) @ X) / np.trace(X.T @ X)
+  assert trace_form < -0.1  # what the old measure reported: a negative "energy"
+  x = np.stack([X] * 3)[:, None]  # (L=3, B=1, T, E): one layer per matrix
+  m = np.stack([P, U, eye])[:, None, None]  # (L, B, H=1, T, T)
+  out = mechanism.MechanismStats().add(mechanism.batch_sums(
+      x, m, np.zeros((3, 1, T, 1, 2)))).finalize()
+  got = [row["graph_energy"] for row in out["layers"]]
+  w = np.ones(T, bool)
+  V = np.sum(Xc ** 2)
+  np.testing.assert_allclose(got, [_graph_energy(X, P, w) / V, 1.0, 0.0], rtol=1e-5, atol=1e-7)
+  assert got[0] > 0
+  ent = [row["attention_entropy"] for row in out["layers"]]
+  np.testing.assert_allclose(ent[1:], [np.log(T), 0.0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_head_is_measured_on_the_matrix_it_applies(causal):
+  """Controls: the sown matrix is U (uniform, centering) or I (identity), not the softmax the
+  head computes and discards; it is what the head's output is made of."""
+  from laplax import attention
+  rng = jax.random.key(4)
+  b, t, h, d = 2, 7, 5, 3
+  q, k, v = (jax.random.normal(r, (b, t, h, d)) for r in jax.random.split(rng, 3))
+  row = ("attention", "laplacian", "uniform", "centering", "identity")
+  out, m = attention.laplacian_attention(q, k, v, row, is_causal=causal, return_probs=True)
+  np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-6)
+  mv = jnp.einsum("bhts,bshd->bthd", m, v)
+  vals = np.asarray(v)
+  np.testing.assert_allclose(out[:, :, 0], mv[:, :, 0], atol=1e-5)  # P V
+  np.testing.assert_allclose(out[:, :, 1], vals[:, :, 1] - mv[:, :, 1], atol=1e-5)  # (I - P) V
+  np.testing.assert_allclose(out[:, :, 2], mv[:, :, 2], atol=1e-5)  # U V
+  np.testing.assert_allclose(out[:, :, 3], vals[:, :, 3] - mv[:, :, 3], atol=1e-5)  # (I - U) V
+  np.testing.assert_allclose(m[:, 4], np.broadcast_to(np.eye(t), (b, t, t)))  # I
+  allowed = np.tril(np.ones((t, t))) if causal else np.ones((t, t))
+  np.testing.assert_allclose(m[:, 2], np.broadcast_to(allowed / allowed.sum(1, keepdims=True),
+                                                       (b, t, t)), atol=1e-7)
+  # Entropies: log T (non-causal U) where the discarded softmax had less.
+  x = jax.random.normal(jax.random.key(5), (1, b, t, 4))
+  res = mechanism.MechanismStats().add(mechanism.batch_sums(
+      x, m[None], jnp.zeros((1, b, t, h, 1)))).finalize()["layers"][0]
+  want_u = np.mean(np.log(np.arange(1, t + 1))) if causal else np.log(t)
+  assert res["attention_entropy_heads"][2] == pytest.approx(want_u, rel=1e-5)
+  assert res["attention_entropy_heads"][4] == 0.0 and res["graph_energy_heads"][4] == 0.0
+  if not causal:
+    assert res["graph_energy_heads"][2] == pytest.approx(1.0, rel=1e-5)
+  ops = mechanism.head_operators([[heads_lib.parse_operator(o) for o in row]])[0]
+  assert [(o["matrix"], o["a"], o["b"]) for o in ops] == [
+      ("P", 0.0, 1.0), ("P", 1.0, -1.0), ("U", 0.0, 1.0), ("U", 1.0, -1.0), ("I", 1.0, 0.0)]
 
 
 def test_value_output_eigenvalues_are_the_planted_ones():

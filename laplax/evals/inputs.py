@@ -104,9 +104,10 @@ def image_batches(task, split: str, examples: int, batch_size: int
 
 def token_batches(task, examples: int, batch_size: int
                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(inputs int32 (B, T), valid bool (B,)) of the first `examples` validation windows of an LM
-  run (the window's first T tokens; windows holding padding are not valid)."""
+  """(inputs int32 (B, T), valid bool (B, T)) of the first `examples` validation windows of an
+  LM run (the window's first T tokens; padding positions, negative ids, are not valid: a
+  padded window counts with the tokens it has)."""
   for b in task.val_windows(batch_size, examples):
-    tokens = np.asarray(b["tokens"])
-    valid = np.asarray(b["mask"], bool) & np.all(tokens >= 0, axis=1)
-    yield np.maximum(tokens[:, :-1], 0).astype(np.int32), valid
+    tokens = np.asarray(b["tokens"])[:, :-1]
+    valid = np.asarray(b["mask"], bool)[:, None] & (tokens >= 0)
+    yield np.maximum(tokens, 0).astype(np.int32), valid

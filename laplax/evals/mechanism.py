@@ -4,11 +4,11 @@
 
 For a ViT classifier, a DINO run's teacher backbone or a GPT: the eigenvalues of each head's
 W_O_h W_V_h (weights only), and on the first `examples` images of `split` (an LM: validation
-windows) each head's mean-vs-deviation share, the Dirichlet energy of the layer's input on its
-graph and the attention entropy. `at_init` + `final` give "before and after training"
+windows) each head's mean-vs-deviation share, the graph energy of the layer's input on the
+matrix the head applies (P; U or I for the controls) and that matrix's entropy. `at_init` + `final` give "before and after training"
 (init_eval.json and results.json). Writes analysis/mechanism_step{step}.json and .png ->
 {'layers': [one row per layer: layer means, and per head '..._heads'], 'weights': {...},
-'num_sequences'}.
+'head_kinds', 'head_operators' (each head's a, b, steps and matrix), 'num_sequences'}.
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def measure(subj: inputs.Subject, batches, forward=None) -> dict[str, Any]:
     row["eigenvalues_real"], row["eigenvalues_imag"] = w["eigenvalues_real"], w["eigenvalues_imag"]
   out["weights"] = {k: v for k, v in weights.items() if k != "layers"}
   out["head_kinds"] = kinds
+  out["head_operators"] = mechanism.head_operators(subj.head_table, subj.params)
   return out
 
 
@@ -110,7 +111,7 @@ class Mechanism(Evaluator):
 
   def summary(self, result) -> str:
     last = result["layers"][-1]
-    return (f"{self.name}: last layer Dirichlet energy (centred) "
-            f"{last['dirichlet_energy_centred']:.3f}, entropy {last['attention_entropy']:.3f}, "
+    return (f"{self.name}: last layer graph energy "
+            f"{last['graph_energy']:.3f}, entropy {last['attention_entropy']:.3f}, "
             f"mean share {last['mean_share']:.3f}; W_O W_V negative real share "
             f"{result['weights']['negative_real_fraction']:.3f}")

@@ -7,6 +7,7 @@ from laplax.geometry.metrics import cdnv_from_stats
 from laplax.geometry.metrics import components_for_variance
 from laplax.geometry.metrics import effective_rank
 from laplax.geometry.metrics import neural_collapse
+from laplax.geometry.metrics import pooled_spectrum
 from laplax.geometry.metrics import spectral_decay
 from laplax.geometry.metrics import spectrum
 from laplax.geometry.metrics import variance_decomposition
@@ -23,6 +24,7 @@ from laplax.geometry.stats import VarianceStats
 __all__ = [
     "AgreementStats", "ClassStats", "CosineStats", "CovarianceStats", "NeuralCollapseStats",
     "Sum", "VarianceStats", "accumulation_dtype", "cdnv", "cdnv_from_stats",
-    "components_for_variance", "effective_rank", "neural_collapse", "spectral_decay", "spectrum",
+    "components_for_variance", "effective_rank", "neural_collapse", "pooled_spectrum",
+    "spectral_decay", "spectrum",
     "variance_decomposition", "within_sequence_cosine",
 ]

@@ -116,10 +116,9 @@ class SpectraAccumulator:
     layers = []
     with jax.enable_x64(True):
       for pooled, per_image in zip(self.pooled, self.per_image):
-        eig = _finalize_cov(pooled)["eigenvalues"]
-        row = {k: float(v) for k, v in geometry.spectral_decay(eig, self.fractions).items()}
-        row.update(spectra_lib.host_result(jax.device_get(_finalize_per_image(per_image)),
-                                           self.tokens_per_image, pooled.dim))
+        row = geometry.pooled_spectrum(_finalize_cov(pooled), self.fractions)
+        spectra_lib.merge_rows(row, spectra_lib.host_result(
+            jax.device_get(_finalize_per_image(per_image)), self.tokens_per_image, pooled.dim))
         layers.append(row)
     return {"layers": layers, "num_images": self.num_images,
             "num_tokens": self.num_images * self.tokens_per_image,

@@ -16,9 +16,11 @@ the scored positions of the validation windows:
     sequence's own covariance of its tokens, averaged over sequences (laplax.geometry.spectra).
     A "sequence" is a run of `window` consecutive positions of a validation window (default:
     the whole window, data.seq_len tokens; a window of T positions is cut into T // window
-    sequences, the tail dropped); only sequences without padding count. Its rank is at most
-    min(window - 1, E) (`per_sequence_rank_bound`): a sequence shorter than the width can never
-    need more components than it has tokens, so compare runs at one window. The paper's GPT
+    sequences, the tail dropped); each over its real positions (a padded one is measured on
+    the tokens it has). Its rank is at most min(length - 1, E) (`per_sequence_rank_bound`,
+    beside the mean valid length `per_sequence_length`; `_std` 0 when every sequence is
+    full): a sequence shorter than the width can never need more components than it has
+    tokens, so runs compare only at one length (spectra.check_comparable). The paper's GPT
     (width 1280) read 2048-token sequences: window >= E + 1 lifts the bound to E.
 
 Statistics accumulate in float64 (64-bit mode is switched on only around the accumulators).
@@ -110,10 +112,10 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
         # Only real positions enter the spectrum (padding rows would add copies of token 0).
         cov_stats[layer] = _update_cov(cov_stats[layer],
                                        jnp.asarray(hidden[layer][keep], jnp.float64))
-        # Sequences of `window` positions; one with a padded position does not count.
+        # Sequences of `window` positions, each over its real (unpadded) positions.
         cut = per_window * window
         seqs = hidden[layer][:, :cut].reshape(-1, window, dim)
-        seq_ok = keep[:, :cut].reshape(-1, window).all(-1)
+        seq_ok = keep[:, :cut].reshape(-1, window)
         seq_stats[layer] = _update_seq(seq_stats[layer], jnp.asarray(seqs, jnp.float64),
                                        jnp.asarray(seq_ok))
   with jax.enable_x64(True):
@@ -121,9 +123,8 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
     collapse = {k: float(v) for k, v in collapse.items()}
     layers = []
     for acc, seq in zip(cov_stats, seq_stats):
-      eig = _finalize_cov(acc)["eigenvalues"]
-      row = {k: float(v) for k, v in geometry.spectral_decay(eig, fractions).items()}
-      row.update(spectra.host_result(jax.device_get(_finalize_seq(seq)), window, acc.dim))
+      row = geometry.pooled_spectrum(_finalize_cov(acc), fractions)
+      spectra.merge_rows(row, spectra.host_result(jax.device_get(_finalize_seq(seq)), window, acc.dim))
       layers.append(row)
   collapse["min_count"] = int(min_count)
   return {"collapse": collapse, "layers": layers, "num_tokens": num_tokens,

@@ -17,13 +17,27 @@ Per head (layer l, head h; P the head's attention, X the residual stream enterin
     sum_t ||y_t - mean_t y||^2. mean_share = T ||mean y||^2 / sum_t ||y_t||^2, summed over the
     data before the ratio: 1 = the head only moves the sequence mean, 0 = it only moves each
     token's deviation from it.
-  * Dirichlet energy of X on the head's graph: tr(X^T (I - P) X) / tr(X^T X) (sums over the
-    data before the ratio; `dirichlet_energy`), and the same for the sequence-centred
-    X - mean_t X (`dirichlet_energy_centred`: blind to what all tokens share, as (I - P) 1 = 0).
-    Small = X is smooth on the head's graph.
-  * attention entropy: -sum_s P_ts log P_ts (nats), mean over queries and sequences.
+  * graph energy of X on the matrix M the head applies (`graph_energy`): with M row-stochastic
+    (softmax P; U, the uniform mean over allowed keys, for 'uniform' and 'centering'; I for
+    'identity': laplax.attention.operator_matrices), per sequence
+        E(X, M) = 1/2 sum_t sum_s M_ts ||x_t - x_s||^2,
+    normalised by the within-sequence sum of squares V(X) = sum_t ||x_t - mean_t x||^2, both
+    summed over the data before the ratio. E >= 0 for every row-stochastic M, blind to what all
+    tokens share (x_t - x_s), 0 for I, and E / V = 1 for the non-causal uniform mean U: below 1
+    the head mixes each token with tokens closer to it than average (X is smooth on its graph).
+    (The trace form tr(X^T (I - M) X) equals E only when M's columns also sum to 1; softmax
+    attention's do not, and with an attention sink it goes negative: not used.)
+  * attention entropy of M: -sum_s M_ts log M_ts (nats), mean over queries and sequences (log of
+    the allowed keys for U, 0 for I).
+  The sign and steps of each head's operator y_i = a y_{i-1} + b M y_{i-1} (a Laplacian head: a =
+  1, b = -1 on P; 'centering' on U) are stated beside it ('head_operators'); the measures are of
+  M, which is what a head mixes its tokens with.
 
-Per layer: the mean over its heads (the Dirichlet energy of the heads' mean P, by linearity).
+Token validity: `valid` is per sequence (B,) or per token (B, T) (padding, conversation ends):
+only valid queries and valid (query, key) pairs are counted, the mean over a sequence is over its
+valid tokens.
+
+Per layer: the mean over its heads (the energy of the heads' mean M, by linearity).
 
 P and the head outputs come from the models themselves: MultiHeadAttention sows them into the
 laplax.attention.ANALYSIS collection when it is mutable (`collect` reads them for unrolled or
@@ -143,17 +157,30 @@ def _nanmean(values: Sequence[float]) -> float:
 
 # --- Data measurements: one batch's sums, then a float64 total ----------------------------------
 
-SUM_KEYS = ("dirichlet", "dirichlet_centred", "entropy", "mean_energy", "total_energy")
+SUM_KEYS = ("energy", "entropy", "mean_energy", "total_energy")
+
+
+def token_weights(valid, batch: int, length: int) -> jax.Array:
+  """valid: None (all), (B,) per sequence or (B, T) per token -> (B, T) float32 weights."""
+  if valid is None:
+    return jnp.ones((batch, length), jnp.float32)
+  w = jnp.asarray(valid, bool).astype(jnp.float32)
+  if w.shape == (batch,):
+    return jnp.broadcast_to(w[:, None], (batch, length))
+  if w.shape != (batch, length):
+    raise ValueError(f"valid has shape {w.shape}: expected ({batch},) or ({batch}, {length})")
+  return w
 
 
 def batch_sums(inputs_LxBxTxE: jax.Array, probs_LxBxHxTxS: jax.Array,
-               head_outputs_LxBxTxHxE: jax.Array, valid_B: jax.Array | None = None
+               head_outputs_LxBxTxHxE: jax.Array, valid: jax.Array | None = None
                ) -> dict[str, jax.Array]:
-  """One batch's sums over its valid sequences (pure, jit-able; float32 on the devices).
+  """One batch's sums over its valid tokens (pure, jit-able; float32 on the devices).
 
-  inputs: the residual stream entering each block (T == S: self-attention). Returns (L, H)
-  'dirichlet', 'dirichlet_centred' (numerators), 'entropy', 'mean_energy', 'total_energy'; (L,)
-  'norm', 'norm_centred' (the Dirichlet denominators); () 'num_sequences', 'num_queries'.
+  inputs: the residual stream entering each block (T == S: self-attention); probs: each head's
+  matrix M (row-stochastic); valid: None, (B,) or (B, T). Returns (L, H) 'energy' (sum of
+  1/2 sum_ts M_ts ||x_t - x_s||^2), 'entropy', 'mean_energy', 'total_energy'; (L,) 'variance'
+  (sum_t ||x_t - mean x||^2, the energy's denominator); () 'num_sequences', 'num_queries'.
   """
   x = jnp.asarray(inputs_LxBxTxE, jnp.float32)
   p = jnp.asarray(probs_LxBxHxTxS, jnp.float32)
@@ -162,28 +189,27 @@ def batch_sums(inputs_LxBxTxE: jax.Array, probs_LxBxHxTxS: jax.Array,
   if p.shape[:2] != (L, B) or p.shape[-2:] != (T, T) or y.shape[:3] != (L, B, T):
     raise ValueError(f"inputs {x.shape}, probs {p.shape}, head_outputs {y.shape}: expected "
                      "(L, B, T, E), (L, B, H, T, T), (L, B, T, H, E)")
-  w = (jnp.ones((B,), jnp.float32) if valid_B is None
-       else jnp.asarray(valid_B, bool).astype(jnp.float32))
-  xc = x - jnp.mean(x, axis=2, keepdims=True)
-
-  def energy(z):  # sum_b tr(z^T (I - P_h) z) per head, and sum_b tr(z^T z)
-    gram = jnp.einsum("lbtd,lbsd->lbts", z, z, precision=_HIGHEST)
-    norm = jnp.einsum("lbtt->lb", gram)
-    smooth = jnp.einsum("lbhts,lbts->lbh", p, gram, precision=_HIGHEST)
-    return (jnp.einsum("lbh,b->lh", norm[:, :, None] - smooth, w),
-            jnp.einsum("lb,b->l", norm, w))
-
-  dirichlet, norm = energy(x)
-  dirichlet_c, norm_c = energy(xc)
+  w = token_weights(valid, B, T)
+  count = jnp.sum(w, axis=1)  # (B,)
+  per_seq = lambda a: a / jnp.maximum(count, 1.0)[:, None]
+  # Centred over each sequence's valid tokens: the energy does not change (x_t - x_s), the
+  # distances lose the shared part that would otherwise cancel in float32.
+  xc = x - per_seq(jnp.einsum("lbte,bt->lbe", x, w))[:, :, None]
+  sq = jnp.sum(xc * xc, axis=-1)  # (L, B, T)
+  gram = jnp.einsum("lbtd,lbsd->lbts", xc, xc, precision=_HIGHEST)
+  dist = jnp.maximum(sq[..., :, None] + sq[..., None, :] - 2.0 * gram, 0.0)  # ||x_t - x_s||^2
+  dist = jnp.where(jnp.eye(T, dtype=bool), 0.0, dist)  # exactly 0, not round-off, at s = t
+  pairs = w[:, :, None] * w[:, None, :]  # (B, T, S)
+  energy = 0.5 * jnp.einsum("lbhts,lbts,bts->lh", p, dist, pairs, precision=_HIGHEST)
+  variance = jnp.einsum("lbt,bt->l", sq, w)
   plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1)), 0)
-  entropy = -jnp.einsum("lbhts,b->lh", plogp, w)
-  mean_y = jnp.mean(y, axis=2)  # (L, B, H, E)
-  mean_energy = T * jnp.einsum("lbhe,lbhe,b->lh", mean_y, mean_y, w)
-  total_energy = jnp.einsum("lbthe,lbthe,b->lh", y, y, w)
-  return {"dirichlet": dirichlet, "dirichlet_centred": dirichlet_c, "norm": norm,
-          "norm_centred": norm_c, "entropy": entropy, "mean_energy": mean_energy,
-          "total_energy": total_energy, "num_sequences": jnp.sum(w),
-          "num_queries": jnp.sum(w) * T}
+  entropy = -jnp.einsum("lbhts,bt->lh", plogp, w)
+  mean_y = jnp.einsum("lbthe,bt->lbhe", y, w) / jnp.maximum(count, 1.0)[None, :, None, None]
+  mean_energy = jnp.einsum("lbhe,lbhe,b->lh", mean_y, mean_y, count)
+  total_energy = jnp.einsum("lbthe,lbthe,bt->lh", y, y, w)
+  return {"energy": energy, "variance": variance, "entropy": entropy,
+          "mean_energy": mean_energy, "total_energy": total_energy,
+          "num_sequences": jnp.sum(count > 0), "num_queries": jnp.sum(w)}
 
 
 class MechanismStats:
@@ -201,15 +227,15 @@ class MechanismStats:
     return self
 
   def finalize(self) -> dict[str, Any]:
-    """{'layers': [{'dirichlet_energy', 'dirichlet_energy_centred', 'attention_entropy',
-    'mean_share' (layer means), each also per head ('..._heads')}], 'num_sequences'}."""
+    """{'layers': [{'graph_energy', 'attention_entropy', 'mean_share' (layer means), each also
+    per head ('..._heads')}], 'num_sequences', 'num_queries'}. A ratio whose denominator is 0
+    (no valid tokens, a zero-initialised W_O) is NaN."""
     if self.totals is None:
       raise ValueError("no batches were added: nothing to measure")
     t = self.totals
     safe = lambda a: np.where(a > 0, a, np.nan)
     per_head = {
-        "dirichlet_energy": t["dirichlet"] / safe(t["norm"])[:, None],
-        "dirichlet_energy_centred": t["dirichlet_centred"] / safe(t["norm_centred"])[:, None],
+        "graph_energy": t["energy"] / safe(t["variance"])[:, None],
         "attention_entropy": t["entropy"] / safe(t["num_queries"]),
         "mean_share": t["mean_energy"] / safe(t["total_energy"]),
     }
@@ -220,4 +246,30 @@ class MechanismStats:
         row[k] = _nanmean(v[l].tolist())
         row[k + "_heads"] = [float(a) for a in v[l]]
       layers.append(row)
-    return {"layers": layers, "num_sequences": int(t["num_sequences"])}
+    return {"layers": layers, "num_sequences": int(t["num_sequences"]),
+            "num_queries": int(t["num_queries"])}
+
+
+def head_operators(table, params: Mapping[str, Any] | None = None) -> list[list[dict]]:
+  """Per layer and head, the operator y_i = a y_{i-1} + b M y_{i-1} the measures belong to:
+  {'kind', 'matrix' ('P' | 'U' | 'I'), 'a', 'b', 'steps'}; a mix head's a, b are its learned
+  values when `params` (the model's tree, unrolled) holds them."""
+  rows = []
+  for i, row in enumerate(table):
+    learned, attn = None, {}
+    if params is not None and "blocks" in params:  # scanned: a leading depth axis
+      stacked = params["blocks"].get("attn", {})
+      attn = {k: stacked[k][i] for k in ("mix_a", "mix_b") if k in stacked}
+    elif params is not None:
+      attn = params.get(f"block{i}", {}).get("attn", {})
+    if "mix_a" in attn:
+      learned = (np.asarray(jax.device_get(attn["mix_a"])),
+                 np.asarray(jax.device_get(attn["mix_b"])))
+    out = []
+    for h, op in enumerate(row):
+      a, b = (float(learned[0][h]), float(learned[1][h])) if (
+          learned is not None and op.learned) else (op.a, op.b)
+      out.append({"kind": op.kind, "matrix": {"softmax": "P", "mean": "U"}.get(op.matrix, "I"),
+                  "a": a, "b": b, "steps": op.steps})
+    rows.append(out)
+  return rows

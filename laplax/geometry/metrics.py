@@ -65,6 +65,21 @@ def spectral_decay(eigenvalues: ArrayLike, fractions: Sequence[float] = (0.9, 0.
   return out
 
 
+def pooled_spectrum(finalized: dict[str, ArrayLike], fractions: Sequence[float] = (0.9, 0.95, 0.99)
+                    ) -> dict[str, object]:
+  """stats.CovarianceStats.finalize()'s output -> spectral_decay as Python floats, NaN with a
+  reason under 'undefined' when the tokens' variance is at round-off (stats.UNDEFINED)."""
+  out = dict(finalized)
+  row = {k: float(v) for k, v in spectral_decay(out["eigenvalues"], fractions).items()}
+  row["undefined"] = int(np.asarray(out.get("undefined", 0)))
+  if row["undefined"]:
+    row = {k: (float("nan") if k != "undefined" else v) for k, v in row.items()}
+  reasons = stats_lib.undefined_reasons(row)
+  if reasons:
+    row["undefined"] = reasons
+  return row
+
+
 # --- CDNV over class pairs, tiled so that no (C, C) matrix exists. ---
 
 @functools.partial(jax.jit, static_argnames=("tile",))
@@ -170,12 +185,17 @@ def _labels(labels: ArrayLike, n: int, num_classes: int | None) -> tuple[np.ndar
 
 
 def _host(out: dict[str, jax.Array]) -> dict[str, float | int | np.ndarray]:
+  """Python numbers; an 'undefined' code becomes {key: reason} (stats.undefined_reasons)."""
   def convert(key, value):
     value = np.asarray(value)
     if value.ndim:
       return value
     return int(value) if key.startswith("num_") else float(value)
-  return {k: convert(k, v) for k, v in out.items()}
+  out = {k: convert(k, v) for k, v in out.items()}
+  reasons = stats_lib.undefined_reasons(out)
+  if reasons:
+    out["undefined"] = reasons
+  return out
 
 
 def _run(update: Callable, acc, arrays: Sequence[jax.Array], batch_size: int | None):

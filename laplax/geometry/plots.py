@@ -37,7 +37,7 @@ OTHER_FIGURES = {
         ("components_99", "components for 99 %, pooled"),
         ("per_sequence_effective_rank", "effective rank, per sequence (mean)")]),
     "mechanism": ("Mechanism per block (mean over heads)", [
-        ("dirichlet_energy_centred", "Dirichlet energy of centred input"),
+        ("graph_energy", "graph energy E(X, M) / V(X)"),
         ("attention_entropy", "attention entropy (nats)"),
         ("mean_share", "output share moving the sequence mean"),
         ("negative_real_fraction", "W_O W_V: eigenvalues with Re < 0")]),

@@ -84,29 +84,46 @@ def sequence_spectral_decay(tokens: ArrayLike, fractions: Sequence[float] = FRAC
 def sequence_sums(tokens: ArrayLike, valid: ArrayLike | None = None,
                   fractions: Sequence[float] = FRACTIONS) -> dict[str, jax.Array]:
   """One batch's sums over its valid, non-degenerate sequences: {name: sum, name + '_sq': sum
-  of squares, 'num_sequences', 'num_degenerate'} (names: metric_names), in tokens' dtype.
+  of squares, 'length', 'length_sq' (valid tokens), 'rank_bound' (min(length - 1, d)),
+  'num_sequences', 'num_degenerate'} (names: metric_names), in tokens' dtype.
 
-  tokens (B, T, d), valid (B,) bool (None: all). Pure and jit-able: inside a sharded device
-  computation the sums reduce over the whole global batch.
+  tokens (B, T, d); valid None (all), (B,) per sequence or (B, T) per token (padding, a
+  conversation's end): each sequence's covariance is over its valid tokens about their mean.
+  Pure and jit-able: inside a sharded device computation the sums reduce over the global batch.
   """
   tokens = jnp.asarray(tokens)
   if tokens.ndim != 3:
     raise ValueError(f"tokens have shape {tokens.shape}; expected (B, T, d) sequences")
   dtype = tokens.dtype if jnp.issubdtype(tokens.dtype, jnp.floating) else jnp.float32
   tokens = tokens.astype(dtype)
-  valid = (jnp.ones(tokens.shape[:1], bool) if valid is None
-           else jnp.asarray(valid, bool).reshape(tokens.shape[:1]))
-  decay = sequence_spectral_decay(tokens, fractions)
-  scale = jnp.max(jnp.abs(tokens), axis=(1, 2)) ** 2
-  # Zero variance, up to rounding of the centring (relative to the tokens' own scale).
-  degenerate = decay.pop("total_variance") <= 64 * jnp.finfo(dtype).eps * scale
-  used = valid & ~degenerate
+  b, t, d = tokens.shape
+  w = (jnp.ones((b, t), bool) if valid is None else jnp.asarray(valid, bool))
+  if w.shape == (b,):
+    w = jnp.broadcast_to(w[:, None], (b, t))
+  if w.shape != (b, t):
+    raise ValueError(f"valid has shape {w.shape}; expected ({b},) or ({b}, {t})")
+  length = jnp.sum(w, axis=1).astype(dtype)
+  mean = (jnp.sum(jnp.where(w[..., None], tokens, 0), axis=1)
+          / jnp.maximum(length, 1)[:, None])
+  # Invalid tokens sit at their sequence's mean: they add nothing to its covariance, whose
+  # divisor is the valid count (the same non-zero spectrum as a sequence of only those tokens).
+  x = jnp.where(w[..., None], tokens, mean[:, None])
+  eig = sequence_eigenvalues(x) * (t / jnp.maximum(length, 1))[:, None]
+  out_decay = jax.vmap(lambda e: metrics.spectral_decay(e, fractions))(eig)
+  scale = jnp.max(jnp.where(w[..., None], jnp.abs(tokens), 0), axis=(1, 2)) ** 2
+  # Zero variance, up to rounding of the centring (relative to the tokens' own scale), or
+  # fewer than two valid tokens: no spectrum.
+  degenerate = (jnp.sum(eig, -1) <= 64 * jnp.finfo(dtype).eps * scale) | (length < 2)
+  present = length > 0
+  used = present & ~degenerate
   out = {}
-  for name in metric_names(fractions):
-    v = jnp.where(used, decay[name].astype(dtype), 0)
+  bound = jnp.minimum(length - 1, d)
+  for name, values in [*((n, out_decay[n]) for n in metric_names(fractions)),
+                       ("length", length), ("rank_bound", bound)]:
+    v = jnp.where(used, values.astype(dtype), 0)
     out[name], out[name + "_sq"] = jnp.sum(v), jnp.sum(v * v)
   out["num_sequences"] = jnp.sum(used).astype(dtype)
-  out["num_degenerate"] = jnp.sum(valid & degenerate).astype(dtype)
+  out["num_degenerate"] = jnp.sum(present & degenerate).astype(dtype)
   return out
 
 
@@ -123,7 +140,8 @@ class SequenceSpectrumStats:
       if not 0 < f <= 1:
         raise ValueError(f"fraction={f} must be in (0, 1], e.g. 0.99 for 99 % of the variance")
     dtype, comp = stats_lib.accumulation_dtype(dtype, compensated)
-    keys = [k for n in metric_names(fractions) for k in (n, n + "_sq")]
+    keys = [k for n in (*metric_names(fractions), "length", "rank_bound")
+            for k in (n, n + "_sq")]
     keys += ["num_sequences", "num_degenerate"]
     return cls(sums={k: stats_lib.Sum.zeros((), dtype, comp) for k in keys},
                fractions=tuple(float(f) for f in fractions))
@@ -137,19 +155,21 @@ class SequenceSpectrumStats:
     return self.replace(sums={k: s.add(sums[k]) for k, s in self.sums.items()})
 
   def update(self, tokens: ArrayLike, valid: ArrayLike | None = None) -> SequenceSpectrumStats:
-    """tokens (B, T, d) sequences, valid (B,) bool (None: all)."""
+    """tokens (B, T, d) sequences, valid (B,) or (B, T) bool (None: all)."""
     stats_lib._check_x64(self)  # pylint: disable=protected-access
     dtype = self.sums["num_sequences"].value.dtype
     return self.add(sequence_sums(jnp.asarray(tokens).astype(dtype), valid, self.fractions))
 
   def finalize(self) -> dict[str, jax.Array]:
     """{'components_90': mean over sequences, 'components_90_std': population std, ...,
-    'effective_rank', 'effective_rank_std', 'num_sequences', 'num_degenerate'}."""
+    'effective_rank', 'effective_rank_std', 'length' (mean valid tokens), 'length_std',
+    'rank_bound' (mean of min(length - 1, d)), 'rank_bound_std', 'num_sequences',
+    'num_degenerate'}."""
     stats_lib._check_x64(self)  # pylint: disable=protected-access
     n = self.sums["num_sequences"].total
     safe = jnp.maximum(n, 1)
     out = {}
-    for name in metric_names(self.fractions):
+    for name in (*metric_names(self.fractions), "length", "rank_bound"):
       mean = self.sums[name].total / safe
       out[name] = jnp.where(n > 0, mean, jnp.nan)
       var = jnp.maximum(self.sums[name + "_sq"].total / safe - mean ** 2, 0)
@@ -164,12 +184,44 @@ _finalize = jax.jit(SequenceSpectrumStats.finalize)
 
 
 def host_result(out: dict[str, jax.Array], seq_length: int, dim: int,
-                prefix: str = "per_sequence_") -> dict[str, float | int]:
-  """finalize()'s arrays -> Python numbers with `prefix` on every key, plus the rank bound."""
+                prefix: str = "per_sequence_") -> dict[str, object]:
+  """finalize()'s arrays -> Python numbers with `prefix` on every key. 'length' and
+  'rank_bound' are the measured sequences' mean valid length and min(length - 1, d) (with
+  '_std': 0 when every sequence had its full `seq_length`); with no sequence measured, the
+  full length's, the counts NaN and the reason under 'undefined'."""
   res = {prefix + k: (int(v) if k.startswith("num_") else float(v)) for k, v in out.items()}
-  res[prefix + "rank_bound"] = rank_bound(seq_length, dim)
-  res[prefix + "length"] = int(seq_length)
+  if res[prefix + "num_sequences"] == 0:
+    res[prefix + "length"], res[prefix + "length_std"] = float(seq_length), float("nan")
+    res[prefix + "rank_bound"] = float(rank_bound(seq_length, dim))
+    res[prefix + "rank_bound_std"] = float("nan")
+    res["undefined"] = {prefix + k: stats_lib.UNDEFINED[4]
+                        for k in (*metric_names(), *(n + "_std" for n in metric_names()))
+                        if prefix + k in res}
+  for key in ("length", "rank_bound"):  # whole numbers when every sequence is full
+    value = res[prefix + key]
+    if res.get(prefix + key + "_std") == 0 and float(value).is_integer():
+      res[prefix + key] = int(value)
   return res
+
+
+def merge_rows(row: dict[str, object], more: dict[str, object]) -> dict[str, object]:
+  """row.update(more), with the two rows' 'undefined' reasons merged."""
+  reasons = {**row.pop("undefined", {}), **more.pop("undefined", {})}
+  row.update(more)
+  if reasons:
+    row["undefined"] = reasons
+  return row
+
+
+def check_comparable(lengths: dict[str, object], what: str = "per-sequence counts") -> None:
+  """{run name: per_sequence_length} -> ValueError (one line) unless every run measured
+  sequences of one length: a per-sequence count is capped at min(T - 1, d) and compares only
+  at equal T."""
+  distinct = sorted({float(v) for v in lengths.values() if v is not None and v == v})
+  if len(distinct) > 1:
+    shown = ", ".join(f"{k}: T = {float(v):g}" for k, v in lengths.items())
+    raise ValueError(f"{what} compare only between equal sequence lengths (the count is capped "
+                     f"at min(T - 1, d)); got {shown}")
 
 
 def per_sequence_spectra(tokens: ArrayLike, *, batch_size: int | None = None,

@@ -39,6 +39,34 @@ import numpy as np
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
+# Undefined is not a number: a statistic whose denominator is within ROUND_OFF_ULPS ulps of the
+# data's own mean square (not of another round-off value) is 0 / 0 up to rounding. finalize()
+# then returns NaN and an 'undefined' code, and `undefined_reasons` says why in words.
+ROUND_OFF_ULPS = 256
+UNDEFINED = {
+    1: "fewer than two classes present",
+    2: "the class means coincide up to round-off (between-class spread <= 256 ulp of the "
+       "data's mean square)",
+    3: "the tokens are equal up to round-off (total variance <= 256 ulp of the data's mean "
+       "square)",
+    4: "no valid, non-degenerate sequence",
+}
+
+
+def at_round_off(value: jax.Array, mean_square: jax.Array) -> jax.Array:
+  """value (a variance or spread) <= ROUND_OFF_ULPS ulps of the data's mean square."""
+  value = jnp.asarray(value)
+  return value <= ROUND_OFF_ULPS * jnp.finfo(value.dtype).eps * mean_square
+
+
+def undefined_reasons(result: dict, prefix: str = "") -> dict[str, str]:
+  """Pops finalize()'s 'undefined' code -> {prefix + key: reason} for each scalar it made NaN."""
+  code = int(np.asarray(result.pop("undefined", 0)))
+  if not code:
+    return {}
+  return {prefix + k: UNDEFINED[code] for k, v in result.items()
+          if np.ndim(v) == 0 and np.isnan(float(v))}
+
 
 class Sum(NamedTuple):
   """A running sum; `compensation` is None for plain summation, else Neumaier's error term."""
@@ -243,8 +271,10 @@ class CovarianceStats:
     covariance = self.second_moment.total / jnp.maximum(count, 1) - jnp.outer(mean, mean)
     covariance = (covariance + covariance.T) / 2
     eigenvalues = jnp.maximum(jnp.linalg.eigvalsh(covariance)[::-1], 0)
-    return {"count": count, "mean": mean + self.shift, "covariance": covariance,
-            "eigenvalues": eigenvalues}
+    mean = mean + self.shift
+    undefined = at_round_off(jnp.trace(covariance), jnp.trace(covariance) + jnp.dot(mean, mean))
+    return {"count": count, "mean": mean, "covariance": covariance,
+            "eigenvalues": eigenvalues, "undefined": jnp.where(undefined, 3, 0)}
 
 
 @struct.dataclass
@@ -308,9 +338,15 @@ class VarianceStats:
     between_class = T * jnp.maximum(jnp.sum(class_energy) - jnp.sum(total_sum ** 2) / num, 0)
     within = self.within_sequence.total
     total = within + between_sequence + between_class
-    safe = jnp.where(total > 0, total, 1)
+    # The tokens' own sum of squares (un-shifted): the scale round-off is relative to.
+    shift = stats.shift
+    raw = within + T * (jnp.sum(stats.squared_norms.total) + 2 * jnp.dot(shift, total_sum)
+                        + jnp.sum(counts) * jnp.dot(shift, shift))
+    undefined = at_round_off(total, raw)
+    safe = jnp.where(undefined, jnp.nan, total)
     return {"within_sequence": within / safe, "between_sequence": between_sequence / safe,
-            "between_class": between_class / safe, "total_sum_of_squares": total}
+            "between_class": between_class / safe, "total_sum_of_squares": total,
+            "undefined": jnp.where(undefined, 3, 0)}
 
 
 def _masked_std(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -391,10 +427,17 @@ class NeuralCollapseStats:
     within_cov = (within_cov + within_cov.T) / 2
     between_cov = jnp.einsum("cd,ce->de", centred, centred,
                              precision=_HIGHEST) / jnp.maximum(num_present, 1)
+    # The features' mean square (un-shifted): what a spread at round-off is relative to.
+    shift = stats.shift
+    mean_square = (jnp.trace(self.second_moment.total) / num
+                   + 2 * jnp.dot(shift, global_mean) + jnp.dot(shift, shift))
+    undefined = jnp.where(num_present < 2, 1,
+                          jnp.where(at_round_off(jnp.trace(between_cov), mean_square), 2, 0))
     eigvals, eigvecs = jnp.linalg.eigh(between_cov)
     eigvals, eigvecs = eigvals[::-1], eigvecs[:, ::-1]
     dim = eigvals.shape[0]
-    cutoff = 10 * dim * jnp.finfo(eigvals.dtype).eps * eigvals[0]
+    cutoff = jnp.maximum(10 * dim * jnp.finfo(eigvals.dtype).eps * eigvals[0],
+                         ROUND_OFF_ULPS * jnp.finfo(eigvals.dtype).eps * mean_square)
     keep = (jnp.arange(dim) < num_present - 1) & (eigvals > cutoff)
     projected = jnp.einsum("dk,de,ek->k", eigvecs, within_cov, eigvecs, precision=_HIGHEST)
     nc1 = jnp.sum(jnp.where(keep, projected / jnp.where(keep, eigvals, 1), 0))
@@ -414,16 +457,19 @@ class NeuralCollapseStats:
     gram = jnp.where(pair, gram, 0)
     etf_distance = jnp.linalg.norm(gram / jnp.linalg.norm(gram) - etf / jnp.linalg.norm(etf))
 
-    out = {"nc1": nc1, "equinorm": norm_std / norm_mean, "equiangularity": cos_std,
-           "max_angle": max_angle, "etf_distance": etf_distance,
-           "within_class_trace": jnp.trace(within_cov), "num_classes": num_present}
+    nan = lambda a: jnp.where(undefined > 0, jnp.nan, a)
+    out = {"nc1": nan(nc1), "equinorm": nan(norm_std / norm_mean),
+           "equiangularity": nan(cos_std), "max_angle": nan(max_angle),
+           "etf_distance": nan(etf_distance), "within_class_trace": jnp.trace(within_cov),
+           "num_classes": num_present, "undefined": undefined}
     if classifier is not None:
       classifier = jnp.asarray(classifier, centred.dtype)
       if classifier.shape != centred.shape:
         raise ValueError(f"classifier has shape {classifier.shape}; expected {centred.shape} "
                          f"(num_classes, dim)")
       w = jnp.where(present[:, None], classifier, 0)
-      out["nc3"] = jnp.sum((w / jnp.linalg.norm(w) - centred / jnp.linalg.norm(centred)) ** 2)
+      out["nc3"] = nan(jnp.sum((w / jnp.linalg.norm(w)
+                                - centred / jnp.linalg.norm(centred)) ** 2))
     return out
 
 

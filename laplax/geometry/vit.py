@@ -38,7 +38,13 @@ _update_per_image = jax.jit(spectra.SequenceSpectrumStats.update)
 _finalize_per_image = jax.jit(spectra.SequenceSpectrumStats.finalize)
 
 
-def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
+def _scalars(d: dict[str, Any], prefix: str = "", undefined: dict | None = None
+             ) -> dict[str, float]:
+  """The scalars of a finalize() dict as floats; NaN ones' reasons go into `undefined`."""
+  d = dict(d)
+  reasons = geometry.stats.undefined_reasons(d, prefix)
+  if undefined is not None:
+    undefined.update(reasons)
   return {prefix + k: float(v) for k, v in d.items() if np.ndim(v) == 0}
 
 
@@ -80,14 +86,19 @@ def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_cl
   out = []
   with jax.enable_x64(True):
     for acc in accs:
-      row = _scalars(_finalize[geometry.VarianceStats](acc["variance"]))
+      undefined: dict[str, str] = {}
+      row = _scalars(_finalize[geometry.VarianceStats](acc["variance"]), "", undefined)
       row.update(_scalars(_finalize[geometry.CosineStats](acc["cosine"])))
-      eig = _finalize[geometry.CovarianceStats](acc["spectrum"])["eigenvalues"]
-      row.update({k: float(v) for k, v in geometry.spectral_decay(eig).items()})
-      row.update(_scalars(_finalize_nc(acc["nc_mean"]), "nc_mean_"))
-      row.update(_scalars(_finalize_nc(acc["nc_cls"]), "nc_cls_"))
-      row.update(spectra.host_result(jax.device_get(_finalize_per_image(acc["per_image"])),
-                                     seq - 1, dim))
+      pooled = geometry.pooled_spectrum(_finalize[geometry.CovarianceStats](acc["spectrum"]))
+      undefined.update(pooled.pop("undefined", {}))
+      row.update(pooled)
+      row.update(_scalars(_finalize_nc(acc["nc_mean"]), "nc_mean_", undefined))
+      row.update(_scalars(_finalize_nc(acc["nc_cls"]), "nc_cls_", undefined))
+      spectra.merge_rows(row, spectra.host_result(
+          jax.device_get(_finalize_per_image(acc["per_image"])), seq - 1, dim))
+      undefined.update(row.pop("undefined", {}))
+      if undefined:  # which NaNs are 0 / 0, and why (skipped by plots and reports)
+        row["undefined"] = undefined
       out.append(row)
   return out, np.concatenate(feats), np.concatenate(ys)
 

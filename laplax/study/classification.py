@@ -42,9 +42,8 @@ _LABELS = {"val_accuracy": "val accuracy (%)", "within_sequence_cosine":
            "effective_rank": "effective rank, pooled over images",
            "per_sequence_effective_rank": "effective rank per image"}
 # Mechanism scores (laplax.evals.mechanism), mean over blocks, at init and after training.
-MECHANISM = {"dirichlet_energy": "Dirichlet energy tr(X^T (I-P) X) / tr(X^T X)",
-             "dirichlet_energy_centred": "Dirichlet energy of the centred input",
-             "attention_entropy": "attention entropy (nats)",
+MECHANISM = {"graph_energy": "graph energy 1/2 sum M_ts |x_t - x_s|^2 / sum |x_t - mean x|^2",
+             "attention_entropy": "entropy of M (nats)",
              "mean_share": "head output share moving the sequence mean",
              "negative_real_fraction": "W_O W_V eigenvalues with Re < 0 (share)",
              "signed_trace_ratio": "W_O W_V sum Re(lambda) / sum |lambda|"}
@@ -93,14 +92,21 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   out = {"test_accuracy": cell["results"]["test"]["accuracy"]}
   if "val" in cell["results"]:  # ImageNet's studies: `test` is its validation split, no val
     out["val_accuracy"] = cell["results"]["val"]["accuracy"]
-  out.update({k: float(last[k]) for k in ("within_sequence", "between_class",
+  out.update({k: _mean([last[k]]) for k in ("within_sequence", "between_class",
                                           "per_sequence_components_99", "components_99",
                                           "per_sequence_effective_rank", "effective_rank",
-                                          "within_sequence_cosine", "nc_mean_nc1")
+                                          "within_sequence_cosine", "nc_mean_nc1",
+                                          "per_sequence_length")
               if k in last})
   for stage, result in (cell.get("mechanism") or {}).items():
     out.update({f"{stage}/{k}": v for k, v in mechanism_scores(result).items()})
   return out
+
+
+def _mean(values) -> float:
+  """Mean of numbers, NaN if any is undefined (NaN, or null in a results.json)."""
+  values = [np.nan if v is None else float(v) for v in values]
+  return float(np.mean(values)) if values else float("nan")
 
 
 def mechanism_scores(result: dict[str, Any]) -> dict[str, float]:
@@ -174,11 +180,13 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for spec, row in zip(specs, summary["rows"]):
     last = [done[(spec, s)]["analysis"]["layers"][-1] for s in row["seeds"]]
-    g = {k: float(np.mean([l[k] for l in last])) for k in last[0]}
-    lines.append(f"| {row['name']} | {g['within_sequence']:.3f} | {g['between_sequence']:.3f} | "
-                 f"{g['between_class']:.3f} | {g['within_sequence_cosine']:.3f} | "
-                 f"{g['components_99']:.1f} | {g['nc_mean_nc1']:.3g} | {g['nc_cls_nc1']:.3g} | "
-                 f"{g['nc_mean_etf_distance']:.3f} |")
+    g = {k: _mean([l.get(k) for l in last]) for k in last[0] if k != "undefined"}
+    f = lambda k, spec: "undefined" if np.isnan(g[k]) else format(g[k], spec)
+    lines.append(f"| {row['name']} | {f('within_sequence', '.3f')} | "
+                 f"{f('between_sequence', '.3f')} | {f('between_class', '.3f')} | "
+                 f"{f('within_sequence_cosine', '.3f')} | {f('components_99', '.1f')} | "
+                 f"{f('nc_mean_nc1', '.3g')} | {f('nc_cls_nc1', '.3g')} | "
+                 f"{f('nc_mean_etf_distance', '.3f')} |")
   lines += spectra_section(workdir, specs, done, summary)
   lines += mechanism_section(workdir, specs, done, summary)
   lines += attention_section(workdir, config, specs, done, summary)
@@ -234,9 +242,11 @@ def mechanism_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
   plots.plot_layer_curves(groups, workdir / "mechanism.png", "mechanism")
   keys = list(MECHANISM)
   lines = ["## Mechanism, before and after training", "",
-           "Per block (laplax.geometry.mechanism): X is the block's input, P a head's attention. "
-           "Dirichlet energy tr(X^T (I - P) X) / tr(X^T X), also of X centred per image; "
-           "attention entropy; the share of a head's output energy that moves the image's "
+           "Per block (laplax.geometry.mechanism): X is the block's input, M the row-stochastic "
+           "matrix a head applies (its softmax P; U, the mean over the image, for 'uniform' and "
+           "'centering'; I for 'identity'). Graph energy 1/2 sum_ts M_ts |x_t - x_s|^2 over the "
+           "within-image sum of squares sum_t |x_t - mean x|^2 (>= 0; 1 for U, 0 for I); "
+           "the entropy of M; the share of a head's output energy that moves the image's "
            "mean token; the eigenvalues of each head's W_O W_V (Re < 0: a Laplacian head's "
            "update smooths). Mean over blocks (heads), then over seeds; paired intervals vs the "
            "baseline in the score table above.", "",

@@ -94,7 +94,7 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   if cell.get("spectra"):
     last = cell["spectra"]["layers"][-1]
     for key in ("per_sequence_components_99", "components_99", "per_sequence_effective_rank",
-                "effective_rank"):
+                "effective_rank", "per_sequence_length"):
       if key in last:
         out[key] = float(last[key])
   return out

@@ -27,6 +27,7 @@ from etils import epath
 
 from laplax import heads as heads_lib
 from laplax import multihost
+from laplax.geometry import spectra
 from laplax.study import stats
 from laplax.study import throughput
 from laplax.study import workers as workers_lib
@@ -145,6 +146,10 @@ def summarize(specs, done, seeds, names, cell_scores: Callable[[dict], dict[str,
           k: stats.paired_difference([m[k] for m in a], [m[k] for m in b])
           for k in keys if all(k in m for m in a)}
     rows.append(row)
+  # A per-sequence count is capped at min(T - 1, d): cells compare only at one length.
+  spectra.check_comparable({f"{row['name']} seed {seed}": length for row in rows
+                            for seed, length in zip(row["seeds"],
+                                                    row["scores"].get("per_sequence_length", []))})
   return {"baseline": spec_name(baseline), "rows": rows}
 
 

@@ -84,8 +84,9 @@ def geometry_scores(analysis: dict[str, Any]) -> dict[str, float]:
   last = analysis["layers"][-1]
   out = {"cdnv": float(analysis["collapse"]["cdnv"]),
          "components_99": float(last["components_99"])}
-  if "per_sequence_components_99" in last:
-    out["per_sequence_components_99"] = float(last["per_sequence_components_99"])
+  for key in ("per_sequence_components_99", "per_sequence_length"):
+    if key in last:
+      out[key] = float(last[key])
   return out
 
 

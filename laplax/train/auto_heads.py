@@ -172,10 +172,17 @@ def choice_record(plan_: Plan, table: heads_lib.Table, logits: np.ndarray,
 
 
 def record(checkpoints, choice: dict[str, Any], identity_: dict[str, Any]) -> None:
-  """auto_heads.json, then the identity with the choice (process 0 only; before the save)."""
+  """auto_heads.json, the run's config.json with the choice under 'auto_heads' ({'step',
+  'table'}; model.laplacian_heads stays the command's), then the identity with the choice
+  (process 0 only; before the save)."""
   checkpoints = workdir_lib.as_path(checkpoints)
   checkpoints.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json_atomic(checkpoints / CHOICE_FILE, choice, indent=1)
+  config_path = checkpoints.parent / "config.json"
+  if config_path.exists():  # a resume compares only the keys both sides hold: this one is new
+    saved = workdir_lib.read_json(config_path, "run config")
+    saved["auto_heads"] = {"step": int(choice["step"]), "table": list(choice["table"])}
+    workdir_lib.write_json_atomic(config_path, saved, indent=2)
   step = int(choice["step"])
   verdict = identity_lib.Verdict(True, {CHOICE_KEY: (None, identity_[CHOICE_KEY])}, step)
   identity_lib.record(checkpoints, identity_, verdict, step)

@@ -134,9 +134,14 @@ def _get_path(d: dict, dotted: str):
 
 
 def write_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """workdir/config.json, atomically (a full disk never leaves a half-written file)."""
-  workdir_lib.write_json_atomic(workdir / "config.json",
-                                json.loads(config.to_json_best_effort()), indent=2)
+  """workdir/config.json, atomically (a full disk never leaves a half-written file); a resumed
+  run keeps the head mask its 'auto' phase chose (auto_heads.record)."""
+  path, new = workdir / "config.json", json.loads(config.to_json_best_effort())
+  if path.exists():
+    old = workdir_lib.read_json(path, "run config")
+    if isinstance(old, dict) and "auto_heads" in old:
+      new["auto_heads"] = old["auto_heads"]
+  workdir_lib.write_json_atomic(path, new, indent=2)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLike,
