@@ -34,8 +34,8 @@ as in training (feature banks, k-NN, linear probes, accuracy), and process 0 wri
   python eval.py --workdir=gs://bucket/run --analyze --multihost
 
 ViT and DINO runs, with --analyze (or --evals=mechanism,attention_maps on any run): the
-mechanism measurements (analysis/mechanism_step*.json/.png: W_O W_V eigenvalues, Dirichlet
-energy, attention entropy, mean-vs-deviation share per head) and the last block's class-token
+mechanism measurements (analysis/mechanism_step*.json/.png: W_O W_V eigenvalues, graph
+energy and entropy of the matrix each head applies, mean-vs-deviation share per head) and the last block's class-token
 attention maps (analysis/attention_maps.png), side by side with another run's:
 
   python eval.py --workdir=runs/fm_k4 --evals=attention --set=attention.compare=runs/fm_k0

@@ -28,9 +28,9 @@ The report also has the paper's per-image spectra next to the pooled ones, the m
 measurements at init and after training (each cell's `mechanism` evaluator; paired intervals)
 and the baseline's and k = 4's class-token attention maps (benchmarks/README.md has the
 numbers, 2026-12-04: per image k = 4 needs slightly more components for 99 %, not fewer
-(+0.15, CI +0.07..+0.24); the Laplacian models' inputs
-are smoother on their attention graphs after training, their heads move the sequence mean far
-less; W_O W_V's sign does not separate Laplacian from ordinary heads). Those evaluators cost
+(+0.15, CI +0.07..+0.24); 2026-12-06: the Laplacian models' inputs are smoother on their
+attention graphs after training (graph energy 1.036 -> 0.895, k = 4 - k = 0 -0.140, CI
+-0.172..-0.108), their heads move the sequence mean far less; W_O W_V's sign does not separate Laplacian from ordinary heads). Those evaluators cost
 about 4 % of the study's CPU time.
 """
 

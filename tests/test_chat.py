@@ -3,6 +3,7 @@
 import gzip
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -222,6 +223,25 @@ def test_bestfit_rows_pack_whole_conversations_and_weigh_assistant_tokens(tmp_pa
                                                               for _, m in rendered)
   with pytest.raises(ValueError, match="packing='tight'"):
     conv_lib.Rows(directory, "train", length, pad, packing="tight")
+  # Analysis reads one conversation per window whatever the packing, -1 after its end, and the
+  # LM geometry measures each as a sequence of its own length (every conversation counted).
+  windows = list(conv_lib.conversation_windows(rows, batch_size=5, max_conversations=7))
+  tokens = np.concatenate([b["tokens"][b["mask"].astype(bool)] for b in windows])
+  assert len(tokens) == 7 and sum(b["mask"].sum() for b in windows) == 7
+  for r, (ids, _) in enumerate(rendered[:7]):
+    assert tokens[r, :len(ids)].tolist() == ids.tolist() and (tokens[r, len(ids):] == -1).all()
+  from laplax.geometry import lm as lm_geometry
+  from laplax.models import gpt
+  model = gpt.GPT(gpt.GPTConfig(vocab_size=tok.vocab_size, depth=1, width=16, head_dim=8))
+  params = model.init(jax.random.key(0), np.zeros((1, 4), np.int32))
+  geo = lm_geometry.analyze_lm(model, params, tokens, batch_size=4)
+  last = geo["layers"][-1]
+  lengths = [len(ids) - 1 for ids, _ in rendered[:7]]  # positions with a next token
+  assert last["per_sequence_num_sequences"] == 7
+  assert last["per_sequence_length"] == pytest.approx(np.mean(lengths))
+  assert last["per_sequence_rank_bound"] == pytest.approx(np.mean([min(n - 1, 16)
+                                                                   for n in lengths]))
+  assert geo["num_tokens"] == sum(lengths)
 
 
 def _stage(kind, tmp_path, init_from, train, val, **overrides):

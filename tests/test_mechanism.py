@@ -124,6 +124,12 @@ def test_each_head_is_measured_on_the_matrix_it_applies(causal):
   np.testing.assert_allclose(out[:, :, 2], mv[:, :, 2], atol=1e-5)  # U V
   np.testing.assert_allclose(out[:, :, 3], vals[:, :, 3] - mv[:, :, 3], atol=1e-5)  # (I - U) V
   np.testing.assert_allclose(m[:, 4], np.broadcast_to(np.eye(t), (b, t, t)))  # I
+  # A scanned model's traced row of palette codes gives the same matrices.
+  palette = tuple(heads_lib.parse_operator(o) for o in row)
+  _, traced = jax.jit(lambda codes: attention.laplacian_attention(
+      q, k, v, codes, is_causal=causal, return_probs=True, palette=palette))(
+          jnp.arange(h, dtype=jnp.int32))
+  np.testing.assert_allclose(traced, m, atol=1e-7)
   allowed = np.tril(np.ones((t, t))) if causal else np.ones((t, t))
   np.testing.assert_allclose(m[:, 2], np.broadcast_to(allowed / allowed.sum(1, keepdims=True),
                                                        (b, t, t)), atol=1e-7)

@@ -5,8 +5,8 @@
 For a ViT classifier, a DINO run's teacher backbone or a GPT: the eigenvalues of each head's
 W_O_h W_V_h (weights only), and on the first `examples` images of `split` (an LM: validation
 windows) each head's mean-vs-deviation share, the graph energy of the layer's input on the
-matrix the head applies (P; U or I for the controls) and that matrix's entropy. `at_init` + `final` give "before and after training"
-(init_eval.json and results.json). Writes analysis/mechanism_step{step}.json and .png ->
+matrix the head applies (P; U or I for the controls) and that matrix's entropy. `at_init` +
+`final` give "before and after training" (init_eval.json and results.json). Writes analysis/mechanism_step{step}.json and .png ->
 {'layers': [one row per layer: layer means, and per head '..._heads'], 'weights': {...},
 'head_kinds', 'head_operators' (each head's a, b, steps and matrix), 'num_sequences'}.
 """

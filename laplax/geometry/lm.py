@@ -124,7 +124,8 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
     layers = []
     for acc, seq in zip(cov_stats, seq_stats):
       row = geometry.pooled_spectrum(_finalize_cov(acc), fractions)
-      spectra.merge_rows(row, spectra.host_result(jax.device_get(_finalize_seq(seq)), window, acc.dim))
+      spectra.merge_rows(row, spectra.host_result(jax.device_get(_finalize_seq(seq)), window,
+                                                  acc.dim))
       layers.append(row)
   collapse["min_count"] = int(min_count)
   return {"collapse": collapse, "layers": layers, "num_tokens": num_tokens,

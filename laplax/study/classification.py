@@ -42,11 +42,11 @@ _LABELS = {"val_accuracy": "val accuracy (%)", "within_sequence_cosine":
            "effective_rank": "effective rank, pooled over images",
            "per_sequence_effective_rank": "effective rank per image"}
 # Mechanism scores (laplax.evals.mechanism), mean over blocks, at init and after training.
-MECHANISM = {"graph_energy": "graph energy 1/2 sum M_ts |x_t - x_s|^2 / sum |x_t - mean x|^2",
+MECHANISM = {"graph_energy": "graph energy E(X, M) / V(X)",
              "attention_entropy": "entropy of M (nats)",
              "mean_share": "head output share moving the sequence mean",
              "negative_real_fraction": "W_O W_V eigenvalues with Re < 0 (share)",
-             "signed_trace_ratio": "W_O W_V sum Re(lambda) / sum |lambda|"}
+             "signed_trace_ratio": "W_O W_V sum Re(lambda) / sum abs(lambda)"}
 STAGES = {"init": "at init", "final": "trained"}
 
 
@@ -244,8 +244,9 @@ def mechanism_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:
   lines = ["## Mechanism, before and after training", "",
            "Per block (laplax.geometry.mechanism): X is the block's input, M the row-stochastic "
            "matrix a head applies (its softmax P; U, the mean over the image, for 'uniform' and "
-           "'centering'; I for 'identity'). Graph energy 1/2 sum_ts M_ts |x_t - x_s|^2 over the "
-           "within-image sum of squares sum_t |x_t - mean x|^2 (>= 0; 1 for U, 0 for I); "
+           "'centering'; I for 'identity'). Graph energy E(X, M) / V(X): 1/2 sum_ts M_ts "
+           "||x_t - x_s||^2 over the within-image sum of squares sum_t ||x_t - mean x||^2 (>= 0; "
+           "1 for U, 0 for I); "
            "the entropy of M; the share of a head's output energy that moves the image's "
            "mean token; the eigenvalues of each head's W_O W_V (Re < 0: a Laplacian head's "
            "update smooths). Mean over blocks (heads), then over seeds; paired intervals vs the "

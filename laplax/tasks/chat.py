@@ -231,6 +231,15 @@ class ChatTask(LanguageModelTask):
         max_rows=int(d.eval_windows), process_index=jax.process_index(),
         process_count=hosts)
 
+  def val_windows(self, batch_size: int, limit: int):
+    """The first `limit` validation conversations, one per window, -1 after each one's end
+    (conv_lib.conversation_windows): analysis measures each as a sequence of its own length.
+    Packed rows ('packed'): the LM's windows."""
+    if self.config.data.rows == "packed":
+      return super().val_windows(batch_size, limit)
+    return conv_lib.conversation_windows(self.val_rows, batch_size=batch_size,
+                                         max_conversations=limit)
+
   def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:
     """The common identity, the rows and the fingerprints of the tokenizer and the rendered
     mixture (its cache key)."""

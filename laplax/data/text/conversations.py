@@ -296,6 +296,30 @@ class Rows:
     return {"tokens": tokens, "mask": mask[:, 1:]}
 
 
+def conversation_windows(rows: Rows, *, batch_size: int, max_conversations: int = 0
+                         ) -> grain.IterDataset:
+  """The first max_conversations (0 = all) conversations of a split, one per window, in order:
+  {'tokens': int32 (B, L + 1), -1 after the conversation's end (cut to L + 1), 'mask': int32
+  (B,) 0 on padding rows}, whatever the rows' packing (analysis: each conversation is one
+  sequence of its own length)."""
+  n = len(rows.offsets) - 1
+  n = n if max_conversations <= 0 else min(max_conversations, n)
+  if n == 0:
+    raise DataError("the validation mixture holds no conversation")
+
+  def make_batch(positions: np.ndarray) -> dict[str, np.ndarray]:
+    indices, valid = grain_utils.padded(positions, n)
+    tokens = np.full((len(indices), rows.length + 1), -1, np.int32)
+    for b, r in enumerate(indices):
+      a = int(rows.offsets[r])
+      z = min(int(rows.offsets[r + 1]), a + rows.length + 1)
+      tokens[b, :z - a] = rows.ids[a:z]
+    return {"tokens": tokens, "mask": valid.astype(np.int32)}
+
+  ds = grain_utils.eval_positions(n, batch_size, 0, 1)
+  return grain_utils.to_iter(ds.batch(batch_size).map(make_batch))
+
+
 def padded_train_dataset(rows: Rows, *, batch_size: int, seed: int, process_index: int = 0,
                          process_count: int = 1, prefetch: int = 2) -> grain.IterDataset:
   """Endless shuffled rows (an epoch a fresh permutation), host p its block of each global
