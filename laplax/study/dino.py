@@ -13,6 +13,8 @@ import json
 import pathlib
 from typing import Any
 
+import numpy as np
+
 from laplax.data import builders, arrays
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
@@ -100,6 +102,15 @@ def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   return out
 
 
+def _first_bound(specs, done, summary) -> str:
+  """The baseline's first cell's per-image rank bound and token count, as the report says it."""
+  last = done[(specs[0], summary["rows"][0]["seeds"][0])]["spectra"]["layers"][-1]
+  if "per_sequence_rank_bound" not in last:
+    return "?"
+  return (f"{last['per_sequence_rank_bound']} ({last.get('per_sequence_length', '?')} patch "
+          "tokens)")
+
+
 def title(config) -> str:
   return f"DINO on {config.base.data.name}"
 
@@ -151,8 +162,9 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   lines += ["", "## Spectral decay of patch tokens (mean over seeds)", "",
             "Layer 0 is the patch embedding, layer l the output of block l (no final norm); "
             "class token excluded. Per image (the paper's \"within an image\"): each image's "
-            "own covariance of its patch tokens, the counts averaged over images. Pooled: one "
-            "covariance over all images' patch tokens.", "",
+            "own covariance of its patch tokens, the counts averaged over images (at most "
+            f"min(tokens - 1, width) = {_first_bound(specs, done, summary)}: runs compare only "
+            "at one resolution). Pooled: one covariance over all images' patch tokens.", "",
             "| heads | layer | per image 90 % | 95 % | 99 % | eff. rank | pooled 90 % | 95 % | "
             "99 % | eff. rank |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -160,7 +172,9 @@ def sections(workdir: pathlib.Path, config, specs, done, summary) -> list[str]:
   for spec, row in zip(specs, summary["rows"]):
     layers = [done[(spec, s)]["spectra"]["layers"] for s in row["seeds"]]
     for l in range(len(layers[0])):
-      m = {k: sum(run[l][k] for run in layers) / len(layers) for k in layers[0][l]}
+      # undefined values (null in results.json) stay NaN; the 'undefined' reasons are not numbers
+      m = {k: float(np.mean([nan if run[l][k] is None else run[l][k] for run in layers]))
+           for k in layers[0][l] if k != "undefined"}
       lines.append(f"| {row['name']} | {l} | {m.get('per_sequence_components_90', nan):.2f} | "
                    f"{m.get('per_sequence_components_95', nan):.2f} | "
                    f"{m.get('per_sequence_components_99', nan):.2f} | "
