@@ -517,6 +517,11 @@ def test_round_off_denominators_are_nan_with_a_reason():
   for key in ("nc1", "equinorm", "equiangularity", "etf_distance"):
     assert np.isnan(out[key]), key
     assert "coincide" in out["undefined"][key]
+  # with a classifier (NC3): undefined too; host results pass their reasons on, prefixed
+  head = geometry.neural_collapse(cls, labels, rng.normal(size=(4, 8)))
+  assert np.isnan(head["nc3"]) and "coincide" in head["undefined"]["nc3"]
+  assert stats.undefined_reasons(dict(head), "classifier_")["classifier_nc1"] == \
+      out["undefined"]["nc1"]
   one = geometry.neural_collapse(rng.normal(size=(30, 8)), np.zeros(30, int))
   assert np.isnan(one["nc1"]) and "fewer than two" in one["undefined"]["nc1"]
   # Class means on a line (rank 1 < C - 1 = 3): finite, from the one direction they span.

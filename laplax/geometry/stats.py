@@ -60,8 +60,12 @@ def at_round_off(value: jax.Array, mean_square: jax.Array) -> jax.Array:
 
 
 def undefined_reasons(result: dict, prefix: str = "") -> dict[str, str]:
-  """Pops finalize()'s 'undefined' code -> {prefix + key: reason} for each scalar it made NaN."""
-  code = int(np.asarray(result.pop("undefined", 0)))
+  """Pops finalize()'s 'undefined' code -> {prefix + key: reason} for each scalar it made NaN
+  (a result already on the host holds the reasons themselves: prefixed, passed on)."""
+  code = result.pop("undefined", 0)
+  if isinstance(code, dict):
+    return {prefix + k: v for k, v in code.items()}
+  code = int(np.asarray(code))
   if not code:
     return {}
   return {prefix + k: UNDEFINED[code] for k, v in result.items()

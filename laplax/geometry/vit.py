@@ -114,4 +114,8 @@ def analyze_batches(model, params, batches: Iterable[dict[str, Any]], *, num_cla
   head = params["head"]
   final = geometry.neural_collapse(feats, labels, np.asarray(head["kernel"]).T,
                                    num_classes=num_classes, bias=np.asarray(head["bias"]))
-  return {"layers": layers, "classifier": _scalars(final), "num_examples": int(len(labels))}
+  undefined: dict[str, str] = {}
+  classifier = _scalars(final, "", undefined)
+  if undefined:
+    classifier["undefined"] = undefined
+  return {"layers": layers, "classifier": classifier, "num_examples": int(len(labels))}
