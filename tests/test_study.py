@@ -398,3 +398,21 @@ def test_eval_on_two_hosts_equals_one_process(finished_study, tmp_path):
   x, y = (export_lib.read_safetensors(tmp_path / d / export_lib.PARAMS) for d in ("one", "two"))
   assert sorted(x) == sorted(y) and all(np.array_equal(x[k], y[k]) for k in x)
   assert (tmp_path / "two" / "analysis" / "geometry.json").exists()
+
+
+def test_summary_refuses_per_sequence_counts_of_different_lengths():
+  """A per-sequence count is capped at min(T - 1, d): cells measured at different lengths are
+  refused in one line; the length is a condition beside the scores, not a score."""
+  from laplax.study import grid
+  done = {(0, 0): {"c": 5.0, "l": 12}, (4, 0): {"c": 4.0, "l": 8.5}}
+  scores = lambda cell: {"per_sequence_components_99": cell["c"], "per_sequence_length": cell["l"]}
+  names = {0: "k=0", 4: "k=4"}
+  with pytest.raises(ValueError, match=r"equal sequence lengths.*k=0 seed 0: T = 12, "
+                                       r"k=4 seed 0: T = 8.5"):
+    grid.summarize([0, 4], done, [0], names, scores)
+  done[(4, 0)]["l"] = 12
+  summary = grid.summarize([0, 4], done, [0], names, scores)
+  row = summary["rows"][1]
+  assert row["per_sequence_length"] == [12] and list(row["scores"]) == [
+      "per_sequence_components_99"]
+  assert row["paired_difference"]["per_sequence_components_99"][0] == -1.0

@@ -135,9 +135,11 @@ def summarize(specs, done, seeds, names, cell_scores: Callable[[dict], dict[str,
   for spec in specs:
     here = [s for s in seeds if (spec, s) in done]
     per_seed = [cell_scores(done[(spec, s)]) for s in here]
+    # the length a cell's per-sequence counts were measured at: a condition, not a score
+    lengths = [m.pop("per_sequence_length", None) for m in per_seed]
     keys = [k for k in per_seed[0] if all(k in m for m in per_seed)] if per_seed else []
     row = {"spec": spec_name(spec), "name": names[spec], "seeds": here,
-           "scores": {k: [m[k] for m in per_seed] for k in keys}}
+           "scores": {k: [m[k] for m in per_seed] for k in keys}, "per_sequence_length": lengths}
     paired = [s for s in here if (baseline, s) in done]
     if spec != baseline and paired:
       a = [cell_scores(done[(baseline, s)]) for s in paired]
@@ -148,8 +150,7 @@ def summarize(specs, done, seeds, names, cell_scores: Callable[[dict], dict[str,
     rows.append(row)
   # A per-sequence count is capped at min(T - 1, d): cells compare only at one length.
   spectra.check_comparable({f"{row['name']} seed {seed}": length for row in rows
-                            for seed, length in zip(row["seeds"],
-                                                    row["scores"].get("per_sequence_length", []))})
+                            for seed, length in zip(row["seeds"], row["per_sequence_length"])})
   return {"baseline": spec_name(baseline), "rows": rows}
 
 
