@@ -19,24 +19,16 @@ benchmarks/README.md ("CIFAR-10 at 64 patches") has the rest.
 
 from configs import cifar10_vit
 from configs import common
+from configs import study_fmnist
 
 
 def get_config():
-  b = cifar10_vit.get_config()
-  b.model.preset = "tiny"  # width 64, depth 4, 4 heads, MLP 128
+  b = study_fmnist.cpu_recipe(cifar10_vit.get_config())
   b.model.patch_size = 4  # 64 patch tokens + class token
   b.model.layerscale_init = 0.1  # the CPU presets' (configs/common.py)
   b.model.drop_path_rate = 0.0
   b.model.dtype = "float32"
-  b.data.batch_size = 128
   b.data.eval_batch_size = 500
-  b.data.augment = ()
-  b.total_steps = 1500
-  b.optim.lr = 3e-3
-  b.optim.warmup_steps = 75
-  b.log_every = 125
-  b.checkpoint.every_steps = 250  # the learning curve's points
-  b.checkpoint.keep = 6
   c = common.study("study_cifar_patches", b, specs=(0, 4))
   c.study.analysis_examples = 2000  # test images for the geometry
   c.study.workers = 0  # one one-core cell process per CPU core (laplax.study.workers)

@@ -38,10 +38,9 @@ from configs import common
 from configs import fashion_mnist_vit
 
 
-def get_config():
-  b = fashion_mnist_vit.get_config()
+def cpu_recipe(b):
+  """The main job's CPU-sized ViT-tiny recipe on a run config `b` (also the CIFAR study's)."""
   b.model.preset = "tiny"  # width 64, depth 4, 4 heads, MLP 128
-  b.model.patch_size = 7  # 16 patch tokens + class token: CPU-sized
   b.data.batch_size = 128
   b.data.augment = ()
   b.total_steps = 1500
@@ -50,6 +49,12 @@ def get_config():
   b.log_every = 125
   b.checkpoint.every_steps = 250  # the learning curve's points
   b.checkpoint.keep = 6
+  return b
+
+
+def get_config():
+  b = cpu_recipe(fashion_mnist_vit.get_config())
+  b.model.patch_size = 7  # 16 patch tokens + class token: CPU-sized
   c = common.study("study_fmnist", b, specs=(0, 4, 2))
   c.study.analysis_examples = 2000  # test images for the geometry
   c.study.workers = 0  # one one-core cell process per CPU core (laplax.study.workers)
