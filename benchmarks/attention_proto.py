@@ -1,4 +1,4 @@
-"""A prototype attention layout for the CPU step, to measure before changing laplax/attention.py.
+"""A prototype attention layout for the CPU step, to measure before changing laplax/attention/.
 
 `FusedQKVAttention` is laplax.attention.MultiHeadAttention (same parameters, same names, same
 `laplacian_attention` call) with the three q / k / v projections done as ONE matmul against the

@@ -111,7 +111,7 @@ def test_softmax_kernel_runs_only_for_the_heads_that_need_it(monkeypatch):
   """Static rows: no fused pass without a softmax head; contiguous softmax heads get a slice
   of the heads (their kv groups kept under GQA), and their outputs are those of the full
   pass. A scanned table of controls only (its palette) runs no pass either."""
-  import laplax.attention as attention_lib
+  import laplax.attention.op as attention_lib
   calls = []
   real = jax.nn.dot_product_attention
 

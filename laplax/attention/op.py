@@ -1,11 +1,14 @@
 """The Laplacian change: attention heads that return (I - P) V instead of P V.
 
+The operation; the Flax layer around it (projections, RoPE, QK-norm, KV cache, the learned
+coefficients) is laplax.attention.module.MultiHeadAttention.
+
 Everything Laplacian in laplax goes through `laplacian_attention`. It runs the fused
 `jax.nn.dot_product_attention` (P is never materialised; cuDNN on GPU when asked) and then, on the
-Laplacian heads only, replaces the output o = P V by v - o (`laplacian_combine`: the paper's
-change on its own lines). With a static head mask that is one `where` that XLA fuses into the
-neighbouring ops. `implementation='explicit'` computes P itself (einsum + softmax in float32)
-and can return it for analysis.
+Laplacian heads only, replaces the output o = P V by v - o (`laplacian_combine`, the first
+function below: the paper's change on its own lines). With a static head mask that is one
+`where` that XLA fuses into the neighbouring ops. `implementation='explicit'` computes P itself
+(einsum + softmax in float32) and can return it for analysis.
 
 Generalised heads (laplax.heads): a 'mix' head returns a_h V + b_h P V with learned scalars (the
 layer's `mix_a` / `mix_b` parameters, (heads,)); a 'heat(t)' head returns (I - P)^t V by running
@@ -19,7 +22,8 @@ attention a cumulative sum read at each query's position, never a T x T matrix).
 kernel runs only if some head needs P, and on a static row only over the heads that do when
 they are contiguous (else over all heads, the controls' share discarded); a layer of controls
 only runs none. 'gate' heads ('auto(...)', laplax.train.auto_heads) are a V + b P V with
-a = 1 - g, b = 2 g - 1 from a hard-concrete gate g per example and head (`gate_values`).
+a = 1 - g, b = 2 g - 1 from a hard-concrete gate g per example and head
+(laplax.attention.module.gate_values).
 
 Implementations (`implementation=`, the modules' `attention_impl`, config `model.attention_impl`):
 'auto' (default; None means the same): splash on TPU, cuDNN flash on GPU for bf16/fp16
@@ -49,22 +53,140 @@ attention: query head n reads kv head n // (Hq // Hkv)).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 from laplax import heads as heads_lib
 from laplax.kernels import splash as splash_lib
 
 Array = jax.Array
 IMPLEMENTATIONS = (None, "auto", "xla", "cudnn", "splash", "explicit")
-# The collection MultiHeadAttention sows its analysis into (P, per-head outputs) when mutable.
-ANALYSIS = "attention"
 _HALF = (jnp.bfloat16, jnp.float16)
+
+
+def laplacian_combine(v_self: Array, pv: Array, laplacian: np.ndarray | Array, *,
+                      f32: bool = False) -> Array:
+  """The paper's change: o_h = v_h - (P V)_h on the Laplacian heads, o_h = (P V)_h on the others.
+
+  v_self, pv: (B, T, H, D); laplacian: (H,) bools, static or traced. In float32 when `f32`
+  (bf16-exact, module docstring) or when P V is float32; else in P V's dtype."""
+  work = jnp.float32 if (f32 or pv.dtype == jnp.float32) else pv.dtype
+  v_self, pv = v_self.astype(work), pv.astype(work)
+  if isinstance(laplacian, np.ndarray) and laplacian.all():  # no select for XLA to carry
+    return v_self - pv
+  return jnp.where(jnp.asarray(laplacian)[None, None, :, None], v_self - pv, pv)
+
+
+def laplacian_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    laplacian_heads: heads_lib.LayerSpec | Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    query_offset: int | Array | None = None,
+    implementation: str | None = None,
+    return_probs: bool = False,
+    exact_laplacian: bool = True,
+    palette: tuple[heads_lib.Operator, ...] | None = None,
+    mix: tuple[Array, Array] | None = None,
+    values_for_pass: Callable[[int, Array], Array] | None = None,
+    window: int | Array | None = None,
+    window_palette: tuple[int | None, ...] = (),
+) -> Array | tuple[Array, Array]:
+  """Multi-head attention whose heads apply their operators (laplax.heads) to V.
+
+  Args:
+    q: (B, T, Hq, D) queries.
+    k, v: (B, S, Hkv, D) keys and values; Hq % Hkv == 0.
+    laplacian_heads: static layer spec (int k = the last k heads Laplacian, an operator name, or
+      Hq bools / operator names), or a traced (Hq,) row of a table scanned over layers: bools
+      (True = Laplacian), or int32 codes into `palette`; or the layer's operators already built
+      (`_Ops`, as MultiHeadAttention passes them: built once per call).
+    mask: optional bool, broadcastable to (B, Hq, T, S); True = may attend.
+    is_causal: causal attention. When T < S (cached decoding) query t sits at key position
+      `query_offset + t`; `query_offset` defaults to S - T (the last T positions).
+    scale: logit scale, default 1/sqrt(D).
+    query_offset: int or (B,) int array, position of query 0 along the key axis.
+    implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
+      'splash' needs self-attention (T == S, no offset) and no mask.
+    return_probs: also return each head's matrix (B, Hq, T, S) (forces the explicit path): P,
+      or for the controls the U or I they apply (`operator_matrices`).
+    exact_laplacian: in layers with non-attention heads and bf16/fp16 inputs, keep P V in
+      float32 and combine in float32 (False: the native-dtype path, kept to measure its cost).
+    palette: the operators a traced int row indexes (`heads.palette`).
+    mix: (a, b), each (Hq,) or (B, Hq): the coefficients of the 'mix' heads (learned) and the
+      'gate' heads (from their gates, per example while training); other heads ignore theirs.
+      Required when the row has mix or gate heads.
+    values_for_pass: multi-step operators (heat) when T < S: called as f(i, y_i) with pass i's
+      output at the T query positions (B, T, Hq, D), returns y_i at all S key positions (a KV
+      cache of the earlier steps). Not needed for self-attention.
+    window: causal sliding window (module docstring: query t sees keys t - window .. t), None
+      for none; or, scanned, a traced int32 code into `window_palette` (sizes or None).
+
+  Returns:
+    (B, T, Hq, D) outputs in q's dtype (and, if `return_probs`, the (B, Hq, T, S) float32 matrix
+    each head applies: `operator_matrices`, P for softmax heads). The identity term is the
+    value at the query's own position, expanded to the query heads under grouped-query
+    attention.
+  """
+  b, t, num_heads, head_dim = q.shape
+  s, num_kv_heads = k.shape[1], k.shape[2]
+  if num_heads % num_kv_heads:
+    raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+  if t > s:
+    raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
+  ops = (laplacian_heads if isinstance(laplacian_heads, _Ops)
+         else _Ops(laplacian_heads, num_heads, palette))
+  if ops.num_heads != num_heads:
+    raise ValueError(f"operators built for {ops.num_heads} heads, q has {num_heads}")
+  if (ops.any_learned or ops.any_gated) and mix is None:
+    raise ValueError("the layer has 'mix' or 'gate' heads: pass their coefficients as "
+                     "mix=(a, b)")
+  aligned = t == s and query_offset is None
+  if ops.max_steps > 1 and not aligned:
+    if values_for_pass is None:
+      raise ValueError("multi-step operators (heat) over cached keys need values_for_pass")
+    if not is_causal:
+      raise ValueError("multi-step operators (heat) decode only causally: without a causal "
+                       "mask the earlier positions' outputs change with every new key")
+  window = Window(window, window_palette)
+  if window.active and not is_causal:
+    raise ValueError("a sliding window is causal (query t sees keys t - window .. t): pass "
+                     "is_causal=True")
+  positions = None if aligned else query_positions(b, t, s, query_offset)
+  impl = resolve_implementation(implementation, dtype=q.dtype, self_attention=aligned,
+                                has_mask=mask is not None)
+  if impl == "splash" and (not aligned or mask is not None):
+    raise ValueError("implementation='splash' supports self-attention (T == S, no "
+                     "query_offset) without a mask: use 'xla' for decoding or masks")
+  # bf16-exact: P V unrounded (float32) in layers that combine it with v.
+  f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
+  attend = _Attend(impl, mask=mask, is_causal=is_causal,
+                   scale=1.0 / np.sqrt(head_dim) if scale is None else scale,
+                   positions=positions, f32=f32, explicit=return_probs or impl == "explicit",
+                   shape=(b, t, s), window=window)
+
+  if not ops.any_other:  # plain attention
+    out = attend(q, k, v)
+  else:
+    # The identity term: each query's own value, expanded to the query heads (GQA).
+    v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
+    v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
+    if ops.basic:  # the paper's two operators
+      out = laplacian_combine(v_self, attend(q, k, v), ~ops.plain, f32=f32)
+    else:
+      out = _operator_recurrence(attend, q, k, v, v_self, ops, mix=mix,
+                                 values_for_pass=values_for_pass, return_probs=return_probs)
+  out = out.astype(q.dtype)
+  if not return_probs:
+    return out
+  return out, operator_matrices(attend.probs, ops, attend.full, positions, (b, t, s))
 
 
 def resolve_implementation(implementation: str | None, *, dtype=jnp.float32,
@@ -85,9 +207,11 @@ def resolve_implementation(implementation: str | None, *, dtype=jnp.float32,
 
 class _Ops:
   """One layer's head operators as arrays the epilogue reads: static numpy when the row is
-  static, traced when it is a scanned row of palette codes."""
+  static, traced when it is a scanned row of palette codes. Built once per call (by
+  laplacian_attention, or by MultiHeadAttention, which passes its instance on)."""
 
   def __init__(self, heads, num_heads: int, palette):
+    self.num_heads = num_heads
     if isinstance(heads, jax.Array) and not isinstance(heads, np.ndarray):
       if heads.shape != (num_heads,):
         raise ValueError(
@@ -319,111 +443,6 @@ class _Attend:
         scale=self.scale, implementation=self.impl)
 
 
-def laplacian_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    laplacian_heads: heads_lib.LayerSpec | Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    query_offset: int | Array | None = None,
-    implementation: str | None = None,
-    return_probs: bool = False,
-    exact_laplacian: bool = True,
-    palette: tuple[heads_lib.Operator, ...] | None = None,
-    mix: tuple[Array, Array] | None = None,
-    values_for_pass: Callable[[int, Array], Array] | None = None,
-    window: int | Array | None = None,
-    window_palette: tuple[int | None, ...] = (),
-) -> Array | tuple[Array, Array]:
-  """Multi-head attention whose heads apply their operators (laplax.heads) to V.
-
-  Args:
-    q: (B, T, Hq, D) queries.
-    k, v: (B, S, Hkv, D) keys and values; Hq % Hkv == 0.
-    laplacian_heads: static layer spec (int k = the last k heads Laplacian, an operator name, or
-      Hq bools / operator names), or a traced (Hq,) row of a table scanned over layers: bools
-      (True = Laplacian), or int32 codes into `palette`.
-    mask: optional bool, broadcastable to (B, Hq, T, S); True = may attend.
-    is_causal: causal attention. When T < S (cached decoding) query t sits at key position
-      `query_offset + t`; `query_offset` defaults to S - T (the last T positions).
-    scale: logit scale, default 1/sqrt(D).
-    query_offset: int or (B,) int array, position of query 0 along the key axis.
-    implementation: 'auto' (None) / 'xla' / 'cudnn' / 'splash' / 'explicit' (module docstring).
-      'splash' needs self-attention (T == S, no offset) and no mask.
-    return_probs: also return each head's matrix (B, Hq, T, S) (forces the explicit path): P,
-      or for the controls the U or I they apply (`operator_matrices`).
-    exact_laplacian: in layers with non-attention heads and bf16/fp16 inputs, keep P V in
-      float32 and combine in float32 (False: the native-dtype path, kept to measure its cost).
-    palette: the operators a traced int row indexes (`heads.palette`).
-    mix: (a, b), each (Hq,) or (B, Hq): the coefficients of the 'mix' heads (learned) and the
-      'gate' heads (from their gates, per example while training); other heads ignore theirs.
-      Required when the row has mix or gate heads.
-    values_for_pass: multi-step operators (heat) when T < S: called as f(i, y_i) with pass i's
-      output at the T query positions (B, T, Hq, D), returns y_i at all S key positions (a KV
-      cache of the earlier steps). Not needed for self-attention.
-    window: causal sliding window (module docstring: query t sees keys t - window .. t), None
-      for none; or, scanned, a traced int32 code into `window_palette` (sizes or None).
-
-  Returns:
-    (B, T, Hq, D) outputs in q's dtype (and, if `return_probs`, the (B, Hq, T, S) float32 matrix
-    each head applies: `operator_matrices`, P for softmax heads). The identity term is the
-    value at the query's own position, expanded to the query heads under grouped-query
-    attention.
-  """
-  b, t, num_heads, head_dim = q.shape
-  s, num_kv_heads = k.shape[1], k.shape[2]
-  if num_heads % num_kv_heads:
-    raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} kv heads")
-  if t > s:
-    raise ValueError(f"{t} queries but only {s} keys: queries must be among the key positions")
-  ops = _Ops(laplacian_heads, num_heads, palette)
-  if (ops.any_learned or ops.any_gated) and mix is None:
-    raise ValueError("the layer has 'mix' or 'gate' heads: pass their coefficients as "
-                     "mix=(a, b)")
-  aligned = t == s and query_offset is None
-  if ops.max_steps > 1 and not aligned:
-    if values_for_pass is None:
-      raise ValueError("multi-step operators (heat) over cached keys need values_for_pass")
-    if not is_causal:
-      raise ValueError("multi-step operators (heat) decode only causally: without a causal "
-                       "mask the earlier positions' outputs change with every new key")
-  window = Window(window, window_palette)
-  if window.active and not is_causal:
-    raise ValueError("a sliding window is causal (query t sees keys t - window .. t): pass "
-                     "is_causal=True")
-  positions = None if aligned else query_positions(b, t, s, query_offset)
-  impl = resolve_implementation(implementation, dtype=q.dtype, self_attention=aligned,
-                                has_mask=mask is not None)
-  if impl == "splash" and (not aligned or mask is not None):
-    raise ValueError("implementation='splash' supports self-attention (T == S, no "
-                     "query_offset) without a mask: use 'xla' for decoding or masks")
-  # bf16-exact: P V unrounded (float32) in layers that combine it with v.
-  f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
-  attend = _Attend(impl, mask=mask, is_causal=is_causal,
-                   scale=1.0 / np.sqrt(head_dim) if scale is None else scale,
-                   positions=positions, f32=f32, explicit=return_probs or impl == "explicit",
-                   shape=(b, t, s), window=window)
-
-  if not ops.any_other:  # plain attention
-    out = attend(q, k, v)
-  else:
-    # The identity term: each query's own value, expanded to the query heads (GQA).
-    v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
-    v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
-    if ops.basic:  # the paper's two operators
-      out = laplacian_combine(v_self, attend(q, k, v), ~ops.plain, f32=f32)
-    else:
-      out = _operator_recurrence(attend, q, k, v, v_self, ops, mix=mix,
-                                 values_for_pass=values_for_pass, return_probs=return_probs)
-  out = out.astype(q.dtype)
-  if not return_probs:
-    return out
-  return out, operator_matrices(attend.probs, ops, attend.full, positions, (b, t, s))
-
-
 def operator_matrices(probs: Array, ops: _Ops, full_mask: Array | None,
                       positions: Array | None, shape: tuple[int, int, int]) -> Array:
   """The row-stochastic matrix M each head's recurrence applies (laplax.heads: y_i = a y_{i-1} +
@@ -443,19 +462,6 @@ def operator_matrices(probs: Array, ops: _Ops, full_mask: Array | None,
   per_head = lambda flags: jnp.asarray(flags)[None, :, None, None]
   return jnp.where(per_head(ops.softmax), probs,
                    jnp.where(per_head(ops.mean), uniform, eye))
-
-
-def laplacian_combine(v_self: Array, pv: Array, laplacian: np.ndarray | Array, *,
-                      f32: bool = False) -> Array:
-  """The paper's change: o_h = v_h - (P V)_h on the Laplacian heads, o_h = (P V)_h on the others.
-
-  v_self, pv: (B, T, H, D); laplacian: (H,) bools, static or traced. In float32 when `f32`
-  (bf16-exact, module docstring) or when P V is float32; else in P V's dtype."""
-  work = jnp.float32 if (f32 or pv.dtype == jnp.float32) else pv.dtype
-  v_self, pv = v_self.astype(work), pv.astype(work)
-  if isinstance(laplacian, np.ndarray) and laplacian.all():  # no select for XLA to carry
-    return v_self - pv
-  return jnp.where(jnp.asarray(laplacian)[None, None, :, None], v_self - pv, pv)
 
 
 def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mix, values_for_pass,
@@ -524,241 +530,3 @@ def _operator_recurrence(attend: _Attend, q, k, v, v_self, ops: _Ops, *, mix, va
       o = attend(q, k_heads, keys_y).astype(work)
       y = jnp.where((ops.steps >= i)[:, None], combine(y, o, every), y)
   return y
-
-
-def rms_norm(x: Array, eps: float = 1e-6) -> Array:
-  """Parameter-free RMSNorm over the last axis (computed in float32)."""
-  x32 = x.astype(jnp.float32)
-  return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-
-
-def apply_rope(x: Array, positions: Array, theta: float = 10000.0,
-               table_dtype: Any = None) -> Array:
-  """Rotary position embedding. x (B, T, H, D) with D even; positions (B, T) int.
-
-  The halves (x1, x2) = (x[..., :D/2], x[..., D/2:]) rotate by +angle: (x1 cos - x2 sin,
-  x1 sin + x2 cos), angle = position / theta^(2i / D) (the textbook direction; nanochat rotates
-  by -angle, which laplax.convert.gpt maps exactly by negating x2's projection rows).
-  `table_dtype` rounds cos and sin to that dtype first (nanochat keeps them in bfloat16).
-  """
-  d = x.shape[-1]
-  inv_freq = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # (D/2,)
-  angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # (B, T, 1, D/2)
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  if table_dtype is not None:
-    cos, sin = (a.astype(table_dtype).astype(jnp.float32) for a in (cos, sin))
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
-
-
-# Hard-concrete gates (Louizos, Welling & Kingma 2018, "Learning sparse neural networks through
-# L0 regularization"): temperature 2/3, stretched to (-0.1, 1.1) and clipped to [0, 1], so a
-# sample is exactly 0 or 1 about a third of the time at logit 0 (more as |logit| grows).
-GATE_TEMPERATURE = 2.0 / 3.0
-GATE_STRETCH = (-0.1, 1.1)
-
-
-def gate_values(logit: Array, rng: Array | None, batch: int) -> Array:
-  """Gate values g in [0, 1] of a layer's gate heads, (B, H) float32 when drawn (`rng`: one
-  hard-concrete sample per example and head; differentiable in `logit`), else (1, H): 1 where
-  logit >= 0 (P(g > 1/2) >= 1/2: the head stays attention when frozen), 0 elsewhere."""
-  logit = jnp.asarray(logit, jnp.float32)
-  if rng is None:
-    return (logit >= 0).astype(jnp.float32)[None]
-  u = jax.random.uniform(rng, (batch,) + logit.shape, jnp.float32, 1e-6, 1.0 - 1e-6)
-  s = jax.nn.sigmoid((jnp.log(u) - jnp.log1p(-u) + logit) / GATE_TEMPERATURE)
-  low, high = GATE_STRETCH
-  return jnp.clip(s * (high - low) + low, 0.0, 1.0)
-
-
-class MultiHeadAttention(nn.Module):
-  """Self-attention with qkv / out projections, optional QK-norm, RoPE, GQA and a KV cache.
-
-  `laplacian_heads` is this layer's static spec (validated at construction). Scanned models pass
-  their row of the (depth, heads) table at call time as `head_mask` instead: bools, or int32
-  codes into the static `palette` (laplax.heads.palette).
-
-  Parameter logical axes: q/k/v kernels ('embed', 'heads', 'head_dim'), out ('heads', 'head_dim',
-  'embed'): identical trees for baseline, Laplacian and heat models. A layer with 'mix' heads
-  (in a scanned model: a model with mix heads anywhere) adds `mix_a` and `mix_b`, float32
-  (heads,) with logical axis ('heads',), initialised at each head's operator (a, b); heads that
-  are not mix ignore theirs. A layer with 'gate' heads adds `gate_logit` (heads,), zeros (the
-  gates of an 'auto(...)' phase, dropped when the mask is frozen). Optimisers find them by
-  these names (laplax.train.optim). The controls keep the baseline's tree.
-
-  Analysis: applied with `mutable=[ANALYSIS]` ('attention'), every layer also computes P
-  explicitly and sows 'probs' (B, H, T, S) float32, the row-stochastic matrix each head applies
-  (P; U or I for the controls: `operator_matrices`), and 'head_outputs' (B, T, H, E) float32 (each
-  head's contribution to the output, o_h W_O_h, before the output bias) into that collection
-  (laplax.geometry.mechanism.collect reads them, scanned or not). Otherwise nothing changes: the
-  fused kernel runs and nothing is stored.
-  """
-
-  num_heads: int
-  head_dim: int
-  num_kv_heads: int | None = None
-  laplacian_heads: heads_lib.LayerSpec = 0
-  qk_norm: str | None = None  # None, 'layer' (LayerNorm with params) or 'rms' (parameter-free)
-  qk_scale: float = 1.0  # q and k times this after QK-norm (nanochat's Laplacian fork: 1.2)
-  rope_theta: float | None = None
-  rope_table_dtype: Any = None  # cos / sin rounded to this dtype (nanochat: bfloat16)
-  use_bias: bool = True
-  is_causal: bool = False
-  implementation: str | None = None  # None = 'auto'; see the module docstring
-  palette: tuple = ()  # the operators a traced int `head_mask` row indexes
-  window: int | None = None  # causal sliding window (laplacian_attention); None: none
-  window_palette: tuple = ()  # the windows a traced `window` code at call time indexes
-  # Glorot over (embed) x (heads * head_dim), as for a flat Dense kernel.
-  kernel_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
-  out_init: Callable[..., Any] = nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  def __post_init__(self):
-    kv = self.num_kv_heads or self.num_heads
-    if self.num_heads % kv:
-      raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={kv}")
-    heads_lib.head_row(self.laplacian_heads, self.num_heads)  # raises a clear ValueError now
-    if self.qk_norm not in (None, "layer", "rms"):
-      raise ValueError(f"qk_norm={self.qk_norm!r}; use None, 'layer' or 'rms'")
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation={self.implementation!r}; choose one of {IMPLEMENTATIONS}")
-    super().__post_init__()
-
-  def _proj(self, x, heads: int, name: str):
-    """(B, T, E) -> (B, T, heads, head_dim). Explicit params (not DenseGeneral, which inits a
-    flattened kernel) so the logical names match the kernel's rank."""
-    kernel = self.param(name, nn.with_logical_partitioning(
-        self.kernel_init, ("embed", "heads", "head_dim")),
-        (x.shape[-1], heads, self.head_dim), self.param_dtype)
-    y = jnp.einsum("bte,ehd->bthd", x.astype(self.dtype), kernel.astype(self.dtype))
-    if self.use_bias:
-      bias = self.param(name + "_bias", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("heads", "head_dim")), (heads, self.head_dim), self.param_dtype)
-      y = y + bias.astype(self.dtype)
-    return y
-
-  def _norm(self, x, name: str):
-    if self.qk_norm == "layer":
-      return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name=name,
-                          scale_init=nn.with_logical_partitioning(nn.initializers.ones,
-                                                                  ("head_dim",)),
-                          bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                 ("head_dim",)))(x)
-    if self.qk_norm == "rms":
-      return rms_norm(x)
-    return x
-
-  @nn.compact
-  def __call__(self, x: Array, *, mask: Array | None = None, head_mask: Array | None = None,
-               positions: Array | None = None, decode: bool = False,
-               return_probs: bool = False, gate_rng: Array | None = None,
-               window: Array | None = None, value_residual: Array | None = None):
-    """x (B, T, E) -> (B, T, E) (and P (B, H, T, S) if `return_probs`).
-
-    window: a traced int32 code into `window_palette` (scanned layers), instead of the static
-    `window`. value_residual (B, T, Hkv, D): added to the values before anything reads them
-    (the fork's gated value embeddings, laplax.models.gpt); the Laplacian term uses the sum.
-    decode=True appends this call's keys/values to the 'cache' collection (initialise it by
-    calling once with the full-length input and decode=True) and attends over the cache.
-    gate_rng: a key while training gate heads ('auto(...)'): each example draws its own gates
-    (`gate_values`); None: the deterministic gates (those the mask would be frozen to).
-    """
-    kv_heads = self.num_kv_heads or self.num_heads
-    q = self._proj(x, self.num_heads, "query")
-    k = self._proj(x, kv_heads, "key")
-    v = self._proj(x, kv_heads, "value")
-    if value_residual is not None:
-      v = v + value_residual.astype(v.dtype)
-    b, t = x.shape[:2]
-    cached = decode and not self.is_initializing()
-    window = self.window if window is None else window
-    windowed = window is not None
-    if decode:
-      cache_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-      cache_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-      index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-      if windowed:  # each slot's position: a window counts positions, not slots (padding)
-        cache_pos = self.variable("cache", "cached_positions", jnp.zeros, (b, k.shape[1]),
-                                  jnp.int32)
-    start = index.value if cached else 0
-    if positions is None and (self.rope_theta is not None or windowed):
-      positions = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    if self.rope_theta is not None:
-      q = apply_rope(q, positions, self.rope_theta, self.rope_table_dtype)
-      k = apply_rope(k, positions, self.rope_theta, self.rope_table_dtype)  # cached rotated
-    # Rotary, then QK-norm (nanochat's order): the same function with exact cos / sin, not with
-    # rounded ones (a bf16 table's rotation is not exactly orthogonal).
-    q, k = self._norm(q, "query_norm"), self._norm(k, "key_norm")
-    if self.qk_scale != 1.0:
-      q, k = q * jnp.asarray(self.qk_scale, q.dtype), k * jnp.asarray(self.qk_scale, k.dtype)
-    query_offset = None
-    if cached:
-      cache_k.value = jax.lax.dynamic_update_slice(cache_k.value, k, (0, start, 0, 0))
-      cache_v.value = jax.lax.dynamic_update_slice(cache_v.value, v, (0, start, 0, 0))
-      index.value = start + t
-      k, v, query_offset = cache_k.value, cache_v.value, start
-      if not self.is_causal:  # causal masks aligned at query_offset already hide empty slots
-        written = jnp.arange(k.shape[1]) < start + t
-        mask = written[None, None, None, :] if mask is None else mask & written
-      if windowed:  # in the mask, by positions: a caller's padded slots do not count
-        cache_pos.value = jax.lax.dynamic_update_slice(cache_pos.value, positions, (0, start))
-        limit = Window(window, self.window_palette).limit(k.shape[1])
-        near = positions[:, None, :, None] - cache_pos.value[:, None, None, :] <= limit
-        mask = near if mask is None else mask & near
-        window = None
-    # Names for remat policies (laplax.models.remat); no-ops outside jax.checkpoint.
-    q, k, v = (checkpoint_name(a, "attn_qkv") for a in (q, k, v))
-    spec = head_mask if head_mask is not None else self.laplacian_heads
-    ops = _Ops(spec, self.num_heads, self.palette)
-    mix = None
-    if ops.any_learned:
-      # Initial values from the row (traced under nn.scan: each layer its own).
-      mix = tuple(self.param(name, nn.with_logical_partitioning(
-          lambda _, init: jnp.asarray(init, jnp.float32), ("heads",)), init)
-          for name, init in (("mix_a", ops.a), ("mix_b", ops.b)))
-    if ops.any_gated:
-      logit = self.param("gate_logit", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("heads",)), (self.num_heads,), jnp.float32)
-      g = gate_values(logit, gate_rng, b)
-      gate_a, gate_b = 1.0 - g, 2.0 * g - 1.0  # g P V + (1 - g)(I - P) V
-      if mix is None:
-        mix = (gate_a, gate_b)
-      else:
-        mix = tuple(jnp.where(ops.gated, gv, mv) for gv, mv in zip((gate_a, gate_b), mix))
-    values_for_pass = None
-    if decode and ops.max_steps > 1:
-      def values_for_pass(i, y):
-        """Step i's outputs at the decoded positions -> at every cached position."""
-        var = self.variable("cache", f"cached_step{i}", jnp.zeros,
-                            (b, k.shape[1], self.num_heads, self.head_dim), y.dtype)
-        if not cached:
-          return y
-        var.value = jax.lax.dynamic_update_slice(var.value, y.astype(var.value.dtype),
-                                                 (0, start, 0, 0))
-        return var.value
-    # Analysis (module docstring): only a caller that makes ANALYSIS mutable pays for P.
-    analysis = self.is_mutable_collection(ANALYSIS) and not self.is_initializing()
-    out = laplacian_attention(q, k, v, spec, mask=mask, is_causal=self.is_causal,
-                              query_offset=query_offset, implementation=self.implementation,
-                              return_probs=return_probs or analysis,
-                              palette=self.palette or None, mix=mix,
-                              values_for_pass=values_for_pass,
-                              window=window, window_palette=self.window_palette)
-    probs = None
-    if return_probs or analysis:
-      out, probs = out
-    out = checkpoint_name(out, "attn_out")
-    kernel = self.param("out", nn.with_logical_partitioning(
-        self.out_init, ("heads", "head_dim", "embed")),
-        (self.num_heads, self.head_dim, x.shape[-1]), self.param_dtype)
-    y = jnp.einsum("bthd,hde->bte", out.astype(self.dtype), kernel.astype(self.dtype))
-    if analysis:
-      self.sow(ANALYSIS, "probs", probs)
-      self.sow(ANALYSIS, "head_outputs", jnp.einsum(
-          "bthd,hde->bthe", out.astype(jnp.float32), kernel.astype(jnp.float32)))
-    if self.use_bias:
-      y = y + self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                  ("embed",)),
-                         (x.shape[-1],), self.param_dtype).astype(self.dtype)
-    return (y, probs) if return_probs else y
