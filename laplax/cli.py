@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import logging
 import os
+import pathlib
 import re
 import sys
 import threading
@@ -26,7 +27,7 @@ from laplax import multihost
 from laplax import supervisor
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
-from laplax.train import task as task_lib
+from laplax.train import shims
 from laplax.train.loop import Preempted
 
 USER_ERRORS = (ValueError, DataError, CheckpointError, OSError, KeyError)
@@ -232,10 +233,10 @@ def _missing_field(e: BaseException, argv: list[str]) -> str | None:
 
 def _moved_flag(argv: list[str]) -> str | None:
   """'--config.mixup.prob: config.mixup is gone: write --config.loss.mixup.prob' for an override
-  of a key that has moved (laplax.train.task.MOVED)."""
+  of a key that has moved (laplax.train.shims.MOVED)."""
   for arg in argv[1:]:
     path = arg.split("=")[0][len("--config."):] if arg.startswith("--config.") else None
-    for old, new in (task_lib.MOVED.items() if path else ()):
+    for old, new in (shims.MOVED.items() if path else ()):
       if path == old or (path.startswith(old + ".") and old != "loss"):
         return (f"--config.{path}: config.{old} is gone: write --config.{new}"
                 f"{path[len(old):]}")
@@ -263,10 +264,47 @@ def flag_error(e: BaseException, argv: list[str], gone: Mapping[str, str] | None
 FLAG_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
 
 
+def config_package_roots(argv: list[str]) -> list[str]:
+  """The folders a --config file's own imports need on sys.path: for a file inside a package
+  (configs/pod/x.py, where configs/ and configs/pod/ hold __init__.py), the folder above its top
+  package (the repository root), so that its `from configs import common` works wherever the
+  command starts (a console script, laplax-train, puts only its bin/ folder on sys.path; `python
+  train.py` the repository root). A file in no package (one built from laplax.presets): none."""
+  roots = []
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith("--config="):
+      value = arg[len("--config="):]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    # path[:argument], split as config_flags splits it
+    folder = pathlib.Path(value.split(":", 1)[0]).expanduser().absolute().parent
+    if not (folder / "__init__.py").is_file():
+      continue
+    while (folder.parent / "__init__.py").is_file():
+      folder = folder.parent
+    roots.append(str(folder.parent))
+  return roots
+
+
+def as_main_module(name: str, doc: str | None) -> None:
+  """Lets the command module `name` speak as the script run: absl's --help prints __main__'s
+  docstring and the flags of the module sys.argv[0] names, and the script (a console script,
+  train.py / eval.py) defines none; so `doc` and `name`'s flags."""
+  from absl import flags
+  sys.modules["__main__"].__doc__ = doc
+  for flag in flags.FLAGS.get_key_flags_for_module(name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
 def parse_flags(argv: list[str], gone: Mapping[str, str] | None = None) -> list[str]:
   """absl flag parsing with a one-line error (bad flag, config typo, bad value, broken config
-  file, a flag in `gone`: what to write instead) and exit 2."""
+  file, a flag in `gone`: what to write instead) and exit 2. A --config file's package is
+  importable (config_package_roots)."""
   from absl import flags
+  sys.path.extend(root for root in dict.fromkeys(config_package_roots(argv))
+                  if root not in sys.path)
   try:
     return flags.FLAGS(argv)
   except (flags.Error, *FLAG_ERRORS) as e:

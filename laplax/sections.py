@@ -1,9 +1,13 @@
-"""Config sections' keys and defaults, in one place: the data sections (images in memory and
-streamed, text, chat mixtures) and the optim section. configs/common.py builds its sections
-from these tables, and the tasks complete a config's section from them (an older run's
-config.json, a hand-written config) and refuse a key they do not hold, so every key a user may
-set is a field (`--config.data.KEY=V`, `--config.optim.KEY=V` work for each) and a typo never
-passes.
+"""Config sections' keys and defaults, in one place: the run section (RUN), the data sections
+(images in memory and streamed, text, chat mixtures), the models (VIT, GPT, DINO_HEAD), the
+losses (CLASSIFICATION_LOSS with MIXUP, LM_LOSS), DINO's MULTICROP and DINO sections, and the
+optim section (OPTIM; ADAMW: configs/common.py's adamw() recipe). configs/common.py
+(laplax.presets) builds its sections from these tables, the modules' dataclass defaults are read
+from them (laplax.models.vit, .gpt, .dino, laplax.data.mixup, .multicrop), and the tasks
+complete a config's data and optim sections from them, and the loss and DINO sections it has
+(TASK_TABLES), also an older run's config.json or a hand-written config, and refuse a key they
+do not hold: every key a user may set is a field (`--config.data.KEY=V`, `--config.optim.KEY=V`
+work for each) and a typo never passes.
 
 No heavy imports: configs import this module.
 """
@@ -14,6 +18,194 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+
+
+class Typed:
+  """A table default that is a typed field in a built section (an ml_collections
+  FieldReference of `type`, so the command line can set a None default, or any value for
+  `object`), and `default` in a dataclass."""
+
+  def __init__(self, default: Any, type_: type):
+    self.default, self.type = default, type_
+
+  def field(self) -> ml_collections.FieldReference:
+    return ml_collections.FieldReference(self.default, field_type=self.type)
+
+
+def default(table: Mapping[str, Any], key: str) -> Any:
+  """table[key] as a plain value (a Typed's default): what a dataclass field defaults to."""
+  value = table[key]
+  return value.default if isinstance(value, Typed) else value
+
+
+# --- The run section ----------------------------------------------------------------------
+
+# What trains, for how long, where it checkpoints, on which mesh (configs/common.py's run()).
+RUN = {
+    "name": "run",  # the run's name in plots and reports (run_name)
+    "task": "classification",  # laplax.train.task.TASKS
+    "seed": 0,
+    "total_steps": 0,  # > 0 overrides num_epochs where the task has epochs
+    "log_every": 50,
+    # A run starting from another run's parameters (a fine-tuning stage): its workdir, and the
+    # step to take (0: its latest good checkpoint); a fresh optimiser state and schedule.
+    "init_from": "",
+    "init_from_step": 0,
+    "checkpoint": {
+        "every_steps": 200,
+        "keep": 2,
+        # None: asynchronous saves on accelerators, synchronous on CPU.
+        "async_save": Typed(None, bool),
+    },
+    "mesh": {"data": -1, "fsdp": 1, "model": 1},
+    "axis_rules": (),  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
+    "profile": (),  # (first step, number of steps): a jax.profiler trace in workdir/profile
+    "compilation_cache_dir": "",  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps
+    "lock_lease_s": 60.0,  # gs:// workdirs: a killed run's lock is taken over after this long
+    # 'tpu' / 'gpu': refuse to start on another backend (laplax.train.platform); None: any.
+    "platform": Typed(None, str),
+}
+
+
+def run_name(config: Mapping) -> str:
+  """A run config's name (RUN's default where it has none)."""
+  return config.get("name", RUN["name"])
+
+
+# --- Models -------------------------------------------------------------------------------
+
+# The head spec (laplax.heads): k (the last k heads of every layer), an operator for every
+# head, or a per-layer list / per-head entries; object-typed, so the command line may set any
+# (configs/common.py's laplacian_heads).
+LAPLACIAN_HEADS = Typed(0, object)
+
+# A DeiT-III-style ViT (laplax.models.vit.ViT's defaults; configs/common.py's vit()). The
+# architecture (hidden_dim, depth, num_heads, mlp_dim) is a preset's (laplax.models.vit.PRESETS;
+# the module's defaults: 'tiny', VIT_MODULE) unless set.
+VIT = {
+    "name": "vit",
+    "preset": "tiny",  # mu / tiny / small-cpu / Ti / S / B / L (laplax.models.vit.PRESETS)
+    "patch_size": 4,
+    "laplacian_heads": LAPLACIAN_HEADS,
+    "qk_norm": True,
+    # LayerScale's initial value: 0.1 for the CPU presets (1e-6 barely moves in a few hundred
+    # steps); DeiT-III's 1e-6 (timm's deit3_*) for the standard sizes (VIT_LAYERSCALE).
+    "layerscale_init": 0.1,
+    "drop_path_rate": 0.0,
+    "pool": "cls",  # 'cls' (DeiT) or 'gap' (mean of patch tokens)
+    "scan_layers": False,  # nn.scan over blocks, the head table as a scanned input
+    "remat_policy": "none",  # laplax.models.remat: none | full | dots_saveable | ...
+    "attention_impl": Typed(None, str),  # None = 'auto' (laplax.attention)
+    # 'xavier' | 'trunc_normal' (DeiT-III) | 'timm' (the authors' timm models;
+    # laplax.models.vit.INITS)
+    "weight_init": "xavier",
+    "dtype": "float32",  # compute; parameters and optimiser state stay param_dtype
+    "param_dtype": "float32",
+}
+VIT_LAYERSCALE = {"S": 1e-6, "B": 1e-6, "L": 1e-6}  # preset -> layerscale_init, where not VIT's
+# The module's architecture defaults (the 'tiny' preset's), for a ViT built without a preset.
+VIT_MODULE = {"hidden_dim": 64, "depth": 4, "num_heads": 4, "mlp_dim": 128}
+
+# A nanochat-style GPT (laplax.models.gpt.GPTConfig's defaults, every field but vocab_size: the
+# tokenizer's, padded to a multiple of vocab_multiple; configs/common.py's gpt()).
+GPT = {
+    "name": "gpt",
+    "depth": 4,
+    "width": 0,  # 0 = 64 * depth
+    "head_dim": 64,
+    "num_kv_heads": 0,  # 0 = no GQA
+    "mlp_ratio": 4,
+    "laplacian_heads": LAPLACIAN_HEADS,
+    "rope_theta": 10000.0,  # nanochat ae0bf52: 10000; its Laplacian fork: 100000
+    "rope_table_dtype": "float32",  # cos / sin rounded to this ('bfloat16': nanochat's tables)
+    "qk_scale": 1.0,  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
+    "logit_softcap": 15.0,  # <= 0 disables the cap
+    "attention_impl": Typed(None, str),  # None = 'auto' (laplax.attention)
+    "remat_policy": "none",  # laplax.models.remat.POLICIES
+    "scan_layers": False,  # nn.scan over blocks: one compiled block, stacked params
+    "dtype": "float32",  # compute dtype
+    "param_dtype": "float32",
+    "init": "glorot",  # laplax.models.gpt.INITS: fc1's initialiser
+    # The authors' nanochat fork's parts (laplax.models.gpt's docstring), all off: laplax's
+    # ae0bf52 GPT.
+    "use_ve": False,
+    "use_resid_lambdas": False,
+    "use_x0": False,
+    "use_smear": False,
+    "use_backout": False,
+    "window_pattern": "L",  # S / L per layer, tiled; the last layer L
+    "sequence_len": 0,  # the context the windows derive from (0: no windows, all L)
+    "vocab_multiple": 64,  # the vocabulary is padded up to a multiple of this
+}
+
+# The CPU configs' GPT shape (configs/common.py's gpt(): lm_tiny's, 4 heads of 32): earlier
+# CPU numbers stay comparable.
+GPT_CPU = {"depth": 4, "width": 128, "head_dim": 32}
+
+# DINO's projection head (laplax.models.dino.DINOHead's defaults), CPU-sized (DINO's own:
+# out_dim 65536, hidden_dim 2048, bottleneck_dim 256).
+DINO_HEAD = {"out_dim": 1024, "hidden_dim": 256, "bottleneck_dim": 64, "num_layers": 3}
+
+
+# --- Losses -------------------------------------------------------------------------------
+
+# loss.mixup: Mixup / CutMix on the device in the step (laplax.data.mixup.MixupConfig's
+# defaults: off): mixup_alpha, cutmix_alpha (Beta(a, a); 0: off), switch_prob (both on: CutMix
+# with this probability), prob (that a batch is mixed at all).
+MIXUP = {"mixup_alpha": 0.0, "cutmix_alpha": 0.0, "switch_prob": 0.5, "prob": 1.0}
+
+# The classification task's loss section (configs/common.py's classification_loss()).
+CLASSIFICATION_LOSS = {
+    "name": "softmax_xent",  # 'softmax_xent' | 'sigmoid_xent' (DeiT-III's BCE, mean over B x K)
+    "label_smoothing": 0.0,  # of the one-hot targets, before mixing
+    "bce_binary_targets": False,  # sigmoid_xent: targets > 0 -> 1 (DeiT-III), needs smoothing 0
+    "mixup": MIXUP,
+}
+
+# The lm and chat tasks' loss section: next-token cross-entropy, in sequence chunks of `chunk`
+# tokens when > 0 (the float32 (B, T, V) logits never exist; gpt.chunked_cross_entropy).
+LM_LOSS = {"chunk": 0}
+
+
+# --- DINO ---------------------------------------------------------------------------------
+
+# The views laplax.data.dino_stream cuts (laplax.data.multicrop.MultiCropConfig's defaults:
+# DINO's 224 px recipe). Sizes in pixels; probabilities in [0, 1]. global_size and local_size
+# have no default (None here): a config sets them.
+MULTICROP = {
+    "global_size": None,
+    "local_size": None,
+    "num_local": 6,
+    "global_scale": (0.4, 1.0),
+    "local_scale": (0.05, 0.4),
+    "ratio": (3 / 4, 4 / 3),
+    "flip_prob": 0.5,
+    "jitter_prob": 0.8,
+    "brightness": 0.4,
+    "contrast": 0.4,
+    "saturation": 0.2,
+    "hue": 0.0,  # DINO's is 0.1
+    "grey_prob": 0.2,
+    "blur_sigma": (0.1, 2.0),
+    "global_blur_probs": (1.0, 0.1),
+    "local_blur_prob": 0.5,
+    "solarize_prob": 0.2,  # second global crop only
+    "solarize_threshold": 0.5,
+}
+
+# The dino section: DINO's temperatures and momenta (laplax.tasks.dino).
+DINO = {
+    "student_temp": 0.1,
+    "teacher_temp": 0.07,
+    "warmup_teacher_temp": 0.04,
+    "warmup_teacher_temp_epochs": 0.3,
+    "momentum_teacher": 0.996,
+    "centre_momentum": 0.9,
+    "freeze_last_layer_epochs": 0.1,
+}
+
+
+# --- Data ---------------------------------------------------------------------------------
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -196,6 +388,10 @@ OPTIM = {
     "nanochat": NANOCHAT,
 }
 
+# configs/common.py's adamw(): the recipe's keys where they differ from OPTIM's defaults
+# (name and schedule: what it is; weight decay 0.05, a cosine to 1 % of the peak lr).
+ADAMW = {"name": "adamw", "schedule": "cosine", "weight_decay": 0.05, "final_lr_fraction": 0.01}
+
 
 # (task, streamed) -> the table of its data section (laplax.train.task.Task completes it).
 TABLES = {("classification", False): CLASSIFICATION_IN_MEMORY,
@@ -204,15 +400,36 @@ TABLES = {("classification", False): CLASSIFICATION_IN_MEMORY,
           ("lm", False): TEXT, ("chat", False): CHAT}
 
 
+# task -> {section: its table}: the sections besides data and optim that the task completes
+# (laplax.train.task.Task) where a config has them. The model sections are not completed: a
+# ViT's architecture is its preset's unless set (laplax.tasks.classification.vit_from_config).
+TASK_TABLES = {"classification": {"loss": CLASSIFICATION_LOSS},
+               "lm": {"loss": LM_LOSS}, "chat": {"loss": LM_LOSS},
+               "dino": {"head": DINO_HEAD, "multicrop": MULTICROP, "dino": DINO}}
+
+
 def is_streamed(data: Mapping) -> bool:
   """True when the section names a TFDS data set to stream (`tfds_name`)."""
   return bool(data.get("tfds_name"))
 
 
-def build(defaults: Mapping[str, Any], **keys) -> ml_collections.ConfigDict:
-  """A data section with every key of `defaults`, `keys` set (a key it lacks is refused)."""
-  section = ml_collections.ConfigDict(keys)
-  complete(section, defaults, "data")
+def build(defaults: Mapping[str, Any], where: str = "data", **keys
+          ) -> ml_collections.ConfigDict:
+  """A section with every key of `defaults` in its order, `keys` set (a key it lacks is
+  refused, naming `where`); a Typed default is a typed field (a FieldReference)."""
+  unknown = sorted(set(keys) - set(defaults))
+  if unknown:
+    raise ValueError(f"{where} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))}")
+  section = ml_collections.ConfigDict()
+  complete(section, defaults, where)
+  with section.ignore_type():  # a key's value as given (an int where the default is a float)
+    for key, value in keys.items():
+      if isinstance(defaults[key], Typed) and not isinstance(value,
+                                                             ml_collections.FieldReference):
+        section.get_ref(key).set(value)
+      else:
+        section[key] = value
+  complete(section, defaults, where)  # a sub-section given in `keys`: its missing keys
   return section
 
 
@@ -244,4 +461,4 @@ def complete(section: ml_collections.ConfigDict, defaults: Mapping[str, Any],
         section[key] = ml_collections.ConfigDict()
       complete(section[key], value, f"{where}.{key}")
     elif key not in section:
-      section[key] = value
+      section[key] = value.field() if isinstance(value, Typed) else value

@@ -10,6 +10,7 @@ from PIL import Image
 from laplax import sharding
 from laplax.data import ade20k_stream
 from laplax.evals.dino import ade20k as ade20k_probe
+from laplax.evals.dino import online_head
 from test_dino import _tiny_model, initial_state  # noqa: F401 (a fixture)
 
 # Class c (1..4) is painted in PALETTE[c]; label 0 ("other") is grey.
@@ -152,7 +153,8 @@ def test_probe_learns_the_planted_colour_map(ade_root):
       ade20k_stream.FolderSource(ade_root, "validation"),
       ade20k_probe.Protocol(crop=32, windows=4, steps=60, batch_size=8, lr=0.05,
                             warmup_steps=5, eval_batch_size=8),
-      mean=(0.5,) * 3, std=(0.25,) * 3, mesh=mesh, rules=sharding.DEFAULT_RULES)
+      mean=(0.5,) * 3, std=(0.25,) * 3,
+      runtime=online_head.Runtime(mesh=mesh, rules=sharding.DEFAULT_RULES))
   assert out["steps"] == 60 and out["batch_size"] == 8 and len(out["iou"]) == 150
   assert out["train_loss"][-1] < 0.5 * out["train_loss"][0]
   # Chance over the 4 classes present is about 0.1; the map is linear in colour.
@@ -169,8 +171,9 @@ def test_probe_runs_on_a_dino_teacher(ade_root, initial_state):
       feats, initial_state.params, ade20k_stream.FolderSource(ade_root, "train"),
       ade20k_stream.FolderSource(ade_root, "validation"),
       ade20k_probe.Protocol(crop=16, windows=2, steps=3, batch_size=8, eval_batch_size=8),
-      mean=(0.5,) * 3, std=(0.25,) * 3, mesh=sharding.make_mesh({"data": 8}),
-      rules=sharding.DEFAULT_RULES, eval_limit=3)
+      mean=(0.5,) * 3, std=(0.25,) * 3,
+      runtime=online_head.Runtime(mesh=sharding.make_mesh({"data": 8}),
+                                  rules=sharding.DEFAULT_RULES, eval_limit=3))
   assert out["steps"] == 3 and np.all(np.isfinite(out["train_loss"]))
   assert 0.0 <= out["miou"] <= 1.0 and 0.0 <= out["pixel_acc"] <= 1.0
 

@@ -498,7 +498,8 @@ def test_the_in_memory_task_evaluates_through_eval_batches(data_cache, tmp_path)
   from laplax.train import task as task_lib
   task = task_lib.for_config(make_config("vit", data_cache))
   task.load_data(tmp_path, log=lambda m: None)
-  images, labels = task.data["test"]
+  source = task.eval_source("test")  # the loaded arrays as an ArraySource
+  images, labels = source.images, source.labels
   assert task.eval_size("test") == len(labels) == 512  # data.eval_subset
   whole = list(task.eval_batches("test", 6, limit=10, process_index=0, process_count=1))
   assert [int(b["mask"].sum()) for b in whole] == [6, 4]

@@ -16,6 +16,7 @@ from laplax import cli
 from laplax.evals import offline
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import restore
+from laplax.train import shims
 from laplax.train import task as task_lib
 from test_configs import CONFIGS, _load
 
@@ -204,8 +205,8 @@ def test_the_loss_keys_of_four_sections_are_one_loss_section(old, value, new):
   config.update_from_flattened_dict({old: value}) if "." in old else config.__setitem__(old, value)
   with pytest.raises(ValueError, match=f"config.{old} is gone: write config.{new}"):
     task_lib.for_config(config)
-  moved = task_lib.move_keys(config)
-  assert task_lib.moved_keys(moved) == []
+  moved = shims.move_keys(config)
+  assert shims.moved_keys(moved) == []
   got = moved
   for part in new.split("."):
     got = got[part]
@@ -244,16 +245,25 @@ def test_an_evaluator_on_a_task_without_its_data_interface_is_one_line():
   lm = task_lib.for_config(make_config("lm"))
   assert isinstance(lm, task_lib.EvalTokens) and not isinstance(lm, task_lib.EvalImages)
   # A DINO evaluator in a ViT config (was a traceback: "ViT" object has no attribute
-  # "backbone"); every DINO evaluator type declares EvalSources.
+  # "backbone"): every image task gives EvalSources, so what refuses it is the weights, which
+  # keep no teacher.
   for type_ in ("dino_probes", "dino_spectra", "photo_pca"):
     vit = make_config("vit")
     vit.evals.p = evaluator_lib.section(type_)
-    with pytest.raises(ValueError, match=rf"^evals.p: {type_} reads EvalSources \(info, "
-                                         r"eval_splits, eval_source, eval_crop\), which a "
-                                         r"'classification' task does not give$"):
+    assert isinstance(task_lib.for_config(vit), task_lib.EvalSources)
+    with pytest.raises(ValueError, match=rf"^evals.p: {type_} measures the frozen teacher "
+                                         r"\(state.extra\['teacher'\]\), which a "
+                                         r"'classification' run does not keep$"):
       evaluator_lib.check(vit, task_lib.for_config(vit))
   dino = task_lib.for_config(make_config("dino"))
-  assert isinstance(dino, task_lib.EvalSources)
+  assert isinstance(dino, task_lib.EvalSources) and not isinstance(dino, task_lib.EvalImages)
+  assert task_lib.state_keys(dino) == {"teacher", "centre"}
+  assert task_lib.state_keys(task_lib.for_config(make_config("vit"))) == set()
+  # Every task is a Subject of the analysis (mechanism, attention maps), by its own kind.
+  kinds = {name: task_lib.for_config(make_config(name)).analysis_kind
+           for name in ("vit", "dino", "lm")}
+  assert kinds == {"vit": "vit", "dino": "vit", "lm": "gpt"}
+  assert all(isinstance(task_lib.for_config(make_config(n)), task_lib.Subject) for n in kinds)
   vit = make_config("vit")
   vit.evals.chat = evaluator_lib.section("chat", tasks=("arc_easy",))
   with pytest.raises(ValueError, match=r"^evals.chat: chat reads EvalChat \(tokenizer, val_batches, "

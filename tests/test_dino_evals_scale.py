@@ -142,6 +142,7 @@ def _colour_records(n: int, seed: int):
 
 
 def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, model_params):
+  from laplax.evals.dino import online_head
   from laplax.evals.dino import stream_linear as dino_linear
   streaming.prepare_image_dataset(str(tmp_path), "colours", {"train": _colour_records(48, 0),
                                                              "validation": _colour_records(20, 1)},
@@ -153,16 +154,16 @@ def test_streamed_dino_linear_probe_loss_falls_on_a_separable_problem(tmp_path, 
   fn = features_lib.feature_function(model, (CROP // 4,) * 2, 2, ("last",))
   protocol = dino_linear.Protocol(epochs=8, batch_size=16, base_lr=20.0, crop=CROP,
                                   resize=RESIZE)
+  runtime = online_head.Runtime(mesh=mesh, rules=RULES)
   out = dino_linear.streamed_linear_probe(fn, params, train, {"val": val}, protocol,
-                                          num_classes=3, mean=MEAN, std=STD, mesh=mesh,
-                                          rules=RULES)
+                                          num_classes=3, mean=MEAN, std=STD, runtime=runtime)
   assert out["steps"] == 8 * 48 // 16 and len(out["train_loss"]) == 8
   loss = out["train_loss"]
   assert loss[-1] < 0.5 * loss[0], loss
   assert out["val"] > 0.9, out
   with pytest.raises(ValueError, match="multiple of the 8"):
     dino_linear.streamed_linear_probe(fn, params, train, {}, dino_linear.Protocol(batch_size=12),
-                                      num_classes=3, mean=MEAN, std=STD, mesh=mesh, rules=RULES)
+                                      num_classes=3, mean=MEAN, std=STD, runtime=runtime)
 
 
 def test_epoch_cosine_is_stepped_per_epoch():

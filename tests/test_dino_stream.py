@@ -358,7 +358,9 @@ def test_streamed_spectra_match_numpy(tmp_path, data_dir):
   assert len(maps["runs"]["dino_tiny"]["cls_entropy"]) == 2  # one per head
   resize, crop = task.eval_crop()
   assert (resize, crop) == (37, 32)
-  batch = next(iter(streaming.eval_dataset(task.eval_source("test"), batch_size=20,
+  # Streamed without a data.test_split, the spectra read 'val' (data.eval_split).
+  assert task.eval_splits() == ("train", "val")
+  batch = next(iter(streaming.eval_dataset(task.eval_source("val"), batch_size=20,
                                            resize=resize, crop=crop, limit=20)))
   info = task.info()
   x = arrays.normalize(batch["image"], mean=info.mean, std=info.std)

@@ -17,13 +17,17 @@ LAYERS = (
     ("train", ("laplax.train", "laplax.cli")),
     ("features", ("laplax.features",)),
     ("geometry", ("laplax.geometry",)),
-    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.convert")),
+    ("tasks, evals", ("laplax.tasks", "laplax.evals", "laplax.convert", "laplax.presets")),
     ("study", ("laplax.study",)),
-    ("CLIs", ("train", "eval", "laplax.chat")),
+    ("CLIs", ("train", "eval", "laplax.chat", "laplax.commands")),
 )
 
 # Function-local imports of laplax modules that are allowed, with the reason.
 LAZY = {
+    # --multihost: the supervisor process (laplax.supervisor) starts before the command's
+    # module, and so JAX, is imported; it only watches its child
+    ("laplax.commands", "laplax.commands.train"): "the supervisor imports no JAX",
+    ("laplax.commands", "laplax.commands.eval"): "the supervisor imports no JAX",
 }
 
 
@@ -157,7 +161,7 @@ def _package(module: str) -> str:
 
 def _package_graph() -> dict[str, set[str]]:
   """Package -> the packages its modules import; a package and its own subpackages are one
-  house (laplax.evals.dino may use laplax.evals.inputs), so edges between them are left out."""
+  house (laplax.evals.dino may use a module of laplax.evals), so edges between them are left out."""
   _, edges = _graph()
   graph = {}
   for module, targets in edges.items():

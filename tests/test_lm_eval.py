@@ -66,8 +66,8 @@ def test_eval_lm_errors(lm_workdir, tmp_path):
   with pytest.raises(ValueError, match="--evals: no evaluator 'nope' in this run's"):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("nope",)))
   # An evaluator type the run's config lacks runs with its defaults, if it fits the task.
-  with pytest.raises(ValueError, match="attention_maps measures classification, dino runs; "
-                                       "this is a 'lm' run"):
+  with pytest.raises(ValueError, match="attention_maps draws image attention \\(a ViT's\\); "
+                                       "this 'lm' run's model is a gpt"):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(evals=("attention_maps",)))
   with pytest.raises(ValueError, match="--evals=attention_maps adds one of that type"):
     offline.evaluate_workdir(lm_workdir, tmp_path, EvalOptions(overrides={

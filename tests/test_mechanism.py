@@ -10,7 +10,8 @@ import pytest
 
 from laplax import heads as heads_lib
 from laplax.attention import ANALYSIS, MultiHeadAttention
-from laplax.evals import attention_maps, inputs
+from laplax.evals import attention_maps
+from laplax.train import analysis
 from laplax.evals import mechanism as mechanism_eval
 from laplax.geometry import mechanism
 from laplax.models import gpt, vit
@@ -229,7 +230,7 @@ def test_models_sow_every_layer_scanned_or_not(scan):
                             laplacian_heads=1, scan_layers=scan))
   tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 16
   gp = nn.unbox(jax.jit(g.init)(jax.random.key(0), tokens)["params"])
-  subj = inputs.Subject("gpt", g, gp, None, g.config.head_table)
+  subj = analysis.AnalysedModel("gpt", g, gp, None, g.config.head_table)
   p = jax.jit(lambda prm, t: mechanism.collect(g.apply(
       {"params": prm}, t, mutable=[ANALYSIS])[1], 2)["probs"])(gp, tokens)
   assert p.shape == (2, 2, 2, 6, 6)
@@ -246,7 +247,7 @@ def test_class_token_maps_are_the_last_blocks_p(tmp_path):
                   laplacian_heads=(0, 1))
   images = np.asarray(jax.random.normal(jax.random.key(3), (3, 8, 12, 1)))
   params = nn.unbox(jax.jit(model.init)(jax.random.key(0), images[:, :8, :8])["params"])
-  subj = inputs.Subject("vit", model, params, (2, 2), model.head_table)
+  subj = analysis.AnalysedModel("vit", model, params, (2, 2), model.head_table)
   maps, self_weight = attention_maps.class_token_maps(subj, images, batch_size=3)
   assert maps.shape == (3, 2, 2, 3)  # a 2 x 3 grid: the position table was resized
   p = np.asarray(jax.jit(lambda prm, x: mechanism.collect(model.apply(

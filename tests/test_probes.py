@@ -145,7 +145,7 @@ def test_dino_linear_probe_learns_a_planted_problem_from_arrays_in_memory(channe
   import jax.numpy as jnp
   from laplax import sharding
   from laplax.data.streaming import ArraySource
-  from laplax.evals.dino import probes
+  from laplax.evals.dino import online_head, probes
   classes = max(channels, 2)
   rng = np.random.default_rng(0)
   def planted(n):
@@ -158,14 +158,17 @@ def test_dino_linear_probe_learns_a_planted_problem_from_arrays_in_memory(channe
     return ArraySource(x.astype(np.uint8), y.astype(np.int32))
   features = lambda params, images: {"last": jnp.mean(images, axis=(1, 2)) * params}
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  kw = dict(num_classes=classes, resize=8, crop=8, mean=(0.5,) * channels,
-            std=(0.25,) * channels, epochs=5, batch_size=32, base_lr=0.5, mesh=mesh,
-            rules=sharding.DEFAULT_RULES)
+  protocol = probes.Protocol(dino_probe_epochs=5, dino_probe_batch_size=32, dino_probe_lr=0.5)
+  kw = dict(inputs=probes.Inputs(num_classes=classes, mean=(0.5,) * channels,
+                                 std=(0.25,) * channels, resize=8, crop=8),
+            runtime=online_head.Runtime(mesh=mesh, rules=sharding.DEFAULT_RULES))
   train, test = planted(256), planted(128)
-  assert probes.dino_linear_probe(features, 1.0, train, {"test": test}, **kw)["test"] > 0.95
+  assert probes.dino_linear_probe(features, 1.0, train, {"test": test}, protocol,
+                                  **kw)["test"] > 0.95
   # A test set whose labels are rotated: the learnt colour -> class map gets none right.
   rotated = ArraySource(test.images, (test.labels + 1) % classes)
-  assert probes.dino_linear_probe(features, 1.0, train, {"test": rotated}, **kw)["test"] < 0.05
+  assert probes.dino_linear_probe(features, 1.0, train, {"test": rotated}, protocol,
+                                  **kw)["test"] < 0.05
 
 
 def test_segmentation_scores_on_hand_made_masks():

@@ -114,7 +114,7 @@ def test_eval_dino_mode(finished_dino_study, tmp_path):
   assert res["photos"] == trained["photos"]
   assert len(res["photos"]["names"]) == 9
   assert (tmp_path / "out" / "pca_photos.png").stat().st_size > 0
-  # The teacher's mechanism and attention maps (laplax.evals.inputs: DINO's backbone).
+  # The teacher's mechanism and attention maps (DinoTask.analysis_model: the teacher's backbone).
   assert len(res["mechanism"]["layers"]) == 1 and res["mechanism"]["num_sequences"] == 48
   assert list(res["attention"]["runs"]) == ["k0_s0"]
   assert (tmp_path / "out" / "analysis" / "attention_maps.png").stat().st_size > 0

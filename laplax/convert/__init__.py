@@ -11,8 +11,10 @@ r"""Weights in and out: the authors' PyTorch models <-> laplax exports (laplax.t
 
 --from=timm|nanochat|hf-gpt2 writes a laplax export: params.safetensors, config.json (a run
 config: --config's, or a default one for the model; its model section is the converted model's),
-manifest.json, tokenizer.json for GPTs. `eval.py --workdir=OUT` evaluates it and
-`train.py --config.init_from=OUT` starts from it (with another head spec if asked).
+manifest.json, tokenizer.json for GPTs. `laplax-eval --workdir=OUT` (eval.py) evaluates it and
+`laplax-train --config.init_from=OUT` (train.py) starts from it (with another head spec if
+asked). The default run configs are laplax.presets' (an installed laplax converts from any
+directory); `laplax-convert` is `python -m laplax.convert`.
 --from=laplax reads a workdir or an export and writes, for --to=timm / deit_mixed / dino,
 model.safetensors and timm_config.json (VisionTransformer keyword arguments; deit_mixed adds
 the authors' num_vanilla_heads); for --to=nanochat, model_{step:06d}.pt and meta_{step:06d}.json
@@ -41,6 +43,7 @@ import ml_collections
 import numpy as np
 
 from laplax import heads as heads_lib
+from laplax import presets
 from laplax.convert import checkpoints
 from laplax.convert import gpt as gpt_convert
 from laplax.convert import vit as vit_convert
@@ -54,39 +57,27 @@ SOURCES = ("timm", "nanochat", "hf-gpt2", "laplax")
 TARGETS = ("laplax", "timm", "deit_mixed", "dino", "nanochat")
 
 
-def _configs():
-  """The repository's config library (configs/common.py), for the default run configs."""
-  try:
-    from configs import common
-  except ImportError:
-    raise ValueError("configs/ is not importable from here: run from the repository root, or "
-                     "pass --config") from None
-  return common
-
-
 def default_vit_config(fields: dict[str, Any]) -> ml_collections.ConfigDict:
   """A run config for a converted image classifier: ImageNet-style streamed data at the
   checkpoint's resolution and classes (set data.tfds_data_dir to evaluate or fine-tune)."""
-  common = _configs()
-  c = common.run("converted_vit", "classification")
-  c.data = common.streamed_image_data("imagenet2012", image_size=fields["image_size"])
+  c = presets.run("converted_vit", "classification")
+  c.data = presets.streamed_image_data("imagenet2012", image_size=fields["image_size"])
   c.data.num_classes = max(fields["num_classes"], 1)
-  c.model = common.vit("S", patch_size=fields["patch_size"])
-  c.optim = common.adamw(1e-3, warmup_steps=0)
-  c.loss = common.classification_loss()
-  c.evals = common.classification_evals(test=False)
+  c.model = presets.vit("S", patch_size=fields["patch_size"])
+  c.optim = presets.adamw(1e-3, warmup_steps=0)
+  c.loss = presets.classification_loss()
+  c.evals = presets.classification_evals(test=False)
   return c
 
 
 def default_gpt_config() -> ml_collections.ConfigDict:
   """A run config for a converted GPT (set data.sources to evaluate or train it)."""
-  common = _configs()
-  c = common.run("converted_gpt", "lm", total_steps=1)
-  c.evals = common.lm_evals(every=0)
-  c.data = common.text_data(sources=(str(common.SHARED / "text"),))
-  c.model = common.gpt()
-  c.optim = common.lm_optim()
-  c.loss = common.lm_loss()
+  c = presets.run("converted_gpt", "lm", total_steps=1)
+  c.evals = presets.lm_evals(every=0)
+  c.data = presets.text_data(sources=(str(presets.SHARED / "text"),))
+  c.model = presets.gpt()
+  c.optim = presets.lm_optim()
+  c.loss = presets.lm_loss()
   return c
 
 

@@ -1,5 +1,6 @@
-r"""python -m laplax.convert --from=timm|nanochat|hf-gpt2|laplax --to=laplax|timm|deit_mixed|dino|nanochat
---in=PATH --out=DIR (laplax.convert's docstring has the commands and formats)."""
+r"""laplax-convert (or python -m laplax.convert) --from=timm|nanochat|hf-gpt2|laplax
+--to=laplax|timm|deit_mixed|dino|nanochat --in=PATH --out=DIR (laplax.convert's docstring has
+the commands and formats)."""
 
 from __future__ import annotations
 
@@ -84,5 +85,12 @@ def main(argv):
   cli.run_main(work)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The command (`laplax-convert`, `python -m laplax.convert`): sys.argv parsed (one `error:`
+  line for a bad one), then main."""
+  cli.as_main_module(__name__, __doc__)
   app.run(main, flags_parser=cli.parse_flags, argv=sys.argv)
+
+
+if __name__ == "__main__":
+  run()

@@ -22,15 +22,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from laplax import sections
+
 
 @dataclasses.dataclass(frozen=True)
 class MixupConfig:
   """The loss.mixup section (configs/common.py fills it from these defaults: off). Ranges:
   laplax.train.ranges (loss.mixup.*), checked with the config."""
-  mixup_alpha: float = 0.0
-  cutmix_alpha: float = 0.0
-  switch_prob: float = 0.5
-  prob: float = 1.0
+  mixup_alpha: float = sections.MIXUP["mixup_alpha"]  # the defaults: laplax.sections.MIXUP
+  cutmix_alpha: float = sections.MIXUP["cutmix_alpha"]
+  switch_prob: float = sections.MIXUP["switch_prob"]
+  prob: float = sections.MIXUP["prob"]
 
   @property
   def active(self) -> bool:

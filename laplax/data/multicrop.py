@@ -11,31 +11,34 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from laplax import sections
+
 
 @dataclasses.dataclass(frozen=True)
 class MultiCropConfig:
   """The views laplax.data.dino_stream cuts. Sizes in pixels; probabilities in [0, 1]. The
-  defaults are DINO's (224 px global crops); configs/common.py's dino_sections fills the
-  config's multicrop section from them, so a run's config.json holds every field."""
+  defaults are laplax.sections.MULTICROP's, DINO's (224 px global crops); configs/common.py's
+  dino_sections fills the config's multicrop section from that table, so a run's config.json
+  holds every field."""
 
   global_size: int
   local_size: int
-  num_local: int = 6
-  global_scale: tuple[float, float] = (0.4, 1.0)
-  local_scale: tuple[float, float] = (0.05, 0.4)
-  ratio: tuple[float, float] = (3 / 4, 4 / 3)
-  flip_prob: float = 0.5
-  jitter_prob: float = 0.8
-  brightness: float = 0.4
-  contrast: float = 0.4
-  saturation: float = 0.2
-  hue: float = 0.0  # DINO's is 0.1
-  grey_prob: float = 0.2
-  blur_sigma: tuple[float, float] = (0.1, 2.0)
-  global_blur_probs: tuple[float, float] = (1.0, 0.1)
-  local_blur_prob: float = 0.5
-  solarize_prob: float = 0.2  # second global crop only
-  solarize_threshold: float = 0.5
+  num_local: int = sections.MULTICROP["num_local"]
+  global_scale: tuple[float, float] = sections.MULTICROP["global_scale"]
+  local_scale: tuple[float, float] = sections.MULTICROP["local_scale"]
+  ratio: tuple[float, float] = sections.MULTICROP["ratio"]
+  flip_prob: float = sections.MULTICROP["flip_prob"]
+  jitter_prob: float = sections.MULTICROP["jitter_prob"]
+  brightness: float = sections.MULTICROP["brightness"]
+  contrast: float = sections.MULTICROP["contrast"]
+  saturation: float = sections.MULTICROP["saturation"]
+  hue: float = sections.MULTICROP["hue"]  # DINO's is 0.1
+  grey_prob: float = sections.MULTICROP["grey_prob"]
+  blur_sigma: tuple[float, float] = sections.MULTICROP["blur_sigma"]
+  global_blur_probs: tuple[float, float] = sections.MULTICROP["global_blur_probs"]
+  local_blur_prob: float = sections.MULTICROP["local_blur_prob"]
+  solarize_prob: float = sections.MULTICROP["solarize_prob"]  # second global crop only
+  solarize_threshold: float = sections.MULTICROP["solarize_threshold"]
 
   def __post_init__(self):
     """The rules across fields; each field's own range is laplax.train.ranges' (multicrop.*),

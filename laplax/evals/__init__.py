@@ -13,7 +13,8 @@ building blocks beside it:
                    segmentation, online_head)
 chat builds on lm (its benchmarks are lm's tasks in chat format); no other subpackage imports
 another. The modules here serve every task: mechanism.py (mechanism), attention_maps.py
-(attention_maps), coefficients.py (head_coefficients), inputs.py (the batches and weights those
-three read from any task) and offline.py (eval.py's work on a checkpoint or an export).
+(attention_maps), coefficients.py (head_coefficients), reading any task that is a
+laplax.train.task.Subject (laplax.train.analysis: the model and batches they measure), and
+offline.py (eval.py's work on a checkpoint or an export).
 Feature passes and PCA are laplax.features (below laplax.geometry, which draws their figures).
 """

@@ -24,11 +24,12 @@ import numpy as np
 from laplax.attention import ANALYSIS
 from laplax.data import photos as photos_lib
 from laplax.data import arrays
-from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
+from laplax.train import analysis
 from laplax.train import ranges as ranges_lib
 from laplax.train import restore
+from laplax.train import task as task_lib
 from laplax.train.evaluator import Evaluator
 
 def class_token_row(vit, depth: int):
@@ -42,7 +43,7 @@ def class_token_row(vit, depth: int):
   return row
 
 
-def class_token_maps(subj: inputs.Subject, images: np.ndarray, batch_size: int = 8
+def class_token_maps(subj: analysis.AnalysedModel, images: np.ndarray, batch_size: int = 8
                      ) -> np.ndarray:
   """float32 normalised images (N, H, W, C) -> (N, heads, h, w): the last block's attention
   row at the class token, over the patch tokens, and (N, heads) its weight on itself."""
@@ -65,7 +66,7 @@ def display_images(images: np.ndarray, mean, std) -> np.ndarray:
   return np.clip((images * std + mean) * 255, 0, 255).round().astype(np.uint8)
 
 
-def comparison(subjects: Mapping[str, inputs.Subject], images: np.ndarray, path, *, mean, std,
+def comparison(subjects: Mapping[str, analysis.AnalysedModel], images: np.ndarray, path, *, mean, std,
                row_labels: Sequence[str] | None = None, batch_size: int = 8) -> dict[str, Any]:
   """Every subject's maps on the same normalised images (N, H, W, C), side by side in one PNG
   -> {name: {'cls_self_attention', 'cls_entropy', 'head_kinds'}}."""
@@ -88,6 +89,7 @@ class AttentionMaps(Evaluator):
   """Module docstring. Keys: split, images, photos, size, compare, batch_size."""
 
   type = "attention_maps"
+  reads = task_lib.Subject
   defaults = {"split": "test", "images": 4, "photos": "", "size": 0, "compare": "",
               "batch_size": 8}
   ranges = {"images": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE,
@@ -95,14 +97,15 @@ class AttentionMaps(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
-    inputs.check_task(cls.type, task, inputs.IMAGE_TASKS)
+    if task.analysis_kind != "vit":
+      raise ValueError(f"{cls.type} draws image attention (a ViT's); this {task.name!r} run's "
+                       f"model is a {task.analysis_kind}")
     if config.split not in ("val", "test"):
       raise ValueError(f"split={config.split!r}; use 'val' or 'test'")
     if config.photos and task.info().image_shape[-1] != 3:
       raise ValueError(f"photos={config.photos!r} are RGB, but {task.config.data.name} is "
                        "grey: leave photos='' (the split's own images)")
-    model = task.build_model()
-    patch = (model.backbone if task.name == "dino" else model).patch_size
+    patch = task.config.model.patch_size
     if config.size and config.size % patch:
       raise ValueError(f"size={config.size} is not divisible by model.patch_size={patch}")
 
@@ -110,7 +113,7 @@ class AttentionMaps(Evaluator):
     super().__init__(name, config, ctx)
     self.photos = None
     if config.photos:
-      size = config.size or _train_size(ctx.task)
+      size = config.size or ctx.task.train_size()[0]
       self.photos = photos_lib.load_photos(size, config.photos)
     self.other = None
     if config.compare:  # loaded now: a missing run stops before any work
@@ -119,7 +122,7 @@ class AttentionMaps(Evaluator):
         raise ValueError(f"compare={config.compare!r} is a {run.task.name!r} run; this one is "
                          f"{ctx.task.name!r}")
       self.other = (run.config.get("name") or pathlib.Path(config.compare).name,
-                    inputs.subject(run.task, run.model, run))
+                    run.task.analysis_model(run.model, run))
 
   def run(self, weights, step) -> dict[str, Any]:
     task, c = self.ctx.task, self.config
@@ -128,13 +131,13 @@ class AttentionMaps(Evaluator):
       names, raw = self.photos
       images = arrays.normalize(raw, mean=info.mean, std=info.std)
     else:
-      batches = list(inputs.image_batches(task, c.split, c.images, c.batch_size))
+      batches = list(task.analysis_batches(c.split, c.images, c.batch_size))
       images = np.concatenate([x[v] for x, v in batches])
       names = [f"{c.split} {i}" for i in range(len(images))]
     subjects = {}
     if self.other is not None:
       subjects[self.other[0]] = self.other[1]
-    subjects[task.config.get("name", "this run")] = inputs.subject(task, self.ctx.model, weights)
+    subjects[task.config.get("name", "this run")] = task.analysis_model(self.ctx.model, weights)
     path = self.ctx.out / "analysis" / "attention_maps.png"
     if jax.process_index() == 0:
       out = comparison(subjects, images, path, mean=info.mean, std=info.std, row_labels=names,
@@ -145,10 +148,3 @@ class AttentionMaps(Evaluator):
 
   def summary(self, result) -> str:
     return f"{self.name}: {result['figure']}"
-
-
-def _train_size(task) -> int:
-  c = task.config
-  if task.name == "dino":
-    return c.multicrop.global_size
-  return c.data.image_size if task.streaming else task.info().image_shape[0]

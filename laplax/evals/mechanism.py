@@ -17,11 +17,13 @@ from typing import Any
 
 import jax
 
+from laplax import sections
 from laplax.attention import ANALYSIS
-from laplax.evals import inputs
 from laplax.geometry import mechanism
 from laplax.geometry import plots
+from laplax.train import analysis
 from laplax.train import ranges as ranges_lib
+from laplax.train import task as task_lib
 from laplax.train.evaluator import Evaluator
 
 _SPLITS = ("val", "test")
@@ -30,7 +32,7 @@ _SPLITS = ("val", "test")
 _FORWARD: dict[str, Any] = {}  # one compiled forward per model (study cells share theirs)
 
 
-def forward_fn(subj: inputs.Subject):
+def forward_fn(subj: analysis.AnalysedModel):
   """-> jitted f(params, x, valid) -> mechanism.batch_sums of one batch (x: normalised images
   (B, H, W, C) for a ViT, int tokens (B, T) for a GPT); the same function for equal models."""
   key = f"{subj.kind}:{subj.module!r}"
@@ -39,7 +41,7 @@ def forward_fn(subj: inputs.Subject):
   return _FORWARD[key]
 
 
-def _make_forward(subj: inputs.Subject):
+def _make_forward(subj: analysis.AnalysedModel):
   module, depth = subj.module, subj.depth
 
   @jax.jit
@@ -58,7 +60,7 @@ def _make_forward(subj: inputs.Subject):
   return f
 
 
-def measure(subj: inputs.Subject, batches, forward=None) -> dict[str, Any]:
+def measure(subj: analysis.AnalysedModel, batches, forward=None) -> dict[str, Any]:
   """The weights' and the data's measurements of `subj` over (x, valid) batches."""
   forward = forward or forward_fn(subj)
   kinds = [[op.kind for op in row] for row in subj.head_table]
@@ -83,28 +85,25 @@ class Mechanism(Evaluator):
   """Module docstring. Keys: split ('val' / 'test'; images), examples, batch_size."""
 
   type = "mechanism"
+  reads = task_lib.Subject
   defaults = {"split": "test", "examples": 500, "batch_size": 50}
   ranges = {"examples": ranges_lib.AT_LEAST_ONE, "batch_size": ranges_lib.AT_LEAST_ONE}
 
   @classmethod
   def check(cls, config, task) -> None:
-    inputs.check_task(cls.type, task)
     if config.split not in _SPLITS:
       raise ValueError(f"split={config.split!r}; use one of {_SPLITS}")
 
   def run(self, weights, step) -> dict[str, Any]:
     task, c = self.ctx.task, self.config
-    subj = inputs.subject(task, self.ctx.model, weights)
-    if subj.kind == "vit":
-      batches = inputs.image_batches(task, c.split, c.examples, c.batch_size)
-    else:
-      batches = inputs.token_batches(task, c.examples, c.batch_size)
+    subj = task.analysis_model(self.ctx.model, weights)
+    batches = task.analysis_batches(c.split, c.examples, c.batch_size)
     out = measure(subj, batches)
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     tag = f"step{step}" if step is not None else "export"
     (adir / f"mechanism_{tag}.json").write_text(json.dumps(out, indent=2))
-    name = task.config.get("name", "run")
+    name = sections.run_name(task.config)
     plots.plot_layer_curves({f"{name} ({tag})": [out]}, adir / f"mechanism_{tag}.png",
                             "mechanism")
     return out

@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from laplax import sections
 from laplax.models import vit as vit_lib
 from laplax.models.layers import logical
 
@@ -43,10 +44,11 @@ class DINOHead(nn.Module):
   kernel, so the logits lie in [-1, 1] before the temperature.
   """
 
-  out_dim: int = 65536
-  hidden_dim: int = 2048
-  bottleneck_dim: int = 256
-  num_layers: int = 3
+  # laplax.sections.DINO_HEAD's (CPU-sized; DINO's own: 65536, 2048, 256, 3)
+  out_dim: int = sections.DINO_HEAD["out_dim"]
+  hidden_dim: int = sections.DINO_HEAD["hidden_dim"]
+  bottleneck_dim: int = sections.DINO_HEAD["bottleneck_dim"]
+  num_layers: int = sections.DINO_HEAD["num_layers"]
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 

@@ -72,6 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
+from laplax import sections
 from laplax.attention import ANALYSIS, IMPLEMENTATIONS, MultiHeadAttention, rms_norm
 from laplax.models import remat as remat_lib
 from laplax.models.layers import Mlp, logical
@@ -85,35 +86,40 @@ VE_GATE_CHANNELS = 12  # the fork's value-embedding gate reads the first 12 chan
 SMEAR_CHANNELS = 24  # and its smear gate the first 24
 
 
+def _GPT(key: str):
+  """A GPTConfig field's default: laplax.sections.GPT's (the config's model section defaults)."""
+  return sections.default(sections.GPT, key)
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """Everything that defines a GPT. `width` 0 = 64 * depth; `num_kv_heads` 0 = no GQA."""
 
   vocab_size: int = 512
-  depth: int = 4
-  width: int = 0
-  head_dim: int = 64
-  num_kv_heads: int = 0
-  mlp_ratio: int = 4
-  laplacian_heads: Any = 0  # laplax.heads model spec: int k, an operator, or a per-layer list
-  rope_theta: float = 10000.0  # nanochat ae0bf52: 10000; its Laplacian fork: 100000
-  rope_table_dtype: str = "float32"  # cos / sin rounded to this ('bfloat16': nanochat's tables)
-  qk_scale: float = 1.0  # q, k times this after QK-norm (nanochat's Laplacian fork: 1.2)
-  logit_softcap: float = 15.0  # <= 0 disables the cap
-  attention_impl: str | None = None  # None = 'auto' (laplax.attention)
-  remat_policy: str = "none"  # laplax.models.remat.POLICIES
-  scan_layers: bool = False  # nn.scan over blocks: one compiled block, stacked params
-  dtype: str = "float32"  # compute dtype
-  param_dtype: str = "float32"
-  init: str = "glorot"  # INITS: fc1's initialiser (the module docstring)
+  depth: int = _GPT("depth")
+  width: int = _GPT("width")
+  head_dim: int = _GPT("head_dim")
+  num_kv_heads: int = _GPT("num_kv_heads")
+  mlp_ratio: int = _GPT("mlp_ratio")
+  laplacian_heads: Any = _GPT("laplacian_heads")
+  rope_theta: float = _GPT("rope_theta")  # nanochat ae0bf52: 10000; its Laplacian fork: 100000
+  rope_table_dtype: str = _GPT("rope_table_dtype")
+  qk_scale: float = _GPT("qk_scale")
+  logit_softcap: float = _GPT("logit_softcap")  # <= 0 disables the cap
+  attention_impl: str | None = _GPT("attention_impl")  # None = 'auto' (laplax.attention)
+  remat_policy: str = _GPT("remat_policy")  # laplax.models.remat.POLICIES
+  scan_layers: bool = _GPT("scan_layers")  # nn.scan over blocks: one compiled block, stacked params
+  dtype: str = _GPT("dtype")  # compute dtype
+  param_dtype: str = _GPT("param_dtype")
+  init: str = _GPT("init")  # INITS: fc1's initialiser (the module docstring)
   # The authors' nanochat fork's parts (the module docstring), all off: laplax's ae0bf52 GPT.
-  use_ve: bool = False
-  use_resid_lambdas: bool = False
-  use_x0: bool = False
-  use_smear: bool = False
-  use_backout: bool = False
-  window_pattern: str = "L"  # S / L per layer, tiled; the last layer L
-  sequence_len: int = 0  # the context the windows derive from (0: no windows, all L)
+  use_ve: bool = _GPT("use_ve")
+  use_resid_lambdas: bool = _GPT("use_resid_lambdas")
+  use_x0: bool = _GPT("use_x0")
+  use_smear: bool = _GPT("use_smear")
+  use_backout: bool = _GPT("use_backout")
+  window_pattern: str = _GPT("window_pattern")  # S / L per layer, tiled; the last layer L
+  sequence_len: int = _GPT("sequence_len")
 
   def __post_init__(self):
     # lists (from configs) -> tuples: the config stays hashable (a jit static argument)

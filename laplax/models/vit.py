@@ -19,11 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import heads as heads_lib
+from laplax import sections
 from laplax.attention import ANALYSIS, MultiHeadAttention
 from laplax.models import remat as remat_lib
 from laplax.models.layers import LayerScale, Mlp, drop_path, logical, trunc_normal
 
 Array = jax.Array
+
+
+def _VIT(key: str) -> Any:
+  """A field's default: laplax.sections.VIT's (the config's model section defaults)."""
+  return sections.default(sections.VIT, key)
+
 
 # width, depth, heads, mlp dim. Tiny ones are CPU-sized; S/B/L are the standard ViT sizes.
 PRESETS = {
@@ -123,10 +130,10 @@ class Block(nn.Module):
   mlp_dim: int
   laplacian_heads: heads_lib.LayerSpec = 0
   palette: tuple = ()  # scanned layers: the operators `head_row`'s int codes index
-  qk_norm: bool = True
-  layerscale_init: float | None = 1e-4
-  attention_impl: str | None = None
-  weight_init: str = "xavier"
+  qk_norm: bool = _VIT("qk_norm")
+  layerscale_init: float | None = _VIT("layerscale_init")
+  attention_impl: str | None = _VIT("attention_impl")
+  weight_init: str = _VIT("weight_init")
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -180,20 +187,21 @@ class ViT(nn.Module):
   """images (B, H, W, C) -> logits (B, num_classes) [, {'tokens': (depth+1, B, 1+N, E)}]."""
 
   num_classes: int
-  patch_size: int = 4
-  hidden_dim: int = 64
-  depth: int = 4
-  num_heads: int = 4
-  mlp_dim: int = 128
-  laplacian_heads: Any = 0  # laplax.heads model spec: int k, an operator, or a per-layer list
-  qk_norm: bool = True
-  layerscale_init: float | None = 1e-4
-  drop_path_rate: float = 0.0
-  pool: str = "cls"  # 'cls' (DeiT) or 'gap' (mean of patch tokens)
-  scan_layers: bool = False
-  attention_impl: str | None = None
-  remat_policy: str = "none"  # laplax.models.remat.POLICIES
-  weight_init: str = "xavier"  # INITS ('timm': the authors' models)
+  patch_size: int = _VIT("patch_size")
+  hidden_dim: int = sections.VIT_MODULE["hidden_dim"]
+  depth: int = sections.VIT_MODULE["depth"]
+  num_heads: int = sections.VIT_MODULE["num_heads"]
+  mlp_dim: int = sections.VIT_MODULE["mlp_dim"]
+  # laplax.heads model spec: int k, an operator, or a per-layer list
+  laplacian_heads: Any = _VIT("laplacian_heads")
+  qk_norm: bool = _VIT("qk_norm")
+  layerscale_init: float | None = _VIT("layerscale_init")
+  drop_path_rate: float = _VIT("drop_path_rate")
+  pool: str = _VIT("pool")  # 'cls' (DeiT) or 'gap' (mean of patch tokens)
+  scan_layers: bool = _VIT("scan_layers")
+  attention_impl: str | None = _VIT("attention_impl")
+  remat_policy: str = _VIT("remat_policy")  # laplax.models.remat.POLICIES
+  weight_init: str = _VIT("weight_init")  # INITS ('timm': the authors' models)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -286,6 +294,8 @@ def resize_pos_embedding(pos_1xNxE: Array, grid_from: tuple[int, int],
 def params_for_grid(params: Any, grid_from: tuple[int, int], grid_to: tuple[int, int]) -> Any:
   """ViT params with the position table resized from the patch grid it was trained on to
   grid_to (a new dict): a ViT trained at one resolution evaluated at another (DeiT-III: 192 px
-  training, 224 px test)."""
+  training, 224 px test); `params` itself at its own grid."""
+  if tuple(grid_from) == tuple(grid_to):
+    return params
   return {**params, "pos_embedding": resize_pos_embedding(params["pos_embedding"], grid_from,
                                                           grid_to)}

@@ -4,7 +4,6 @@ and the report section that reads them (SECTIONS)."""
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import pathlib
 from typing import Any
@@ -13,14 +12,17 @@ from etils import epath
 import ml_collections
 
 from laplax import heads as heads_lib
+from laplax import registry
 from laplax.heads import spec_name
 from laplax.train import task as task_lib
 
 # The report sections (what a cell measures, its scores, claims, tables and figures): name ->
 # module of laplax.study. A study uses its base task's (TASK_SECTIONS), or the one
 # study.section names ('chat': every cell a pipeline of pretraining, mid-training and SFT).
-SECTIONS = {"classification": "laplax.study.classification", "lm": "laplax.study.lm",
-            "dino": "laplax.study.dino", "chat": "laplax.study.chat"}
+SECTIONS = registry.Registry("study.section", {
+    "classification": "laplax.study.classification", "lm": "laplax.study.lm",
+    "dino": "laplax.study.dino", "chat": "laplax.study.chat"},
+    unknown="{kind}={name!r}: use one of {known}")
 TASK_SECTIONS = {"classification": "classification", "lm": "lm", "chat": "lm", "dino": "dino"}
 
 
@@ -49,9 +51,7 @@ def section_for(config: ml_collections.ConfigDict):
   if not name:
     raise ValueError(f"task {task.name!r} has no study section: set study.section to one of "
                      f"{sorted(SECTIONS)}")
-  if name not in SECTIONS:
-    raise ValueError(f"study.section={name!r}: use one of {sorted(SECTIONS)}")
-  return task, importlib.import_module(SECTIONS[name])
+  return task, SECTIONS.load(name)
 
 
 def cell_finished(workdir: pathlib.Path, section, cell: str) -> bool:

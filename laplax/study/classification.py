@@ -14,7 +14,7 @@ import numpy as np
 
 from laplax.data import arrays
 from laplax.data.images import load_image_data
-from laplax.evals import attention_maps, inputs
+from laplax.evals import attention_maps
 from laplax.geometry import plots
 from laplax.study import coefficients, masks, stats
 from laplax.study.cells import cell_run
@@ -288,7 +288,7 @@ def attention_section(workdir: pathlib.Path, config, specs, done, summary,
   subjects = {}
   for spec in (base, lap):
     run = restore.load_run(cell_run(workdir, spec, seed), log=lambda m: None)
-    subjects[names[spec]] = inputs.subject(run.task, run.model, run)
+    subjects[names[spec]] = run.task.analysis_model(run.model, run)
   data = load_image_data(config.base.data)
   info = data["info"]
   images = arrays.normalize(data["test"][0][:num_images], mean=info.mean, std=info.std)

@@ -10,7 +10,6 @@ heads, so each task's section calls them unconditionally.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import numpy as np
 

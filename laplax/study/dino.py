@@ -18,13 +18,14 @@ import numpy as np
 from laplax.data import builders, arrays
 from laplax.data import photos as photos_lib
 from laplax.data.images import load_image_data
-from laplax.evals import attention_maps, inputs
+from laplax.evals import attention_maps
 from laplax.evals.dino import segmentation
 from laplax.features import extract as features
 from laplax.geometry import dino as dino_geometry
 from laplax.geometry import plots
 from laplax.study.cells import cell_run
 from laplax.study.grid import Claim, Score, cells_by_name, schedule_line
+from laplax.train import analysis
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import trainer
 
@@ -221,8 +222,8 @@ def attention_figure(config, specs, done, names, path: pathlib.Path, num_images:
   subjects = {}
   for spec in (base, lap):
     t = features.frozen_teacher(workdir_of(path, spec, seed))
-    subjects[names[spec]] = inputs.Subject("vit", t.model.backbone, t.params["backbone"],
-                                           t.base_grid, t.model.backbone.head_table)
+    subjects[names[spec]] = analysis.AnalysedModel("vit", t.model.backbone, t.params["backbone"],
+                                                   t.base_grid, t.model.backbone.head_table)
   info = builders.dataset_info(b.data.name)
   photo = [e for e in evaluator_lib.sections(b).values() if e.type == "photo_pca"]
   if photo and info.image_shape[-1] == 3:

@@ -34,6 +34,7 @@ from laplax import cli  # noqa: E402
 from laplax import heads as heads_lib  # noqa: E402
 from laplax.data import arrays  # noqa: E402
 from laplax.evals import offline  # noqa: E402
+from laplax.train import task as task_lib  # noqa: E402
 from laplax.train import workdir as workdir_lib  # noqa: E402
 
 
@@ -45,14 +46,25 @@ def switched_spec(table: heads_lib.Table, layer: int | None, head: int | None):
 
 
 def correct(run, images: np.ndarray, labels: np.ndarray, info, batch_size: int) -> np.ndarray:
-  """bool (N,): whether the run's model classifies each image right."""
+  """bool (N,): whether the run's model classifies each image right (at the task's evaluation
+  crop: run.task.eval_params)."""
   @jax.jit
   def predict(params, x):
     x = arrays.device_normalize(x, info.mean, info.std)
     return jnp.argmax(run.model.apply({"params": params}, x), -1)
-  out = [np.asarray(predict(run.params, images[i:i + batch_size]))
+  params = run.task.eval_params(run.model, run.params)
+  out = [np.asarray(predict(params, images[i:i + batch_size]))
          for i in range(0, len(images), batch_size)]
   return np.concatenate(out) == labels
+
+
+def split_arrays(task, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(uint8 images (N, H, W, C), labels (N,)) of `split` at the evaluation crop, in order."""
+  batches = list(task.eval_batches(split, int(task.config.data.eval_batch_size),
+                                   process_index=0, process_count=1))
+  keep = [np.asarray(b["mask"], bool) for b in batches]
+  return (np.concatenate([b["image"][k] for b, k in zip(batches, keep)]),
+          np.concatenate([b["label"][k] for b, k in zip(batches, keep)]))
 
 
 def study(workdir, out, *, split: str = "test", log=print) -> dict[str, Any]:
@@ -60,12 +72,12 @@ def study(workdir, out, *, split: str = "test", log=print) -> dict[str, Any]:
   out = workdir_lib.as_path(out)
   run = offline.load(workdir, log=log)
   task = run.task
-  if task.name != "classification" or task.streaming:
+  if not isinstance(task, task_lib.EvalImages):
     raise ValueError(f"{workdir} is a {task.name!r} run: the head-switch study scores an "
-                     "in-memory image classifier (eval.py --heads evaluates any run)")
+                     "image classifier (eval.py --heads evaluates any run)")
   task.load_data(run.workdir, log)
-  images, labels = task.data[split]
-  info = task.data["info"]
+  images, labels = split_arrays(task, split)
+  info = task.info()
   batch = min(int(task.config.data.eval_batch_size), len(labels))
   table = heads_lib.head_table(run.model.laplacian_heads, run.model.num_heads, run.model.depth)
   base = correct(run, images, labels, info, batch)

@@ -38,6 +38,7 @@ import numpy as np
 from etils import epath
 
 from laplax import heads as heads_lib
+from laplax import sections
 from laplax.study import cells as cells_lib
 from laplax.study import fit
 from laplax.study import grid
@@ -80,7 +81,7 @@ def depth_config(config: ml_collections.ConfigDict, depth: int) -> ml_collection
     head_dim = int(c.base.model.head_dim)
     c.study.depths = ()
     c.name = f"{config.get('name', 'sweep')}_d{depth}"
-    c.base.name = f"{c.base.get('name', 'run')}_d{depth}"
+    c.base.name = f"{sections.run_name(c.base)}_d{depth}"
     c.base.model.depth = depth
     c.base.model.width = math.ceil(aspect * depth / head_dim) * head_dim
   return c

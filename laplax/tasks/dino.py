@@ -8,9 +8,8 @@ transfer probes, horse and ADE20K segmentation, PCA pictures, patch-token spectr
 
 One data path, one `multicrop` section: the views are cut per record on the host, DINO's way
 (laplax.data.dino_stream; each host reads its share), and reach the step as uint8 batches
-{'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)}; the records are a prepared TFDS (or
-parquet) data set's, read per record, with `data.tfds_name` set, else the split loaded into
-host memory (CPU studies) as a `streaming.ArraySource`.
+{'global': (B, 2, S, S, C), 'local': (B, L, s, s, C)}; the records come from the task's data
+section in either mode (laplax.data.image_data, owned by laplax.tasks.images.ImageTask).
 
 As in the DINO code (Caron et al. 2021, main_dino.py): the optimiser (laplax.train.optim.make,
 optim.name 'adamw' with freeze_last_layer_steps) clips per tensor
@@ -37,14 +36,12 @@ import optax
 
 from laplax import flops as flops_lib
 from laplax import heads as heads_lib
-from laplax.data import builders, dino_stream, streaming
+from laplax.data import arrays, dino_stream, image_data
 from laplax.data import multicrop as multicrop_lib
-from laplax.data import arrays
-from laplax.data.images import check_shared_cache, load_image_data
 from laplax.geometry import metrics as geometry_metrics
 from laplax.models import dino as dino_lib
-from laplax.tasks.classification import (ImageTask, image_info, loader_options,
-                                         steps_from_epochs, streaming_info, vit_from_config)
+from laplax.tasks.images import ImageTask, vit_from_config
+from laplax.train import analysis
 from laplax.train import optim as optim_lib
 from laplax.train import steps as steps_lib
 from laplax.train.state import TrainState
@@ -259,6 +256,7 @@ class DinoTask(ImageTask):
               "rank {effective_rank:.1f}")
   # The backbone under config.model's names, the projection head under config.head's.
   model_sections = {"backbone": "model", "head": "head"}
+  classes_needed = False  # no labels in training: the probes read the classes once loaded
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
@@ -282,84 +280,24 @@ class DinoTask(ImageTask):
     if channels not in (1, 3):
       raise ValueError(f"{config.data.name} has {channels} channels; multi-crop handles 1 or 3")
 
-  def info(self) -> builders.ImageDatasetInfo:
-    if self.streaming:
-      data = ml_collections.ConfigDict(self.config.data.to_dict())
-      if self._tfds_info is None:  # before load_data: training needs no labels, any count
-        data.num_classes = data.num_classes or 1
-      return streaming_info(data, self._tfds_info)  # the probes' classes, once loaded
-    return image_info(self.config.data)
+  # --- What the evaluators and the analysis read: ImageTask's, at the global-crop size -----
 
-  def load_data(self, workdir, log) -> None:
-    d = self.config.data
-    if not self.streaming:
-      check_shared_cache(d)
-      self.data = load_image_data(d)
-      return
-    # Random access to the training split; nothing is loaded (labels unused).
-    split = d.train_split
-    source, self._tfds_info = streaming.open_split(d, split)
-    self.data = {"train": source}
-    log(f"data: {d.tfds_name} from {d.tfds_data_dir}, train {self._num_train():,} ({split})")
-
-  # --- What the evaluators read (laplax.evals.dino, laplax.evals.inputs) --------------------
-
-  def eval_splits(self) -> tuple[str, ...]:
-    """The splits eval_source serves, known from the config: in memory 'train', 'val', 'test';
-    streamed 'train' (data.train_split) and 'val' (data.eval_split)."""
-    return ("train", "val") if self.streaming else ("train", "val", "test")
-
-  def eval_source(self, split: str):
-    """`split` as a random-access source of {'image' uint8, 'label'} records, one kind for both
-    data modes: in memory a `streaming.ArraySource` of the loaded split; streamed, 'train' the
-    training split and any other data.eval_split (TFDS or parquet, by data.source:
-    streaming.open_split), opened on first use."""
-    if not self.streaming:
-      return streaming.ArraySource(*self.data[split])
-    if split == "train":
-      return self.data["train"]
-    if getattr(self, "_eval_source", None) is None:
-      d = self.config.data
-      self._eval_source = streaming.open_split(d, d.eval_split)[0]
-    return self._eval_source
-
-  def eval_crop(self) -> tuple[int, int]:
-    """(resize, crop) of the evaluation images: in memory their own size (nothing changes);
-    streamed, DINO's evaluation transform at the global-crop size (Resize(size * 256 / 224) on
-    the shorter side, CenterCrop(size))."""
-    if not self.streaming:
-      size = self.info().image_shape[0]
-      return size, size
+  def streamed_eval_crop(self) -> tuple[int, int]:
+    """DINO's evaluation transform at the global-crop size: Resize(size * 256 / 224) on the
+    shorter side, CenterCrop(size)."""
     size = self.config.multicrop.global_size
     return int(round(size * 256 / 224)), size
 
-  def eval_size(self, split: str) -> int:
-    """Examples of `split` an evaluation can read (streamed: data.eval_split's)."""
-    return len(self.eval_source(split))
+  def train_size(self) -> tuple[int, int]:
+    size = self.config.multicrop.global_size
+    return size, size
 
-  def eval_batches(self, split: str, batch_size: int, *, limit: int | None = None,
-                   process_index: int | None = None, process_count: int | None = None):
-    """The classification task's contract (laplax.tasks.classification): padded, masked
-    batches of the first `limit` images of `split` (uint8, at eval_crop), one path for both
-    data modes (streaming.eval_dataset over eval_source)."""
-    pi = jax.process_index() if process_index is None else process_index
-    pc = jax.process_count() if process_count is None else process_count
-    resize, crop = self.eval_crop()
-    return streaming.eval_dataset(self.eval_source(split), batch_size=batch_size, resize=resize,
-                                  crop=crop, process_index=pi, process_count=pc,
-                                  limit=limit or 0)
+  def backbone(self, model: dino_lib.DINO):
+    return model.backbone
 
-  def _num_train(self) -> int:
-    if not hasattr(self, "data"):  # ahead-of-time compiles load no data: the info stands in
-      held_out = 0 if self.streaming else self.config.data.val_size
-      n = dict(self.info().split_sizes).get("train", 0) - held_out
-      # A streamed split's size is known once opened; validate (before) checks only that the
-      # schedules build, with one step per epoch.
-      return n if n > 0 or not self.streaming else self.config.data.batch_size
-    if self.streaming:
-      n, cap = len(self.data["train"]), self.config.data.train_subset
-      return min(n, cap) if cap else n
-    return len(self.data["train"][0])
+  def analysis_params(self, weights):
+    """The teacher's backbone (what DINO evaluates; a one-line error for weights without)."""
+    return analysis.teacher(weights, "a DINO run's analysis")["backbone"]
 
   def build_model(self) -> dino_lib.DINO:
     return dino_from_config(self.config)
@@ -405,32 +343,24 @@ class DinoTask(ImageTask):
         total += flops_lib.transformer_flops(n_backbone, backward=False, **kw) + 2 * n_head * count
     return total * self.config.data.batch_size
 
-  def _steps(self) -> tuple[int, int]:
-    return steps_from_epochs(self.config, self._num_train())
-
-  def total_steps(self) -> int:
-    return self._steps()[0]
-
   def optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """optim.make with the head's last layer frozen for dino.freeze_last_layer_epochs."""
     return optim_lib.make(self.config.optim, total_steps, freeze_last_layer_steps=freeze_steps(
-        self.config.dino, self._steps()[1]))
+        self.config.dino, self.steps()[1]))
 
   def make_step(self, model, tx, total_steps: int):
     info = self.info()
     return make_dino_step(model, tx, multicrop_config(self.config), self.config.dino,
                           seed=self.config.seed, total_steps=total_steps,
-                          steps_per_epoch=self._steps()[1], mean=info.mean, std=info.std,
+                          steps_per_epoch=self.steps()[1], mean=info.mean, std=info.std,
                           skip_nonfinite=bool(self.config.optim.skip_nonfinite))
 
   def train_iterator(self, process_index: int, process_count: int):
-    """DINO's views cut per record on the host (laplax.data.dino_stream), one path for both
-    data modes: the training source (eval_source('train'): in-memory arrays as an
-    ArraySource)."""
+    """DINO's views cut per record on the host (laplax.data.dino_stream) from the training
+    source (either mode)."""
     d = self.config.data
-    limit = d.train_subset if self.streaming else 0  # in memory: applied at load
     return iter(dino_stream.train_dataset(
         self.eval_source("train"), batch_size=d.batch_size // process_count,
         seed=self.config.seed, crops=multicrop_config(self.config),
-        process_index=process_index, process_count=process_count, limit=limit,
-        **loader_options(d)))
+        process_index=process_index, process_count=process_count, limit=self.num_train(),
+        **image_data.loader_options(d)))

@@ -29,6 +29,7 @@ from laplax.data.text import preparation, shards
 from laplax.data.builders import DataError
 from laplax.data.tokenizer import Tokenizer, as_path
 from laplax.models import gpt
+from laplax.train import analysis
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train.task import Task
@@ -64,6 +65,7 @@ class LanguageModelTask(Task):
   name = "lm"
   sections = Task.sections + ("loss",)
   unit = "tokens"
+  analysis_kind = "gpt"
   progress = "loss {loss:.4f}  {tokens_per_s:,.0f} tok/s"
 
   tokenizer: Tokenizer | None = None
@@ -203,6 +205,17 @@ class LanguageModelTask(Task):
         self.val_shards, batch_size=self.config.data.eval_batch_size // hosts,
         max_windows=self.config.data.eval_windows, process_index=jax.process_index(),
         process_count=hosts)
+
+  # --- What the analysis reads (laplax.train.task.Subject) ---------------------------------
+
+  def analysis_model(self, model: gpt.GPT, weights) -> analysis.AnalysedModel:
+    return analysis.AnalysedModel("gpt", model, analysis.host_params(weights.params), None,
+                                  model.config.head_table)
+
+  def analysis_batches(self, split: str, examples: int, batch_size: int):
+    """The first validation windows (the text has one evaluation split: `split` is unused)."""
+    del split
+    return analysis.token_batches(self, examples, batch_size)
 
   def identity(self, model: gpt.GPT, total_steps: int) -> dict[str, Any]:
     """The common identity, the window length (what the iterator's position means) and the

@@ -28,6 +28,7 @@ What the run keeps, and how it resumes:
     model.laplacian_heads, the resolved phase under model.head_search and, once frozen, the
     chosen table under model.head_choice (recorded at step N);
   * restore.load_run builds a checkpoint's model from the mask it was trained with.
+The run's two phases (laplax.train.phases) are AutoPhases': the trainer runs them as any others.
 The freeze keeps every optimiser moment of the parameters that remain (flat AdamW's vectors
 too): the run goes on as if the frozen model had trained from the start.
 """
@@ -194,34 +195,58 @@ def attention_table(configured: heads_lib.Table) -> heads_lib.Table:
                for row in configured)
 
 
-class Freezer:
-  """The freeze of an 'auto' run, laid out before its step loop (the frozen state's tree and
-  shardings are those of any mask). Calling it on the gated state after the phase's last step
-  chooses the mask, points task.config at it, records the choice (process 0) and returns (the
-  frozen state, the frozen model); `plan` then holds the choice."""
+class AutoPhases:
+  """An 'auto' run's phases (laplax.train.phases.Phases' methods): the gate heads until the
+  freeze step, then the chosen mask to the end. `advance` at the freeze chooses the mask from
+  the gate logits, records the choice (process 0, before that step's save) and carries the
+  state over (`transplant`); `plan` then holds the choice."""
 
-  def __init__(self, plan_: Plan, task, configured: heads_lib.Table, tx, mesh, rules,
-               total_steps: int, checkpoints, lead: bool):
-    self.plan, self.task, self.configured = plan_, task, configured
-    self.config, self.total_steps, self.checkpoints, self.lead = (
-        task.config, total_steps, checkpoints, lead)
-    task.config = frozen_config(self.config, attention_table(configured))
-    self.abstract, self.shardings = state_lib.abstract_state(task, task.build_model(), tx,
-                                                             mesh, rules)
-    task.config = self.config
+  def __init__(self, plan_: Plan, task, checkpoints, total_steps: int):
+    self.plan, self.checkpoints, self.total_steps = plan_, checkpoints, total_steps
+    self.config = task.config  # as configured: 'auto(...)' rows
+    gated = task.build_model()
+    self.configured = heads_lib.head_table(gated.laplacian_heads, gated.num_heads, gated.depth)
 
-  def __call__(self, state):
+  @classmethod
+  def plan(cls, task, checkpoints, total_steps: int) -> "AutoPhases | None":
+    """The phases of an auto run, or None when config.model.laplacian_heads has no 'auto'."""
+    plan_ = plan(task.config, checkpoints, total_steps)
+    return None if plan_ is None else cls(plan_, task, checkpoints, total_steps)
+
+  def task(self, task):
+    if self.plan.frozen:  # the checkpoints are past the freeze: train the mask they chose
+      return task.with_config(frozen_config(self.config, self.plan.table))
+    return task
+
+  def until(self) -> int:
+    return self.total_steps if self.plan.frozen else self.plan.freeze_step
+
+  def identity(self, identity_: dict[str, Any]) -> dict[str, Any]:
+    return identity(self.plan, identity_, self.configured)
+
+  def lay_out(self, task, tx, mesh, rules) -> None:
+    if not self.plan.frozen:  # any mask's state has the all-attention mask's tree, shardings
+      base = task.with_config(frozen_config(self.config, attention_table(self.configured)))
+      self.frozen_state = state_lib.abstract_state(base, base.build_model(), tx, mesh, rules)
+
+  def advance(self, state, task, lead: bool):
+    abstract, shardings = self.frozen_state
     logits = gate_rows(state.params, len(self.configured))
     table = choose(logits, self.configured, self.plan.settings, self.config.seed)
     self.plan = dataclasses.replace(self.plan, choice=choice_record(self.plan, table, logits,
                                                                     self.configured))
-    self.task.config = frozen_config(self.config, table)
-    model = self.task.build_model()
-    state = transplant(state, self.abstract, self.shardings)
-    if self.lead:  # before the step's save: a resume from that save finds the choice
+    frozen = task.with_config(frozen_config(self.config, table))
+    state = transplant(state, abstract, shardings)
+    if lead:  # before the step's save: a resume from that save finds the choice
       record(self.checkpoints, self.plan.choice, identity(
-          self.plan, self.task.identity(model, self.total_steps), self.configured))
-    return state, model
+          self.plan, frozen.identity(frozen.build_model(), self.total_steps), self.configured))
+    choice = self.plan.choice
+    return state, frozen, shardings, (
+        f"head mask frozen ({self.plan.settings.name}): {choice['describe']}, "
+        f"{choice['laplacian']} Laplacian heads")
+
+  def results(self) -> dict[str, Any]:
+    return {"auto_heads": self.plan.choice} if self.plan.frozen else {}
 
 
 def transplant(state, abstract, shardings):

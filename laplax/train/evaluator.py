@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import importlib
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -38,7 +37,9 @@ from etils import epath
 import flax.linen as nn
 import ml_collections
 
+from laplax import registry
 from laplax.train import ranges as ranges_lib
+from laplax.train import shims
 from laplax.train.task import Task
 
 Log = Callable[[str], None]
@@ -125,8 +126,12 @@ def flat(result: dict[str, Any], prefix: str = "") -> dict[str, float | int]:
 
 # --- The registry ----------------------------------------------------------------------------
 
+# Types that are gone, and what to use instead (one line for an old config).
+GONE = shims.GONE_EVALUATORS
+
+
 # type -> "module:Class", imported on first use.
-TYPES: dict[str, str | type[Evaluator]] = {
+TYPES = registry.Registry("evaluator type", {
     "accuracy": "laplax.evals.classification.evaluators:Accuracy",
     "vit_geometry": "laplax.evals.classification.evaluators:VitGeometry",
     "bpb": "laplax.evals.lm.evaluators:BitsPerByte",
@@ -143,36 +148,17 @@ TYPES: dict[str, str | type[Evaluator]] = {
     "dino_spectra": "laplax.evals.dino.evaluators:Spectra",
     "mechanism": "laplax.evals.mechanism:Mechanism",
     "attention_maps": "laplax.evals.attention_maps:AttentionMaps",
-}
+}, base=Evaluator, gone=GONE)
 
 
 def register(type_: str, cls: type[Evaluator]) -> None:
   """Adds (or replaces) an evaluator class under `type_`."""
-  if not (isinstance(cls, type) and issubclass(cls, Evaluator)):
-    raise TypeError(f"{cls!r} is not a laplax.train.evaluator.Evaluator subclass")
-  TYPES[type_] = cls
-
-
-# Types that are gone, and what to use instead (one line for an old config).
-GONE: dict[str, str] = {
-    "ade20k_patch": "use 'ade20k', DINOv2's linear protocol, the one ADE20K probe (on CPU "
-                    "scale it down, e.g. crop=64, steps=200, batch_size=8, eval_limit=100)",
-    "dino_stream_probes": "use 'dino_probes', which streams too (linear=True is "
-                          "linear_probe='dino'; linear_epochs, linear_batch_size, linear_lr are "
-                          "dino_probe_epochs, dino_probe_batch_size, dino_probe_lr)",
-}
+  TYPES.register(type_, cls)
 
 
 def get(type_: str) -> type[Evaluator]:
-  if type_ in GONE:
-    raise ValueError(f"evaluator type {type_!r} is gone: {GONE[type_]}")
-  if type_ not in TYPES:
-    raise ValueError(f"evaluator type {type_!r}; choose one of {sorted(TYPES)}")
-  entry = TYPES[type_]
-  if isinstance(entry, str):
-    module, _, attr = entry.partition(":")
-    entry = TYPES[type_] = getattr(importlib.import_module(module), attr)
-  return entry
+  """The Evaluator class of `type_` (one-line ValueError for an unknown or gone type)."""
+  return TYPES.load(type_)
 
 
 def section(type_: str, **keys) -> ml_collections.ConfigDict:

@@ -73,13 +73,27 @@ class Preempted(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Phase:
+  """A stretch of the run with one step function: its steps end at `until` (the run's
+  total_steps for the last phase); right after that step's update, next(state) -> (state, the
+  next Phase) hands over, and that step is saved. evaluate(state, step) runs the evaluators due
+  then and says whether any ran (None: none periodic). `info`: what the trainer keeps with it
+  (its task, model, evaluators), untouched here."""
+  step_fn: Callable
+  until: int
+  evaluate: Callable[[Any, int], bool] | None = None
+  next: Callable[[Any], tuple[Any, "Phase"]] | None = None
+  info: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LoopOptions:
   """What run_steps runs (the trainer builds it once): the steps, the progress rows, the hooks.
 
   start_step, total_steps: the steps run (start_step + 1 .. total_steps); log_every: a 'train'
   row every that many steps; items_per_step `unit`s per step (throughput); schedule(step): the
-  logged lr; name: the progress line's run name; describe(row) -> its text. The hooks and
-  options are described in run_steps."""
+  logged lr; name: the progress line's run name; describe(row) -> its text. The other options
+  are described in run_steps."""
   start_step: int
   total_steps: int
   log_every: int
@@ -88,26 +102,26 @@ class LoopOptions:
   schedule: Callable[[int], Any]
   name: str
   describe: Callable[[dict[str, float]], str]
-  evaluate: Callable[[Any, int], bool] | None = None
   batch_keys: Sequence[str] | None = None
   max_consecutive_skips: int = 10
   stop_requested: Callable[[int], bool] | None = None
   profile: tuple[int, int, str] | None = None
   flops_per_step: int | None = None
-  switch: tuple[int, Callable[[Any], tuple[Any, Callable]]] | None = None
 
 
-def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
+def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
               writer: MetricsWriter, options: LoopOptions, *, mesh, rules
-              ) -> tuple[Any, dict[str, float]]:
-  """Runs the jitted step_fn(state, batch) -> (state, metrics) from start_step to total_steps
-  (`options`, a LoopOptions: the names below are its fields) on `mesh` under `rules`.
+              ) -> tuple[Any, dict[str, float], Phase]:
+  """Runs the phases' jitted step_fn(state, batch) -> (state, metrics) from start_step to
+  total_steps, starting with `phase` (a Phase: each ends at its `until` and hands over to its
+  `next`) and `options` (a LoopOptions: the names below are its fields) on `mesh` under
+  `rules`.
 
   Every log_every steps (and at the end, and at a preemption stop): the interval's mean
   metrics and throughput (items_per_step `unit`s per step) go to writer as 'train' and to the
   progress line (describe(summary) -> text); a row of fewer than log_every steps carries
-  'steps', the number it averages. After every step before the last, evaluate(state, step) runs
-  the evaluators due then and says whether any ran (their time is left out of the
+  'steps', the number it averages. After every step before the last, the phase's
+  evaluate(state, step) runs the evaluators due then (their time is left out of the
   throughput). After every step the checkpointer decides
   whether to save the state with the iterator's state (always at the last step); it is closed
   at the end. batch_keys: the batch entries the step takes (None: all).
@@ -118,9 +132,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
   for, and Preempted is raised. profile = (first step, steps, directory): a jax.profiler trace
   of those steps (TensorBoard / XProf). flops_per_step (the model's analytic FLOPs,
   laplax.flops) adds 'tflops_per_chip' and, on chips with a known peak, 'mfu' to the summary.
-  switch = (step, fn): right after that step's update, fn(state) -> (state, step_fn) replaces
-  both (an 'auto(...)' run freezing its head mask, laplax.train.auto_heads), and that step is
-  saved. Returns (state, the last interval's summary).
+  Returns (state, the last interval's summary, the phase the run ended in).
   """
   progress = Progress(options.total_steps, name=options.name, start=options.start_step)
   pending: list[dict[str, jax.Array]] = []
@@ -147,7 +159,7 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
     return row, now
 
   t_last, step, last = time.time(), options.start_step, {}
-  tracing = fresh_step_fn = False
+  tracing = handed_over = False
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       while step < options.total_steps:
@@ -158,16 +170,17 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
         if options.batch_keys is not None:
           batch = {k: batch[k] for k in options.batch_keys}
         global_batch = sharding.host_batch_to_global(batch, mesh)
-        if (step == options.start_step or fresh_step_fn) and multihost.is_multiprocess():
+        if (step == options.start_step or handed_over) and multihost.is_multiprocess():
           # Compile first, then meet: hosts compile at different speeds, and gloo (JAX's CPU
           # collectives) gives up the first collective's rendezvous after 30 s.
-          step_fn = step_fn.lower(state, global_batch).compile()
+          phase = dataclasses.replace(phase,
+                                      step_fn=phase.step_fn.lower(state, global_batch).compile())
           multihost.agree("compiled_step", None)
-        state, metrics = step_fn(state, global_batch)
+        state, metrics = phase.step_fn(state, global_batch)
         step += 1
-        fresh_step_fn = options.switch is not None and step == options.switch[0]
-        if fresh_step_fn:
-          state, step_fn = options.switch[1](state)
+        handed_over = phase.next is not None and step == phase.until
+        if handed_over:
+          state, phase = phase.next(state)
         if tracing and step + 1 >= options.profile[0] + options.profile[1]:
           jax.block_until_ready(state)
           jax.profiler.stop_trace()
@@ -178,14 +191,14 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
           last, t_last = log_interval(step, t_last)
           pending = []
         last_step = step == options.total_steps
-        if options.evaluate is not None and not last_step and options.evaluate(state, step):
+        if phase.evaluate is not None and not last_step and phase.evaluate(state, step):
           t_last = time.time()
         stop = (options.stop_requested is not None and options.stop_requested(step)
                 and not last_step)
         if stop and pending:  # the steps since the last row are saved now, not redone: log them
           last, t_last = log_interval(step, t_last)
           pending = []
-        force = last_step or stop or fresh_step_fn
+        force = last_step or stop or handed_over
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
           checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
@@ -201,4 +214,4 @@ def run_steps(state, step_fn: Callable, train_iter, checkpointer: Checkpointer,
       jax.profiler.stop_trace()
   checkpointer.wait_until_finished()
   checkpointer.close()
-  return state, last
+  return state, last, phase

@@ -17,6 +17,7 @@ from laplax import sharding
 from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import export as export_lib
+from laplax.train import shims
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
 from laplax.train.state import abstract_state
@@ -25,7 +26,7 @@ from laplax.train.task import Run
 
 def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   """A run's config.json (one-line errors for a missing or corrupt file); keys that have moved
-  since the run was trained are read where they are now (task.MOVED)."""
+  since the run was trained are read where they are now (MOVED)."""
   path = workdir / "config.json"
   if not path.exists():
     raise ValueError(f"{workdir} holds no config.json: pass the --workdir of a train.py run")
@@ -33,7 +34,7 @@ def read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
   if not isinstance(config, dict):
     raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a run config (an "
                      "object with task, model, data, ...): is it a train.py workdir?")
-  return task_lib.move_keys(ml_collections.ConfigDict(config))
+  return shims.move_keys(ml_collections.ConfigDict(config))
 
 
 def load_run(workdir: epath.PathLike, *, step: int | None = None, log=print, mesh=None,

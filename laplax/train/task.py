@@ -37,8 +37,8 @@ config). A study's report section is found by the task's name (laplax.study.cell
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
-import importlib
 import pathlib
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -50,68 +50,15 @@ import numpy as np
 import optax
 
 from laplax import heads as heads_lib
+from laplax import registry
 from laplax import sections
 from laplax.train import identity as identity_lib
 from laplax.train import optim as optim_lib
 from laplax.train import ranges
+from laplax.train import shims
 from laplax.train import steps as steps_lib
 
 Log = Callable[[str], None]
-
-
-# Keys of older laplax configs, and how they are written now.
-_GONE = {
-    "eval_every": "an evaluator's `every` does it, e.g. --config.evals.val.every=500 "
-                  "(laplax.train.evaluator)",
-    "eval": "DINO's evaluations are config.evals sections (laplax.evals.dino.evaluators), e.g. "
-            "--config.evals.probes.probe_epochs=10",
-}
-
-
-# Keys that moved, old -> new (the loss keys of four sections are one `loss` section now):
-# refused with the new name in a config (for_config; train.py's flag errors, laplax.cli), moved
-# when an older run's config.json is read back (laplax.train.restore.read_config).
-MOVED = {
-    "loss": "loss.name",  # when `loss` is a string, not the section
-    "bce_binary_targets": "loss.bce_binary_targets",
-    "optim.label_smoothing": "loss.label_smoothing",
-    "mixup": "loss.mixup",
-    "model.loss_chunk": "loss.chunk",
-}
-
-
-def _find(config, dotted: str):
-  """(section, key) holding `dotted` in config, or None."""
-  *path, key = dotted.split(".")
-  for part in path:
-    config = config.get(part) if isinstance(config, (ml_collections.ConfigDict, dict)) else None
-  if isinstance(config, (ml_collections.ConfigDict, dict)) and key in config:
-    if dotted == "loss" and isinstance(config[key], (ml_collections.ConfigDict, dict)):
-      return None  # the loss section itself
-    return config, key
-  return None
-
-
-def moved_keys(config) -> list[tuple[str, str]]:
-  """(old, new) for each MOVED key `config` still has."""
-  return [(old, new) for old, new in MOVED.items() if _find(config, old) is not None]
-
-
-def move_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` (an older run's) with its MOVED keys where they are now."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  for old, new in moved_keys(config):
-    section, key = _find(config, old)
-    value = section[key]
-    del section[key]
-    *path, last = new.split(".")
-    target = config
-    for part in path:
-      if part not in target:
-        target[part] = ml_collections.ConfigDict()
-      target = target[part]
-    target[last] = value
-  return config
 
 
 @dataclasses.dataclass
@@ -148,12 +95,22 @@ class Task(abc.ABC):
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
-    # Every data and optim key a field (laplax.sections' tables), also in an older run's
-    # config; a key a table lacks is one line.
+    # Every data and optim key a field (laplax.sections' tables), and every key of the task's
+    # other sections it has (sections.TASK_TABLES: loss; DINO's head, multicrop, dino), also in
+    # an older run's config; a key a table lacks is one line.
     table = sections.TABLES.get((self.name, sections.is_streamed(config.data)))
     if table is not None:
       sections.complete(config.data, table, "data")
     sections.complete(config.optim, sections.OPTIM, "optim")
+    for name, table in sections.TASK_TABLES.get(self.name, {}).items():
+      if isinstance(config.get(name), ml_collections.ConfigDict):
+        sections.complete(config[name], table, name)
+
+  def with_config(self, config: ml_collections.ConfigDict) -> "Task":
+    """This task (its loaded data shared) building from `config`: a run's later phase."""
+    view = copy.copy(self)
+    view.config = config
+    return view
 
   # --- Before anything is written ------------------------------------------------------------
 
@@ -166,9 +123,7 @@ class Task(abc.ABC):
     config (build_model must not fail later) and the optimiser (optimizer must not either: it
     may not need the data)."""
     c = self.config
-    for old, now in _GONE.items():
-      if old in c:
-        raise ValueError(f"config.{old} is gone: {now}")
+    shims.check_gone(c)
     ranges.check(c)  # every numeric field's range (laplax.train.ranges.RANGES)
     accum = int(c.optim.grad_accum_steps)
     bs = c.data.batch_size
@@ -286,8 +241,8 @@ class Task(abc.ABC):
 
 @runtime_checkable
 class EvalImages(Protocol):
-  """Labelled images to evaluate on, one path for in-memory and streamed data
-  (laplax.tasks.classification): accuracy, vit_geometry and the analysis inputs read them."""
+  """Labelled images to evaluate a classifier on, one path for in-memory and streamed data
+  (laplax.tasks.classification): accuracy and vit_geometry read them."""
 
   def info(self) -> Any:
     """The data set's builders.ImageDatasetInfo (classes, image shape, mean / std)."""
@@ -309,8 +264,8 @@ class EvalImages(Protocol):
 @runtime_checkable
 class EvalSources(Protocol):
   """Labelled images as random-access sources, one kind for in-memory and streamed data
-  (laplax.tasks.dino): the DINO evaluators read them through the frozen teacher
-  (state.extra['teacher'])."""
+  (every laplax.tasks.images.ImageTask): the DINO evaluators read them through the frozen
+  teacher (they check that the weights keep one: state_keys)."""
 
   def info(self) -> Any:
     """The data set's builders.ImageDatasetInfo (classes, image shape, mean / std)."""
@@ -347,43 +302,59 @@ class EvalChat(EvalTokens, Protocol):
   words: Any  # list[str] | None, once load_data ran
 
 
+@runtime_checkable
+class Subject(Protocol):
+  """A run the analysis can measure (laplax.train.analysis: the mechanism, attention maps, the
+  studies' figures): which transformer, with which weights, fed what."""
+
+  analysis_kind: str  # 'vit' (fed images) or 'gpt' (fed tokens), known before the weights
+
+  def analysis_model(self, model: nn.Module, weights: Any) -> Any:
+    """The analysis.AnalysedModel of `weights` (a TrainState or a restored Run), on the host;
+    a one-line ValueError where the weights lack what is measured (a DINO run's teacher)."""
+
+  def analysis_batches(self, split: str, examples: int, batch_size: int):
+    """(inputs, valid) host batches of the first `examples` of `split` (analysis.image_batches
+    / token_batches)."""
+
+
+def state_keys(task: "Task") -> set[str]:
+  """The task state a run's weights carry beside the parameters (TrainState.extra's keys, e.g.
+  DINO's 'teacher'), known from the task before any weights exist."""
+  extra = jax.eval_shape(task.init_extra, {})
+  return set(extra) if isinstance(extra, dict) else set()
+
+
 # --- The registry ----------------------------------------------------------------------------
 # Adding a task: a module with a Task subclass, a config whose `task` names it, and one line in
 # TASKS (or `register(name, cls)` at run time, e.g. from a notebook or a test).
 
 # name -> "module:Class", imported on first use (a run imports only its own task).
-TASKS: dict[str, str | type[Task]] = {
+TASKS = registry.Registry("config.task", {
     "classification": "laplax.tasks.classification:ClassificationTask",
     "lm": "laplax.tasks.lm:LanguageModelTask",
     "chat": "laplax.tasks.chat:ChatTask",
     "dino": "laplax.tasks.dino:DinoTask",
-}
+}, base=Task, base_name="laplax.tasks.Task",
+    unknown="config.task={name!r}; choose one of {known} (a study is a config with a `study` "
+            "section)")
 
 
 def register(name: str, cls: type[Task]) -> None:
   """Adds (or replaces) a task class under `name`."""
-  if not (isinstance(cls, type) and issubclass(cls, Task)):
-    raise TypeError(f"{cls!r} is not a laplax.tasks.Task subclass")
-  TASKS[name] = cls
+  TASKS.register(name, cls)
 
 
 def get(name: str) -> type[Task]:
   """The Task class registered as `name` (one-line ValueError for an unknown name)."""
-  if name not in TASKS:
-    raise ValueError(f"config.task={name!r}; choose one of {sorted(TASKS)} (a study is a "
-                     "config with a `study` section)")
-  entry = TASKS[name]
-  if isinstance(entry, str):
-    module, _, attr = entry.partition(":")
-    entry = TASKS[name] = getattr(importlib.import_module(module), attr)
-  return entry
+  return TASKS.load(name)
 
 
 def for_config(config) -> Task:
   """The task object of a run's config (config.task, default 'classification'); a config that
   lacks a section the task reads fails here, in one line."""
   cls = get(config.get("task", "classification"))
-  moved = moved_keys(config)
+  moved = shims.moved_keys(config)
   if moved:
     old, new = moved[0]
     raise ValueError(f"config.{old} is gone: write config.{new} (configs/common.py builds the "

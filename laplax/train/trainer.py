@@ -1,20 +1,24 @@
 """The one trainer: `train_and_evaluate(config, workdir)` for every task.
 
-config -> task (laplax.train.task's registry, by config.task) -> validation -> workdir (lock,
-config.json) -> data -> model -> state created in its sharded layout (or restored) -> the
-jitted, donated step -> the step loop (laplax.train.loop: metrics, progress, checkpoints) with
-the evaluators of config.evals (laplax.train.evaluator) at init, periodically and at the end ->
-results.json. Reading a run back is laplax.train.restore; train.py dispatches a study
-(laplax.study) or one run.
+config -> task (laplax.train.task's registry, by config.task) -> validation -> workdir (lock)
+-> `_prepare`: data, phases (laplax.train.phases: one, or what a feature supplies), model,
+identity against the checkpoints, evaluators, config.json -> a Plan -> `_run(plan)`: state
+created in its sharded layout (or restored) -> each phase's jitted, donated step in the step
+loop (laplax.train.loop: metrics, progress, checkpoints, hand-overs) with the evaluators of
+config.evals (laplax.train.evaluator) at init, periodically and at the end -> results.json.
+Reading a run back is laplax.train.restore; train.py dispatches a study (laplax.study) or one
+run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from etils import epath
@@ -23,15 +27,16 @@ import flax.traverse_util
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
+import optax
 
 from laplax import heads as heads_lib
 from laplax import multihost
 from laplax import sharding
-from laplax.train import auto_heads
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
 from laplax.train import identity as identity_lib
 from laplax.train import loop
+from laplax.train import phases as phases_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
@@ -174,6 +179,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
 
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
            allow_change) -> dict[str, Any]:
+  plan = _prepare(task, config, workdir, mesh, rules, log, allow_change)
+  return plan if isinstance(plan, dict) else _run(plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A run checked and laid out, nothing trained yet: what `_run` runs."""
+  config: ml_collections.ConfigDict
+  workdir: epath.Path
+  mesh: Any
+  rules: Any
+  log: Callable[[str], None]
+  phases: phases_lib.Phases
+  task: Task  # the phase's the run starts (or resumes) in
+  model: nn.Module
+  evaluators: dict[str, evaluator_lib.Evaluator]
+  total_steps: int
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract: Any  # the state's abstract tree
+  shardings: Any
+  identity: dict[str, Any]
+  verdict: identity_lib.Verdict
+  start_params: Any  # init_from's parameters on a fresh start, else None
+
+
+def _prepare(task: Task, config, workdir: epath.Path, mesh, rules, log,
+             allow_change) -> Plan | dict[str, Any]:
+  """Everything checked before the step loop (the data, the identity against the checkpoints,
+  the evaluators' own data, init_from's parameters) and config.json written -> the Plan; a run
+  that already finished its steps -> its results.json."""
   check_workdir_config(workdir, config, allow_change)
   # Missing or bad data stops a fresh start before config.json. Every host prepares at once:
   # its own copy, its share of one, or it waits for the host that prepares a shared cache
@@ -181,131 +217,144 @@ def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
   with multihost.together("load_data"):
     task.load_data(workdir, log)
   total_steps = task.total_steps()
-  # 'auto(...)' heads (laplax.train.auto_heads): gates until the freeze, then a static mask.
-  auto = auto_heads.plan(config, workdir / "checkpoints", total_steps)
-  configured = None
-  if auto is not None:
-    gated = task.build_model()
-    configured = heads_lib.head_table(gated.laplacian_heads, gated.num_heads, gated.depth)
-    if auto.frozen:  # the checkpoints are past the freeze: train the mask they chose
-      task.config = auto_heads.frozen_config(config, auto.table)
+  phases = phases_lib.plan(task, workdir / "checkpoints", total_steps)
+  task = phases.task(task)
   model = task.build_model()
   # Checked before anything is written: a refused resume leaves the workdir as it was.
-  identity = task.identity(model, total_steps)
-  if auto is not None:
-    identity = auto_heads.identity(auto, identity, configured)
+  identity = phases.identity(task.identity(model, total_steps))
   verdict = identity_lib.check(workdir / "checkpoints", str(workdir), identity, allow_change)
   finished = _finished_results(workdir, total_steps)
   if finished is not None:
     log(f"{workdir} already finished its {total_steps} steps (results.json): nothing to do")
     return finished
-  lead = jax.process_index() == 0  # process 0 alone writes the run's files
-  name = config.name
-  # The evaluators load their own data (transfer sets, ADE20K, photos): missing data stops a
-  # fresh start before config.json too. Those that run only in eval.py are not built.
-  context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
-  with multihost.process_0_first("evaluators"):
-    evaluators = evaluator_lib.build(config, context, [
-        n for n, s in evaluator_lib.sections(config).items() if s.every or s.at_init or s.final])
+  evaluators = _build_evaluators(task, model, mesh, rules, workdir, log)
   tx, schedule = task.optimizer(total_steps)
   abstract, shardings = abstract_state(task, model, tx, mesh, rules)
+  phases.lay_out(task, tx, mesh, rules)
   # A fresh start from another run's parameters: read (and checked against this model) now,
   # so that a missing or unfitting source stops the run before config.json.
   fresh = not identity_lib.steps_saved(workdir / "checkpoints")
   start_params = (_start_params(task, abstract.params, log, mesh, rules)
                   if config.get("init_from") and fresh else None)
-  if lead:
+  if jax.process_index() == 0:  # process 0 alone writes the run's files
     write_config(workdir, config)
-  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-  log(f"model: {task.describe_model(model, n_params)}; mesh {dict(mesh.shape)}; "
-      f"{total_steps} steps x {task.items_per_step():,} {task.unit}")
+  return Plan(config, workdir, mesh, rules, log, phases, task, model, evaluators, total_steps,
+              tx, schedule, abstract, shardings, identity, verdict, start_params)
 
+
+def _build_evaluators(task: Task, model, mesh, rules, workdir, log):
+  """The evaluators a training run runs (those for eval.py alone are not built); they load
+  their own data (transfer sets, ADE20K, photos): missing data stops a fresh start before
+  config.json too."""
+  config = task.config
+  context = evaluator_lib.Context(task, model, mesh, rules, workdir, log)
+  with multihost.process_0_first("evaluators"):
+    return evaluator_lib.build(config, context, [
+        n for n, s in evaluator_lib.sections(config).items() if s.every or s.at_init or s.final])
+
+
+def _phase(plan: Plan, task: Task, model, evaluators, shardings, writer: MetricsWriter,
+           start_step: int) -> loop.Phase:
+  """The loop's Phase of `task`'s model from start_step: its jitted step, its periodic
+  evaluators, and (before the last phase) the hand-over to the next."""
+  with jax.set_mesh(plan.mesh), nn.logical_axis_rules(plan.rules):
+    step_fn = jit_step(task.make_step(model, plan.tx, plan.total_steps), shardings, plan.mesh)
+  periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+
+  def evaluate(state, step: int) -> bool:
+    due = {n: ev.run(state, step) for n, ev in periodic.items() if step % ev.config.every == 0}
+    _write_periodic(plan, writer, periodic, step, due)
+    return bool(due)
+
+  until = plan.phases.until()
+
+  def hand_over(state):
+    state, next_task, next_shardings, line = plan.phases.advance(state, task,
+                                                                jax.process_index() == 0)
+    next_model = next_task.build_model()
+    next_evaluators = _build_evaluators(next_task, next_model, plan.mesh, plan.rules,
+                                        plan.workdir, plan.log)
+    plan.log(f"[{plan.config.name}] step {until}: {line}")
+    return state, _phase(plan, next_task, next_model, next_evaluators, next_shardings, writer,
+                         until)
+
+  last = until >= plan.total_steps or start_step >= until
+  return loop.Phase(step_fn, plan.total_steps if last else until,
+                    evaluate if periodic else None, None if last else hand_over,
+                    (task, model, evaluators))
+
+
+def _write_periodic(plan: Plan, writer: MetricsWriter, periodic, step: int, results) -> None:
+  """Rows (of kind `name`) and log lines of periodic evaluators' results at `step`."""
+  for n, result in results.items():
+    writer.write(step, n, evaluator_lib.flat(result))
+    plan.log(f"[{plan.config.name}] step {step}: {periodic[n].summary(result)}")
+
+
+def _run(plan: Plan) -> dict[str, Any]:
+  """The step loop over the plan's phases, the final evaluations and results.json."""
+  config, workdir, task, log = plan.config, plan.workdir, plan.task, plan.log
+  lead = jax.process_index() == 0
+  n_params = sum(x.size for x in jax.tree.leaves(plan.abstract.params))
+  log(f"model: {task.describe_model(plan.model, n_params)}; mesh {dict(plan.mesh.shape)}; "
+      f"{plan.total_steps} steps x {task.items_per_step():,} {task.unit}")
   # Each host feeds the block of the global batch its devices hold: the global batch is then
   # the same array for any number of hosts, and so is every per-row random draw in the step.
-  block, _ = sharding.host_block(mesh, task.config.data.batch_size)
+  block, _ = sharding.host_block(plan.mesh, task.config.data.batch_size)
   train_iter = task.train_iterator(block, jax.process_count())
   # Restore into the abstract state: a resumed run never compiles the initialisers.
-  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint, abstract,
-                                        shardings, train_iter, log=log)
+  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint,
+                                        plan.abstract, plan.shardings, train_iter, log=log)
+  verdict = plan.verdict
   if verdict.changes:
     log(f"changed on purpose (--allow_change): {identity_lib.describe_changes(verdict.changes)}")
   elif verdict.unrecorded:
     log(f"{workdir / 'checkpoints'} has no {identity_lib.FILE} (saved before laplax kept one): "
         "recording this config's")
   if lead and verdict.write:  # before the first save of a fresh run
-    identity_lib.record(workdir / "checkpoints", identity, verdict,
+    identity_lib.record(workdir / "checkpoints", plan.identity, verdict,
                         checkpointer.restored_step or 0)
   # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
   writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
   with contextlib.closing(writer):  # its TensorBoard event file too
-    if state is abstract:
-      if start_params is not None:
-        state = state_from_params(task, tx, start_params, shardings, mesh, rules)
+    if state is plan.abstract:
+      if plan.start_params is not None:
+        state = state_from_params(task, plan.tx, plan.start_params, plan.shardings, plan.mesh,
+                                  plan.rules)
       else:
-        state, _ = create_state(task, model, tx, mesh, rules, config.seed)
-      _evaluate_at_init(evaluators, state, workdir, writer, lead, log)
-
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      step_fn = jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
-
-    periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
-
-    switch = None
-    if auto is not None and not auto.frozen and int(state.step) < auto.freeze_step:
-      freezer = auto_heads.Freezer(auto, task, configured, tx, mesh, rules, total_steps,
-                                   workdir / "checkpoints", lead)
-
-      def freeze(state):
-        """After the gate phase: the static mask, its model, evaluators and step."""
-        nonlocal model, evaluators, periodic, auto, n_params
-        state, model = freezer(state)
-        auto = freezer.plan
-        n_params = sum(x.size for x in jax.tree.leaves(freezer.abstract.params))
-        with multihost.process_0_first("evaluators"):
-          evaluators = evaluator_lib.build(config, evaluator_lib.Context(
-              task, model, mesh, rules, workdir, log), list(evaluators))
-        periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
-        log(f"[{name}] step {auto.freeze_step}: head mask frozen ({auto.settings.name}): "
-            f"{auto.choice['describe']}, {auto.choice['laplacian']} Laplacian heads")
-        return state, jit_step(task.make_step(model, tx, total_steps), freezer.shardings, mesh)
-      switch = (auto.freeze_step, freeze)
-
-    def evaluate(state, step, done=None) -> bool:
-      """Runs the periodic evaluators due at `step` (rows of kind `name`; `done`: results
-      already measured); True if any ran."""
-      done = done or {n: periodic[n].run(state, step) for n in periodic
-                      if step % periodic[n].config.every == 0}
-      for n, result in done.items():
-        writer.write(step, n, evaluator_lib.flat(result))
-        log(f"[{name}] step {step}: {periodic[n].summary(result)}")
-      return bool(done)
-
+        state, _ = create_state(task, plan.model, plan.tx, plan.mesh, plan.rules, config.seed)
+      _evaluate_at_init(plan.evaluators, state, workdir, writer, lead, log)
+    phase = _phase(plan, task, plan.model, plan.evaluators, plan.shardings, writer,
+                   int(state.step))
     t0 = time.time()
     # Closing stops the iterator's worker processes (grain mp_prefetch) and frees their memory.
     closing = (contextlib.closing(train_iter) if hasattr(train_iter, "close")
                else contextlib.nullcontext())
     with _stop_signals() as stop_requested, closing:
       options = loop.LoopOptions(
-          start_step=int(state.step), total_steps=total_steps, log_every=config.log_every,
-          items_per_step=task.items_per_step(), unit=task.unit, schedule=schedule, name=name,
-          describe=lambda row: task.progress.format(**row), evaluate=evaluate if periodic else None,
+          start_step=int(state.step), total_steps=plan.total_steps, log_every=config.log_every,
+          items_per_step=task.items_per_step(), unit=task.unit, schedule=plan.schedule,
+          name=config.name, describe=lambda row: task.progress.format(**row),
           batch_keys=task.batch_keys, stop_requested=stop_requested,
           profile=_profile_window(config, workdir),
-          flops_per_step=task.flops_per_step(model, abstract.params), switch=switch)
-      state, last = loop.run_steps(state, step_fn, train_iter, checkpointer, writer, options,
-                                   mesh=mesh, rules=rules)
+          flops_per_step=task.flops_per_step(plan.model, plan.abstract.params))
+      state, last, phase = loop.run_steps(state, phase, train_iter, checkpointer, writer,
+                                          options, mesh=plan.mesh, rules=plan.rules)
+    task, model, evaluators = phase.info
     step, train_time = int(state.step), time.time() - t0
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
     evaluated, final, summary = evaluator_lib.run_all(
         {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
     # Every periodic curve ends at the last step (a final result is not measured twice).
-    evaluate(state, step, {n: evaluated[n] if n in evaluated else periodic[n].run(state, step)
-                           for n in periodic})
+    periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+    _write_periodic(plan, writer, periodic, step, {
+        n: evaluated[n] if n in evaluated else ev.run(state, step) for n, ev in periodic.items()})
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
                "params": n_params, "laplacian_heads": heads_lib.model_heads(model),
-               **({"auto_heads": auto.choice} if auto is not None and auto.frozen else {}),
+               **plan.phases.results(),
                "last_train_metrics": last, "train_time_s": train_time,
-               "devices": {"chips": int(mesh.devices.size), "hosts": jax.process_count(),
-                           "kind": mesh.devices.flat[0].device_kind}}
+               "devices": {"chips": int(plan.mesh.devices.size), "hosts": jax.process_count(),
+                           "kind": plan.mesh.devices.flat[0].device_kind}}
     if (workdir / _INIT_EVAL).exists():
       results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
     writer.write(step, "final", final)

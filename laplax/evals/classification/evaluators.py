@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from laplax import multihost
+from laplax import sections
 from laplax.data import arrays
 from laplax.evals.classification import accuracy
 from laplax.geometry import plots
@@ -89,7 +90,7 @@ class VitGeometry(Evaluator):
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
-    plots.plot_run(geo, adir, title=task.config.get("name", "run"))
+    plots.plot_run(geo, adir, title=sections.run_name(task.config))
     return geo
 
   def summary(self, result) -> str:

@@ -143,25 +143,25 @@ def global_batch(batch_size: int, mesh, hosts: int) -> int:
 
 
 def segmentation_probe(features, params, train_source, eval_source, protocol: Protocol, *,
-                       mean, std, mesh, rules, seed: int = 0, train_limit: int = 0,
-                       eval_limit: int = 0, key: str = "patches",
-                       loader: dict[str, int] | None = None) -> dict[str, Any]:
+                       mean, std, runtime: online_head.Runtime, key: str = "patches"
+                       ) -> dict[str, Any]:
   """Trains the BN + linear head on the frozen `features` online and scores it on eval_source.
 
   features: features(params, images (B, S, S, 3) normalised) -> {key: (B, h, w, d)}, not jitted
     (laplax.features.extract.feature_function with 'patches').
   train_source, eval_source: random-access ADE20K records (ade20k_stream.FolderSource).
-  train_limit, eval_limit: > 0: the first n records only. loader: the grain loader's
-    num_workers / num_threads / prefetch (default: decode in this process).
+  runtime: the mesh and rules, the seed, train_limit / eval_limit (> 0: the first n records
+    only) and the grain loader's keywords (online_head.Runtime).
   Returns {'miou', 'pixel_acc', 'iou' (150,), 'train_loss' (steps,), 'steps', 'batch_size'}.
   """
-  c, loader = protocol, dict(loader or {})
+  c, r, loader = protocol, runtime, dict(runtime.loader)
+  mesh, seed = r.mesh, r.seed
   hosts = jax.process_count()
   batch = global_batch(c.batch_size, mesh, hosts)
   block, rows = sharding.host_block(mesh, batch)
   stream = ade20k_stream.train_dataset(
       train_source, batch_size=rows, steps=c.steps, seed=seed, crop=c.crop,
-      ratio_range=c.ratio_range, process_index=block, process_count=hosts, limit=train_limit,
+      ratio_range=c.ratio_range, process_index=block, process_count=hosts, limit=r.train_limit,
       **loader)
   tx = optax.adamw(poly_warmup(c.lr, c.steps, c.warmup_steps, c.warmup_ratio), b1=0.9,
                    b2=0.999, eps=1e-8, weight_decay=c.weight_decay)
@@ -204,7 +204,7 @@ def segmentation_probe(features, params, train_source, eval_source, protocol: Pr
     return area_counts(pred, labels)
 
   counts = []
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(r.rules):
     evaluate = jax.jit(evaluate, out_shardings=replicated)
     try:
       head, _, losses = online_head.fit(init, step, stream, params, mesh=mesh, seed=seed)
@@ -214,7 +214,7 @@ def segmentation_probe(features, params, train_source, eval_source, protocol: Pr
     eval_block, eval_rows = sharding.host_block(mesh, eval_batch)
     for host_batch in ade20k_stream.eval_dataset(
         eval_source, batch_size=eval_rows, crop=c.crop, windows=c.windows,
-        process_index=eval_block, process_count=hosts, limit=eval_limit, **loader):
+        process_index=eval_block, process_count=hosts, limit=r.eval_limit, **loader):
       counts.append(evaluate(head, params, sharding.host_batch_to_global(host_batch, mesh)))
   total = np.sum(np.asarray(jax.device_get(counts), np.int64), axis=0)  # int32 per batch
   out = scores(total)

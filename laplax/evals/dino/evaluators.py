@@ -18,10 +18,12 @@ from typing import Any
 
 import jax
 
+from laplax import sections
 from laplax import sharding
 from laplax.data import ade20k_stream, streaming
 from laplax.data import photos as photos_lib
 from laplax.evals.dino import ade20k as ade20k_lib
+from laplax.evals.dino import online_head
 from laplax.evals.dino import probes
 from laplax.features import extract as features_lib
 from laplax.features import stream as stream_features
@@ -42,6 +44,13 @@ PROBE_RANGES = {
 }
 
 
+def _check_teacher(type_: str, task) -> None:
+  """The DINO evaluators measure the frozen teacher: the run's weights must keep one."""
+  if "teacher" not in task_lib.state_keys(task):
+    raise ValueError(f"{type_} measures the frozen teacher (state.extra['teacher']), which a "
+                     f"{task.name!r} run does not keep")
+
+
 def _grey(task) -> bool:
   return task.info().image_shape[-1] != 3
 
@@ -56,6 +65,7 @@ class _TeacherEvaluator(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
+    _check_teacher(cls.type, task)
     if cls.needs_rgb and _grey(task):
       raise ValueError(f"{cls.type} needs RGB images, but {task.config.data.name} is grey: "
                        "drop this evaluator (or set its final=False)")
@@ -135,10 +145,12 @@ class Probes(_ProbeEvaluator):
     info, (resize, crop) = task.info(), _eval_crop(c, task)
     return probes.probe_scores(
         self.features, weights.extra["teacher"], self.train, self.evaluate, self.protocol,
-        num_classes=info.num_classes, mean=info.mean, std=info.std, resize=resize, crop=crop,
-        batch_size=c.batch_size or task.config.data.eval_batch_size, seed=task.config.seed,
-        train_limit=c.train_limit, eval_limit=c.eval_limit,
-        loader={"num_workers": c.num_workers}, **self.kw)
+        inputs=probes.Inputs(num_classes=info.num_classes, mean=info.mean, std=info.std,
+                             resize=resize, crop=crop),
+        batch_size=c.batch_size or task.config.data.eval_batch_size,
+        runtime=online_head.Runtime(seed=task.config.seed, train_limit=c.train_limit,
+                                    eval_limit=c.eval_limit,
+                                    loader={"num_workers": c.num_workers}, **self.kw))
 
   def summary(self, result) -> str:
     return probes.summary_line(result)
@@ -160,8 +172,9 @@ class Transfer(_ProbeEvaluator):
   def run(self, weights, step) -> dict[str, Any]:
     c = self.ctx.task.config
     return probes.transfer_scores(self.features, weights.extra["teacher"], self.protocol,
-                                  self.sets, log=self.ctx.log, batch_size=c.data.eval_batch_size,
-                                  seed=c.seed, **self.kw)
+                                  self.sets, batch_size=c.data.eval_batch_size,
+                                  runtime=online_head.Runtime(seed=c.seed, **self.kw),
+                                  log=self.ctx.log)
 
   def summary(self, result) -> str:
     return ", ".join(f"{self.name} {n}: " + probes.summary_line({"test": s["test"]})
@@ -241,8 +254,9 @@ class Ade20k(_TeacherEvaluator):
         self.features, weights.extra["teacher"], self.sources["train"],
         self.sources["validation"], evaluator_lib.protocol(ade20k_lib.Protocol, c),
         mean=info.mean, std=info.std,
-        seed=self.ctx.task.config.seed, train_limit=c.train_limit, eval_limit=c.eval_limit,
-        loader={"num_workers": c.num_workers}, **self.kw)
+        runtime=online_head.Runtime(seed=self.ctx.task.config.seed, train_limit=c.train_limit,
+                                    eval_limit=c.eval_limit,
+                                    loader={"num_workers": c.num_workers}, **self.kw))
 
   def summary(self, result) -> str:
     return f"ADE20K: linear mIoU {result['miou']:.4f}, pixel accuracy {result['pixel_acc']:.4f}"
@@ -274,7 +288,7 @@ class PhotoPca(_TeacherEvaluator):
 class Spectra(Evaluator):
   """Per-layer spectral decay of the teacher's patch tokens, pooled and per image
   (laplax.geometry.dino), on the first `examples` images of the task's evaluation source
-  (in memory the test split, streamed data.eval_split: DinoTask.eval_source), decoded with
+  (the test split where there is one, else 'val': data.eval_split), decoded with
   `resize` / `crop` (0: the task's evaluation transform, DinoTask.eval_crop: in memory the
   images' own size, streamed Resize(size * 256 / 224) + CenterCrop(size)), measured on the
   devices in global batches of `batch_size` (memory does not grow with `examples`). Writes
@@ -288,11 +302,15 @@ class Spectra(Evaluator):
 
   @classmethod
   def check(cls, config, task) -> None:
+    _check_teacher(cls.type, task)
     _eval_crop(config, task)
 
   def __init__(self, name, config, ctx):
     super().__init__(name, config, ctx)
-    self.source = ctx.task.eval_source("test")  # opened now: missing data stops a run early
+    # The test split where the data has one (in memory), else data.eval_split's; opened now:
+    # missing data stops a run early.
+    split = "test" if "test" in ctx.task.eval_splits() else "val"
+    self.source = ctx.task.eval_source(split)
 
   def run(self, weights, step) -> dict[str, Any]:
     task, model, c, mesh = self.ctx.task, self.ctx.model, self.config, self.ctx.mesh
@@ -312,7 +330,7 @@ class Spectra(Evaluator):
         mesh=mesh, rules=self.ctx.rules)
     if jax.process_index() == 0:
       dino_geometry.write_spectra(spectra, self.ctx.out / "analysis",
-                                  task.config.get("name", "run"))
+                                  sections.run_name(task.config))
     return spectra
 
   def summary(self, result) -> str:

@@ -25,6 +25,7 @@ from laplax.data import builders, arrays, streaming
 from laplax.data.images import load_image_data
 from laplax.evals.dino import knn as knn_lib
 from laplax.evals.dino import linear_probe
+from laplax.evals.dino import online_head
 from laplax.evals.dino import segmentation
 from laplax.evals.dino import stream_linear
 from laplax.features import masks as masks_lib
@@ -63,6 +64,18 @@ class Protocol:
       raise ValueError(f"linear_probe={self.linear_probe!r}: use 'fast' or 'dino'")
 
 
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """How a labelled data set's records reach the frozen model: labels in [0, num_classes),
+  images normalised with mean / std, read at Resize(resize) + CenterCrop(crop) (equal to the
+  images' size: unchanged; DINO's protocol trains on random-resized crops of `crop`)."""
+  num_classes: int
+  mean: Any
+  std: Any
+  resize: int
+  crop: int
+
+
 def _only(features, keys: tuple[str, ...]):
   """features restricted to `keys` (a bank stores what its function returns)."""
   return lambda params, images: {k: v for k, v in features(params, images).items() if k in keys}
@@ -75,28 +88,29 @@ def _probe_accuracy(probe, bank: stream_features.FeatureBank, key: str) -> float
 
 
 def probe_scores(features, params, train, evaluate: dict[str, Any], protocol: Protocol, *,
-                 num_classes: int, mean, std, resize: int, crop: int, batch_size: int,
-                 seed: int, mesh, rules, train_limit: int = 0, eval_limit: int = 0,
-                 loader: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+                 inputs: Inputs, batch_size: int, runtime: online_head.Runtime
+                 ) -> dict[str, dict[str, float]]:
   """k-NN (on 'cls') and AdamW linear probes (on 'cls' and 'last') of the frozen model, and with
-  protocol.linear_probe='dino' DINO's protocol ('linear_dino', on `crop` crops), scored on
+  protocol.linear_probe='dino' DINO's protocol ('linear_dino', on inputs.crop crops), scored on
   every split of `evaluate` -> {split: {'knn_top1_k10', ..., 'linear_cls', 'linear_last',
   ['linear_dino'], 'count'}}.
 
   features: laplax.features.extract.feature_function's, not jitted. train, evaluate: random-
   access sources ({'image', 'label'} records: a streamed split, or in-memory arrays as
-  `streaming.ArraySource`), read at Resize(resize) + CenterCrop(crop) (equal to the images'
-  size: unchanged) in global batches of batch_size. One feature pass for all of it
-  (laplax.features.stream): the k-NN bank (the first train_limit records, 0: all) and every
-  split's features stay sharded over the devices and hosts (laplax.evals.dino.knn); only the
-  AdamW probes' training features (the first probe_train_size records) are gathered.
+  `streaming.ArraySource`), read as `inputs` says in global batches of batch_size. One feature
+  pass for all of it (laplax.features.stream): the k-NN bank (the first runtime.train_limit
+  records, 0: all) and every split's features (the first runtime.eval_limit records) stay
+  sharded over the devices and hosts (laplax.evals.dino.knn); only the AdamW probes' training
+  features (the first probe_train_size records) are gathered. runtime: also the mesh, rules,
+  seed and the grain loader's keywords (online_head.Runtime).
   """
-  p = protocol
-  kw = dict(batch_size=batch_size, resize=resize, crop=crop, mean=mean, std=std, mesh=mesh,
-            rules=rules, **dict(loader or {}))
+  p, i, r = protocol, inputs, runtime
+  num_classes, mesh, seed = i.num_classes, r.mesh, r.seed
+  kw = dict(batch_size=batch_size, resize=i.resize, crop=i.crop, mean=i.mean, std=i.std,
+            mesh=mesh, rules=r.rules, **dict(r.loader))
   both = _only(features, ("cls", "last"))
   bank = stream_features.streamed_features(_only(features, ("cls",)), params, train,
-                                           limit=train_limit, **kw)
+                                           limit=r.train_limit, **kw)
   cap = min(p.probe_train_size or bank.count, bank.count)
   fixed = stream_features.streamed_features(both, params, train, limit=cap, **kw)
   probe_kw = dict(num_classes=num_classes, epochs=p.probe_epochs, lr=p.probe_lr,
@@ -106,7 +120,7 @@ def probe_scores(features, params, train, evaluate: dict[str, Any], protocol: Pr
   del fixed
   scores = {}
   for split, source in evaluate.items():
-    test = stream_features.streamed_features(both, params, source, limit=eval_limit, **kw)
+    test = stream_features.streamed_features(both, params, source, limit=r.eval_limit, **kw)
     s = knn_lib.knn_accuracy_sharded(
         bank.features["cls"], bank.labels, bank.valid, test.features["cls"], test.labels,
         test.valid, num_classes=num_classes, mesh=mesh, ks=p.knn_ks,
@@ -116,35 +130,31 @@ def probe_scores(features, params, train, evaluate: dict[str, Any], protocol: Pr
     scores[split] = s
   del bank
   if p.linear_probe == "dino":  # after the banks: the devices' memory is free again
-    dino = dino_linear_probe(features, params, train, evaluate, num_classes=num_classes,
-                             resize=resize, crop=crop, mean=mean, std=std,
-                             epochs=p.dino_probe_epochs, batch_size=p.dino_probe_batch_size,
-                             base_lr=p.dino_probe_lr, seed=seed, mesh=mesh, rules=rules,
-                             limit=train_limit, eval_limit=eval_limit, loader=loader)
+    dino = dino_linear_probe(features, params, train, evaluate, p, inputs=i, runtime=r)
     for split in evaluate:
       scores[split]["linear_dino"] = dino[split]
   return scores
 
 
-def dino_linear_probe(features, params, train, evaluate: dict[str, Any], *, num_classes: int,
-                      resize: int, crop: int, mean, std, epochs: int = 100,
-                      batch_size: int = 256, base_lr: float = 1e-3, seed: int = 0,
-                      key: str = "last", mesh, rules, limit: int = 0, eval_limit: int = 0,
-                      loader: dict[str, int] | None = None) -> dict[str, float]:
+def dino_linear_probe(features, params, train, evaluate: dict[str, Any], protocol: Protocol,
+                      *, inputs: Inputs, runtime: online_head.Runtime, key: str = "last"
+                      ) -> dict[str, float]:
   """DINO's linear-probe protocol (laplax.evals.dino.stream_linear: the one implementation,
   multi-host) on random-access sources of any size (`streaming.ArraySource` for in-memory
-  images): trained on random-resized crops + flips of `crop`, scored on Resize(resize) +
-  CenterCrop(crop). The global batch is batch_size, at most the training set, rounded down to
-  a multiple of the data-parallel devices and the hosts. -> {split: top-1 accuracy}."""
-  multiple = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
-  n = len(streaming.subset(train, limit))
-  batch = max(multiple, min(batch_size, n) // multiple * multiple)
-  protocol = stream_linear.Protocol(epochs=epochs, batch_size=batch, base_lr=base_lr,
-                                    crop=crop, resize=resize)
+  images), with protocol's dino_probe_epochs / dino_probe_lr: trained on random-resized crops +
+  flips of inputs.crop, scored on Resize(inputs.resize) + CenterCrop(inputs.crop). The global
+  batch is protocol.dino_probe_batch_size, at most the training set (its first
+  runtime.train_limit records), rounded down to a multiple of the data-parallel devices and the
+  hosts. -> {split: top-1 accuracy}."""
+  multiple = math.lcm(sharding.data_parallel_size(runtime.mesh), jax.process_count())
+  n = len(streaming.subset(train, runtime.train_limit))
+  batch = max(multiple, min(protocol.dino_probe_batch_size, n) // multiple * multiple)
+  linear = stream_linear.Protocol(epochs=protocol.dino_probe_epochs, batch_size=batch,
+                                  base_lr=protocol.dino_probe_lr, crop=inputs.crop,
+                                  resize=inputs.resize)
   out = stream_linear.streamed_linear_probe(
-      features, params, train, evaluate, protocol, num_classes=num_classes, mean=mean,
-      std=std, mesh=mesh, rules=rules, seed=seed, key=key, limit=limit, eval_limit=eval_limit,
-      loader=loader)
+      features, params, train, evaluate, linear, num_classes=inputs.num_classes,
+      mean=inputs.mean, std=inputs.std, runtime=runtime, key=key)
   return {split: out[split] for split in evaluate}
 
 
@@ -179,17 +189,19 @@ def load_transfer(config: ml_collections.ConfigDict, e: ml_collections.ConfigDic
 
 
 def transfer_scores(features, params, protocol: Protocol, datasets: dict[str, dict[str, Any]],
-                    *, log=print, **kw) -> dict[str, dict[str, dict[str, float]]]:
-  """probe_scores (kw: its keywords but the data's) on every data set of load_transfer, at the
-  images' own size -> {name: {'val': ..., 'test': ...}}."""
+                    *, batch_size: int, runtime: online_head.Runtime, log=print
+                    ) -> dict[str, dict[str, dict[str, float]]]:
+  """probe_scores (in global batches of batch_size, on `runtime`) on every data set of
+  load_transfer, at the images' own size -> {name: {'val': ..., 'test': ...}}."""
   out = {}
   for name, data in datasets.items():
     info, size = data["info"], data["train"][0].shape[1]
     scores = probe_scores(
         features, params, streaming.ArraySource(*data["train"]),
         {split: streaming.ArraySource(*data[split]) for split in ("val", "test")}, protocol,
-        num_classes=info.num_classes, mean=info.mean, std=info.std, resize=size, crop=size,
-        **kw)
+        inputs=Inputs(num_classes=info.num_classes, mean=info.mean, std=info.std, resize=size,
+                      crop=size),
+        batch_size=batch_size, runtime=runtime)
     log(f"transfer to {name}: {summary_line({'test': scores['test']})}")
     out[name] = scores
   return out

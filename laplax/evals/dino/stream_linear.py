@@ -67,21 +67,20 @@ def epoch_cosine(base_lr: float, epochs: int, examples_per_step: int, n: int) ->
 
 
 def streamed_linear_probe(features, params, train_source, eval_sources: dict[str, Any],
-                          protocol: Protocol, *, num_classes: int, mean, std, mesh, rules,
-                          seed: int = 0, key: str = "last", limit: int = 0,
-                          eval_limit: int = 0, loader: dict[str, int] | None = None
-                          ) -> dict[str, Any]:
+                          protocol: Protocol, *, num_classes: int, mean, std,
+                          runtime: online_head.Runtime, key: str = "last") -> dict[str, Any]:
   """Trains DINO's linear layer on the frozen `features` of streamed, augmented crops and scores
   it on each eval split.
 
   features: features(params, images (B, crop, crop, C) normalised) -> {key: (B, d)}, not jitted
     (laplax.features.extract.feature_function).
   train_source, eval_sources: random-access TFDS splits (`streaming.open_source`).
-  limit, eval_limit: > 0: the first n records only. loader: the grain loader's num_workers /
-    num_threads / prefetch (default: decode in this process).
+  runtime: the mesh and rules, the seed, train_limit / eval_limit (> 0: the first n records
+    only) and the grain loader's keywords (online_head.Runtime).
   Returns {split: top-1 accuracy, 'train_loss': per-epoch mean losses [epochs], 'steps': int}.
   """
-  c, loader = protocol, dict(loader or {})
+  c, r, loader = protocol, runtime, dict(runtime.loader)
+  mesh, seed, limit, eval_limit = r.mesh, r.seed, r.train_limit, r.eval_limit
   epochs, batch_size, crop = c.epochs, c.batch_size, c.crop
   hosts, dp = jax.process_count(), sharding.data_parallel_size(mesh)
   if batch_size % math.lcm(dp, hosts):
@@ -123,7 +122,7 @@ def streamed_linear_probe(features, params, train_source, eval_sources: dict[str
     return jnp.sum((predicted == batch["label"]) & batch["mask"], dtype=jnp.int32)
 
   out = {}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(r.rules):
     correct = jax.jit(correct, out_shardings=replicated)
     try:
       layer, _, losses = online_head.fit(init, step, stream, params, mesh=mesh, seed=seed)

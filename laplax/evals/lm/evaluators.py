@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from laplax import sections
 from laplax.data.shared import shared_data_dir
 from laplax.evals.lm import bpb as bpb_lib
 from laplax.evals.lm import tasks as lm_tasks
@@ -103,7 +104,7 @@ class LmGeometry(Evaluator):
     adir = self.ctx.out / "analysis"
     adir.mkdir(parents=True, exist_ok=True)
     (adir / "geometry.json").write_text(json.dumps(geo, indent=2))
-    name = self.ctx.task.config.get("name", "run")
+    name = sections.run_name(self.ctx.task.config)
     plots.plot_spectrum({name: geo}, adir / "spectrum.png", title=f"Spectral decay: {name}")
     return geo
 
