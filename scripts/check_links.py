@@ -1,8 +1,8 @@
 """Checks the relative links of README.md and docs/*.md: every target file exists, and every
 #anchor names a heading of its target (GitHub's slugs). Run from anywhere:
 
-  python3 docs/check_links.py            # README.md and docs/*.md
-  python3 docs/check_links.py FILE.md    # other files
+  python3 scripts/check_links.py            # README.md and docs/*.md
+  python3 scripts/check_links.py FILE.md    # other files
 
 Prints one line per broken link and exits 1 if there is one. Links in code blocks and code spans
 are not links; http(s) and mailto links are not checked.
@@ -45,6 +45,10 @@ def slugs(path):
   return found
 
 
+def _shown(path):
+  return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def check(path):
   bad = []
   for number, line in enumerate(prose(path.read_text()), 1):
@@ -53,11 +57,11 @@ def check(path):
         continue
       file, _, anchor = target.partition("#")
       dest = (path.parent / file).resolve() if file else path
-      where = f"{path.relative_to(ROOT)}:{number}: {target}"
+      where = f"{_shown(path)}:{number}: {target}"
       if not dest.exists():
         bad.append(f"{where}: no such file")
       elif anchor and dest.suffix == ".md" and anchor not in slugs(dest):
-        bad.append(f"{where}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+        bad.append(f"{where}: no heading #{anchor} in {_shown(dest)}")
   return bad
 
 
