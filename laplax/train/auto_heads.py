@@ -201,6 +201,8 @@ class AutoPhases:
   the gate logits, records the choice (process 0, before that step's save) and carries the
   state over (`transplant`); `plan` then holds the choice."""
 
+  recorded = ("auto_heads",)  # config.json's choice (record)
+
   def __init__(self, plan_: Plan, task, checkpoints, total_steps: int):
     self.plan, self.checkpoints, self.total_steps = plan_, checkpoints, total_steps
     self.config = task.config  # as configured: 'auto(...)' rows

@@ -16,6 +16,8 @@ from laplax.train.task import Task
 class Phases:
   """A plain run's: one phase, the task as configured. What a run with several implements."""
 
+  recorded: tuple[str, ...] = ()  # config.json keys the phases write mid-run (kept on resume)
+
   def __init__(self, total_steps: int):
     self.total_steps = total_steps
 

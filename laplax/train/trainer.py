@@ -138,14 +138,14 @@ def _get_path(d: dict, dotted: str):
   return d
 
 
-def write_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
+def write_config(workdir: epath.Path, config: ml_collections.ConfigDict,
+                 keep: tuple[str, ...] = ()) -> None:
   """workdir/config.json, atomically (a full disk never leaves a half-written file); a resumed
-  run keeps the head mask its 'auto' phase chose (auto_heads.record)."""
+  run keeps the `keep` keys the file has (what its phases recorded: Phases.recorded)."""
   path, new = workdir / "config.json", json.loads(config.to_json_best_effort())
   if path.exists():
     old = workdir_lib.read_json(path, "run config")
-    if isinstance(old, dict) and "auto_heads" in old:
-      new["auto_heads"] = old["auto_heads"]
+    new.update({k: old[k] for k in keep if isinstance(old, dict) and k in old})
   workdir_lib.write_json_atomic(path, new, indent=2)
 
 
@@ -237,7 +237,7 @@ def _prepare(task: Task, config, workdir: epath.Path, mesh, rules, log,
   start_params = (_start_params(task, abstract.params, log, mesh, rules)
                   if config.get("init_from") and fresh else None)
   if jax.process_index() == 0:  # process 0 alone writes the run's files
-    write_config(workdir, config)
+    write_config(workdir, config, phases.recorded)
   return Plan(config, workdir, mesh, rules, log, phases, task, model, evaluators, total_steps,
               tx, schedule, abstract, shardings, identity, verdict, start_params)
 
