@@ -324,16 +324,44 @@ def _linear_setup(skip=False):
   return state, step
 
 
-def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, **kwargs):
+def _run(tmp_path, state, step_fn, batches, total=12, start_step=0, phase=None, **kwargs):
+  """run_steps of one phase of step_fn (or `phase`) -> (state, summary[, the last phase])."""
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=None, save_interval_steps=2,
                       log=lambda m: None)
   options = loop.LoopOptions(start_step=start_step, total_steps=total, log_every=4,
                              items_per_step=8, unit="examples", schedule=lambda s: 1e-2,
                              name="t", describe=lambda s: "", **kwargs)
-  return loop.run_steps(
-      state, step_fn, batches, ckpt, MetricsWriter(tmp_path, resume_step=start_step or None),
-      options, mesh=mesh, rules=sharding.rules_from_config(()))
+  state, summary, last = loop.run_steps(
+      state, phase or loop.Phase(step_fn, total), batches, ckpt,
+      MetricsWriter(tmp_path, resume_step=start_step or None), options, mesh=mesh,
+      rules=sharding.rules_from_config(()))
+  return (state, summary) if phase is None else (state, summary, last)
+
+
+@pytest.mark.integration
+def test_a_phase_hands_over_after_its_last_step_and_that_step_is_saved(tmp_path):
+  """The loop runs a phase's step up to its `until`, calls its `next` right after that step's
+  update (the state it returns goes on), saves that step off the save grid, and returns the
+  phase the run ended in."""
+  state, step_fn = _linear_setup()
+  calls = []
+
+  def count_steps(state, batch):
+    calls.append("second")
+    return step_fn(state, batch)
+
+  def hand_over(state):
+    calls.append(int(state.step))
+    return state.replace(params={"w": jnp.zeros((4,), jnp.float32)}), loop.Phase(
+        count_steps, 12, info="second")
+
+  first = loop.Phase(step_fn, 5, next=hand_over, info="first")
+  final, _, last = _run(tmp_path, state, step_fn, _Batches(), phase=first)
+  assert calls == [5] + ["second"] * 7 and last.info == "second" and int(final.step) == 12
+  ckpt = Checkpointer(tmp_path / "checkpoints", log=lambda m: None)
+  assert ckpt.all_steps() == [2, 4, 5, 6, 8, 10, 12]  # 5: the hand-over's, off the grid of 2
+  ckpt.close()
 
 
 @pytest.mark.integration
