@@ -222,18 +222,24 @@ def gpt(*, depth: int = sections.GPT_CPU["depth"], width: int = sections.GPT_CPU
                         init=init)
 
 
-def gpt_d20_model() -> ml_collections.ConfigDict:
-  """nanochat's depth-20 GPT on a pod (configs/pod/gpt_d20.py and its chat stages): 10 heads of
-  128, k = 5, nanochat's init (nanochat/gpt.py at ae0bf52: MLP c_fc uniform +-sqrt(3 / 1280)),
-  bf16 compute, splash attention, scanned blocks with full remat (its loss: lm_loss(chunk=256))."""
-  m = gpt(depth=20, width=1280, head_dim=128, init="nanochat")
-  m.laplacian_heads = laplacian_heads(5)
+def _on_pod(m: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A GPT model section as the pod configs run it: bf16 compute over float32 parameters,
+  splash attention, scanned blocks with full remat."""
   m.attention_impl = "splash"
   m.dtype = "bfloat16"
   m.param_dtype = "float32"
   m.scan_layers = True
   m.remat_policy = "full"
   return m
+
+
+def gpt_d20_model() -> ml_collections.ConfigDict:
+  """nanochat's depth-20 GPT on a pod (configs/pod/gpt_d20.py and its chat stages): 10 heads of
+  128, k = 5, nanochat's init (nanochat/gpt.py at ae0bf52: MLP c_fc uniform +-sqrt(3 / 1280)),
+  bf16 compute, splash attention, scanned blocks with full remat (its loss: lm_loss(chunk=256))."""
+  m = gpt(depth=20, width=1280, head_dim=128, init="nanochat")
+  m.laplacian_heads = laplacian_heads(5)
+  return _on_pod(m)
 
 
 def gpt_d20_optim(*, warmdown_fraction: float) -> ml_collections.ConfigDict:
@@ -277,12 +283,7 @@ def gpt_fork_model(depth: int) -> ml_collections.ConfigDict:
   m = gpt(depth=depth, width=fork["width"], head_dim=fork["head_dim"], init="fork")
   m.update({k: v for k, v in fork.items()
             if k not in ("vocab_size", "laplacian_heads", "attention_impl", "sequence_len")})
-  m.attention_impl = "splash"
-  m.dtype = "bfloat16"
-  m.param_dtype = "float32"
-  m.scan_layers = True
-  m.remat_policy = "full"
-  return m
+  return _on_pod(m)
 
 
 def nanochat_optim(*, target_param_data_ratio: float = 12.0) -> ml_collections.ConfigDict:

@@ -29,10 +29,6 @@ from laplax.data.images import check_shared_cache, load_image_data
 Log = Callable[[str], None]
 
 
-def is_streamed(section: ml_collections.ConfigDict) -> bool:
-  return sections.is_streamed(section)
-
-
 def image_info(data: ml_collections.ConfigDict) -> builders.ImageDatasetInfo:
   """An in-memory data set's static facts, with `data.image_size` (square side) and
   `data.num_classes` overriding the image shape and classes when set (> 0). A data set with no
@@ -88,7 +84,7 @@ def describe(section: ml_collections.ConfigDict, *, classes_needed: bool = True,
   """The data set's facts before (or, streamed, with `tfds_info` after) the data opens.
   classes_needed=False: a streamed section with num_classes 0 stands for one class until the
   data says (a task whose model does not depend on the labels: DINO)."""
-  if not is_streamed(section):
+  if not sections.is_streamed(section):
     return image_info(section)
   if tfds_info is None and not classes_needed and not section.num_classes:
     section = ml_collections.ConfigDict({**section.to_dict(), "num_classes": 1})
@@ -97,7 +93,7 @@ def describe(section: ml_collections.ConfigDict, *, classes_needed: bool = True,
 
 def image_shape(section: ml_collections.ConfigDict) -> tuple[int, int, int]:
   """(H, W, C) of the training images, without data (streamed: data.image_size crops, RGB)."""
-  if is_streamed(section):
+  if sections.is_streamed(section):
     size = int(section.image_size)
     return size, size, 3
   return tuple(image_info(section).image_shape)
@@ -107,7 +103,7 @@ def splits(section: ml_collections.ConfigDict) -> tuple[str, ...]:
   """The splits a section serves, known before it opens: in memory 'train', 'val' (held out of
   the training split) and 'test'; streamed 'train' (data.train_split), 'val' (data.eval_split)
   and 'test' only with data.test_split."""
-  if is_streamed(section) and not section.test_split:
+  if sections.is_streamed(section) and not section.test_split:
     return ("train", "val")
   return ("train", "val", "test")
 
@@ -116,7 +112,7 @@ def eval_transform(section: ml_collections.ConfigDict,
                    streamed: Callable[[], tuple[int, int]]) -> tuple[int, int]:
   """(resize, crop) of evaluation images: in memory their own (square) size, so nothing changes;
   streamed, the task's transform (`streamed()`, read only then: its keys exist only there)."""
-  if is_streamed(section):
+  if sections.is_streamed(section):
     return streamed()
   size = image_shape(section)[0]
   return size, size
@@ -127,7 +123,7 @@ def check_augment(section: ml_collections.ConfigDict, info: builders.ImageDatase
   (streaming.check_train_options; in memory the records are already image_size squares)."""
   h, w, _ = info.image_shape
   crop, ops = streaming.check_train_options(image_size=h, augment=section.augment,
-                                            sized=not is_streamed(section))
+                                            sized=not sections.is_streamed(section))
   if crop is not None and h != w:
     raise ValueError(f"data.augment's {crop} crops squares: {section.name} images are "
                      f"{h} x {w}")
@@ -139,7 +135,7 @@ def expected_train(section: ml_collections.ConfigDict, info: builders.ImageDatas
   no data): the builder's training split less the held-out val_size in memory; streamed,
   data.num_train or the metadata's, and one batch when neither says (the schedules then build
   with one step per epoch)."""
-  if is_streamed(section):
+  if sections.is_streamed(section):
     n = dict(info.split_sizes).get("train", 0)
     return n if n > 0 else int(section.batch_size)
   return dict(info.split_sizes).get("train", 0) - int(section.val_size)
@@ -167,7 +163,7 @@ class ImageData:
 
   @property
   def streamed(self) -> bool:
-    return is_streamed(self.section)
+    return sections.is_streamed(self.section)
 
   def source(self, split: str):
     """`split` ('train' / 'val' / 'test') as a random-access source (an ArraySource of the
@@ -204,7 +200,7 @@ def open(section: ml_collections.ConfigDict, log: Log, *, now: tuple[str, ...] =
   Streamed, the splits in `now` open at once (missing data stops a run before its first step),
   the others on first use; a data set with more classes than data.num_classes is refused."""
   splits_ = splits(section)
-  if not is_streamed(section):
+  if not sections.is_streamed(section):
     check_shared_cache(section)
     loaded = load_image_data(section)
     info = image_info(section)

@@ -7,6 +7,8 @@ tests/test_toy_task.py's).
 
 from __future__ import annotations
 
+import abc
+
 from typing import Any, ClassVar
 
 import jax
@@ -115,9 +117,9 @@ class ImageTask(Task):
     """The examples of `split` an evaluation reads (data.eval_subset applied)."""
     return self.images.size(split)
 
+  @abc.abstractmethod
   def streamed_eval_crop(self) -> tuple[int, int]:
     """(resize, crop) of a streamed split's evaluation transform."""
-    raise NotImplementedError
 
   def eval_crop(self) -> tuple[int, int]:
     """(resize, crop) of the evaluation images: in memory their own size (nothing changes);
