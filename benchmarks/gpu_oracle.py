@@ -8,7 +8,7 @@ jax_default_matmul_precision='highest' (no TF32), bfloat16 with 'xla', 'cudnn' a
 the default precision --
 it compares the output and the gradients of sum(out * W) (W a fixed random cotangent) with
 respect to q, k, v against float64 NumPy computed from the same (already rounded) inputs. The
-forward is the formula of tests/test_attention.py `reference`; the backward is its hand-written
+forward is the formula of tests/unit/test_attention.py `reference`; the backward is its hand-written
 derivative. An error counts relative to max(1, max |reference|). cuDNN refusing a case
 (no GPU, old driver, unsupported shape) is reported as UNAVAILABLE, not as a failure.
 Exits 1 if any available case fails.
@@ -60,7 +60,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def reference(q, k, v, lap, w, causal: bool):
   """float64 NumPy out (B, T, Hq, D) and d sum(out * w) / d(q, k, v).
 
-  Forward as tests/test_attention.py: P = softmax(q k^T / sqrt(D) + causal mask); Laplacian heads
+  Forward as tests/unit/test_attention.py: P = softmax(q k^T / sqrt(D) + causal mask); Laplacian heads
   return v_self - P v (v_self: the value at the query's own position, S - T + t).
   """
   q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))

@@ -60,7 +60,7 @@ case "$accel" in
   cuda) reqs+=(-r requirements-cuda.txt "jax[cuda12]==$JAX_VERSION") ;;
 esac
 [ "$test" = 0 ] || reqs+=(-r requirements-test.txt)
-# tests/test_chat_cli.py drives a headless Chromium over its DevTools protocol (a websocket:
+# tests/integration/test_chat_cli.py drives a headless Chromium over its DevTools protocol (a websocket:
 # requirements-test.txt), so the browser is all it needs from Debian (no chromium-driver).
 if [ "$test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -150,40 +150,61 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
   with _skips_missing_data():
-    if item.get_closest_marker("unit") is None:
+    if _kind(item) != "unit":
       return (yield)
     with _integration_guard(item):
       return (yield)
 
 
 # --- The suite's two kinds -----------------------------------------------------------------
-# The rule, for every test (new ones included):
-# - `@pytest.mark.integration` (or a module's `pytestmark`) where the test's body runs the
-#   training loop (a run, a study, a resume: laplax.train.loop.run_steps) or starts a Python
-#   process (train.py, eval.py, hosts, `python -c`). Reading a run a fixture trained
-#   (`lm_run`) or a config's validation stays a unit test.
-# - every other test is `unit`: given here at collection, so -m unit and -m integration split
-#   the suite (pytest.ini registers both, --strict-markers).
+# The folder is the kind (pytest.ini registers both marks; -m unit / -m integration, or the
+# folder as the path, run one kind):
+# - tests/integration/: the test's body runs the training loop (a run, a study, a resume:
+#   laplax.train.loop.run_steps) or starts a Python process (train.py, eval.py, hosts,
+#   `python -c`, a server). Reading a run a fixture trained (`lm_run`) or a config's
+#   validation stays a unit test.
+# - tests/unit/: every other test. A unit test that trains or starts a Python process fails,
+#   naming the folder it belongs in, so a new test cannot land in the wrong kind unnoticed.
 # - `@pytest.mark.slow` on top where a test costs more than the fast suite can hold (about
 #   30 s and up here: long runs, studies, CLI and multi-process runs, big compiles).
-# A unit test that trains or starts a Python process fails, naming the mark it needs, so an
-# unmarked new test cannot land in the wrong kind unnoticed.
+# Helpers both kinds use live in the unit module; the integration module imports them.
 
+KINDS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 
 # The costliest files, longest first (measured: the whole suite with --durations, 2 workers):
 # they are collected first, so that each worker starts one and the short files fill the gaps
 # after them (scripts/test.sh's --dist loadfile hands out files in collection order; started
 # last, test_multihost.py alone kept one worker busy for 15 minutes after the other was done).
-FIRST = ("test_multihost.py", "test_aot.py", "test_study.py", "test_cli_processes.py",
-         "test_gcs.py")
+FIRST = ("integration/test_multihost.py", "unit/test_aot.py",
+         "integration/test_study.py", "integration/test_cli_processes.py",
+         "integration/test_gcs.py")
+
+
+def _kind(item) -> str | None:
+  """'unit' or 'integration' by the test's folder; None for a test outside tests/ (a test
+  that loads this file as a plugin, tests/integration/test_missing_data.py)."""
+  tests = REPO / "tests"
+  if not item.path.is_relative_to(tests):
+    return None
+  if item.path.parent.parent != tests or item.path.parent.name not in KINDS:
+    raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit/ or "
+                            "tests/integration/ (the rule in tests/conftest.py)")
+  return item.path.parent.name
 
 
 def pytest_collection_modifyitems(config, items):
   for item in items:
-    if item.get_closest_marker("integration") is None:
-      item.add_marker(pytest.mark.unit)
+    kind = _kind(item)
+    if kind is None:
+      continue
+    other = next(k for k in KINDS if k != kind)
+    if item.get_closest_marker(other) is not None:
+      raise pytest.UsageError(f"{item.nodeid} is marked {other} but lives in tests/{kind}/: "
+                              f"move it to tests/{other}/ (the folder is the kind)")
+    item.add_marker(KINDS[kind])
   rank = {name: i for i, name in enumerate(FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: files stay whole
+  where = lambda item: f"{item.path.parent.name}/{item.path.name}"
+  items.sort(key=lambda item: rank.get(where(item), len(FIRST)))  # stable: files stay whole
 
 
 @contextlib.contextmanager
@@ -194,7 +215,7 @@ def _integration_guard(item):
   what = []
 
   def refuse(thing):
-    what.append(f"{item.nodeid} {thing}: mark it @pytest.mark.integration (the rule in "
+    what.append(f"{item.nodeid} {thing}: it belongs in tests/integration/ (the rule in "
                 "tests/conftest.py)")
     raise UnitTestDoesIntegration(what[-1])
 

@@ -359,7 +359,7 @@ def _positioned(position: int, index: int) -> tuple[int, int]:
 def _reset(rng: np.random.Generator, position: int) -> np.random.Generator:
   """rng (Philox) at the start of the stream of `position`: the generator grain's `random_map`
   gives the element at that index (grain's RngPool: counter (0, 0, 0, position), buffer empty),
-  so a record's draws are those of a per-record random_map (tests/test_streaming.py checks)."""
+  so a record's draws are those of a per-record random_map (tests/unit/test_streaming.py checks)."""
   state = rng.bit_generator.state
   state['state']['counter'] = np.array([0, 0, 0, position], dtype=np.uint64)
   state['buffer'] = np.zeros(4, np.uint64)

@@ -52,7 +52,7 @@ PRESETS = {
 # weight and bias uniform(+-1/sqrt(fan_in)), fan_in = p * p * C).
 # 'timm' (timm's VisionTransformer.init_weights, the authors' deit_mixed models): as
 # 'trunc_normal' but the class token normal(1e-6); timm's trunc_normal_(std=0.02) cuts at +-2
-# absolute, i.e. at 100 std, so its weights are plain normal(0.02) (tests/test_init.py checks
+# absolute, i.e. at 100 std, so its weights are plain normal(0.02) (tests/unit/test_init.py checks
 # each tensor's statistics against timm's own modules). Only values differ between the three:
 # the parameter trees are the same.
 INITS = ("xavier", "trunc_normal", "timm")

@@ -2,7 +2,7 @@
 in host memory or streamed, one interface), the ViT built from config.model, epochs as steps,
 and the evaluation and analysis interfaces (laplax.train.task's EvalSources and Subject),
 implemented once. A new image task adds its model, loss and step (the smallest:
-tests/test_toy_task.py's).
+tests/integration/test_toy_task.py's).
 """
 
 from __future__ import annotations
