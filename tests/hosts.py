@@ -83,6 +83,13 @@ def own_disks(root: pathlib.Path, num_processes: int) -> list[dict[str, str]]:
   return [{"HOME": str(root / f"host{i}")} for i in range(num_processes)]
 
 
+# A job's heartbeat timeout unless its command sets one (the tests of a lost host do, in
+# seconds): 2 cores shared by the other test worker, cold compiles and the hosts themselves
+# once kept both hosts of a job from heartbeating for 20 s (laplax's default), and the runtime
+# stopped a healthy job (seen once, in a cold-cache suite run).
+HEARTBEAT_S = 60
+
+
 def start(args: list[str], num_processes: int, logdir: pathlib.Path, *, devices: int | None = None,
           tag: str = "job", envs: list[dict[str, str]] | None = None) -> Job:
   """Starts `args` (a train.py command line) as `num_processes` processes of one job, each
@@ -96,6 +103,8 @@ def start(args: list[str], num_processes: int, logdir: pathlib.Path, *, devices:
     log = logdir / f"{tag}.{i}.log"
     cluster = ["--multihost", f"--coordinator_address=127.0.0.1:{port}",
                f"--num_processes={num_processes}", f"--process_id={i}"]
+    if not any(a.startswith("--heartbeat_timeout=") for a in args):
+      cluster.append(f"--heartbeat_timeout={HEARTBEAT_S}")
     with open(log, "w") as f:
       procs.append(subprocess.Popen(args + cluster, cwd=REPO,
                                     env={**env(devices), **(envs[i] if envs else {})}, stdout=f,

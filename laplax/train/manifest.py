@@ -59,6 +59,9 @@ MANIFEST_NAME = "laplax_checksums.json"
 # Outside copies of the manifests (`<step>.json`) and save-in-progress markers (`<step>.pending`).
 MANIFESTS_DIR_NAME = "laplax_manifests"
 CORRUPT_DIR_NAME = "corrupt"
+_CORRUPT_NOTE = ("Checkpoint steps whose files did not match their checksum manifest, moved "
+                 "here (not deleted) by laplax.train.manifest before the run saved those steps "
+                 "again. Safe to delete once looked at.\n")
 
 
 class Manifests:
@@ -124,6 +127,11 @@ class Manifests:
       if not source.exists():
         continue
       corrupt_root.mkdir(exist_ok=True)
+      # On an object store a folder exists only while an object lies below it, and epath's
+      # rename wants the destination's folder to exist: this note makes it so on every store.
+      note = corrupt_root / "README.txt"
+      if not note.exists():
+        note.write_text(_CORRUPT_NOTE)
       dest, n = corrupt_root / str(step), 1
       while dest.exists():
         dest, n = corrupt_root / f"{step}.{n}", n + 1

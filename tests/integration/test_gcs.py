@@ -10,10 +10,12 @@ session, a fresh bucket per test).
   google-cloud-storage           the workdir lock (generation preconditions, laplax.train.gcs)
   google-cloud-cpp (array_record's reader)   the TFDS ArrayRecord shards
 
-Runs are real train.py / eval.py processes: a gs:// workdir from start to export, kill -9 in
-the middle of a checkpoint save and a resume identical to the uninterrupted run, two hosts on
-one gs:// workdir, a second run refused by the lock and a dead run's lock taken over, and
-one-line errors for a missing bucket and for missing credentials. The training runs are
+Runs are real train.py / eval.py processes: a gs:// workdir from start to export (an export
+changed on the server refused by name), kill -9 in the middle of a checkpoint save and a resume
+identical to the uninterrupted run, an object of the newest checkpoint changed or truncated on
+the server (found by the manifest's sha256 / size, the run resumed from the step before), two
+hosts on one gs:// workdir, a second run refused by the lock and a dead run's lock taken over,
+and one-line errors for a missing bucket and for missing credentials. The training runs are
 marked slow; the rest (in process, or a process that stops at once) is in the fast suite.
 """
 
@@ -37,7 +39,7 @@ from laplax.data import streaming
 from laplax.data.images import load_image_data
 from laplax.data.text import corpus
 from laplax.train import export as export_lib
-from laplax.train import gcs, manifest, metrics, workdir
+from laplax.train import gcs, manifest, metrics, restore, workdir
 from laplax.train.metrics import read_metrics
 from unit.test_paths import tensorboard_scalars
 
@@ -276,6 +278,13 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(fake_gcs, ref
   params = export_lib.read_safetensors(epath.Path(f"{out}/params.safetensors"))
   assert meta["step"] == STEPS and params and all(np.isfinite(v).all() for v in params.values())
   assert export_lib.is_export(out) and export_lib.verified_files(out, meta)  # sha256 on gs://
+  # The export changed on the server (one byte of its parameters): what eval.py and init_from
+  # read it with (restore.load_run) refuses it, naming the file.
+  blob = bytearray(epath.Path(f"{out}/params.safetensors").read_bytes())
+  blob[len(blob) // 2] ^= 0xFF
+  epath.Path(f"{out}/params.safetensors").write_bytes(bytes(blob))
+  with pytest.raises(ValueError, match=f"{out}/params.safetensors is damaged or truncated"):
+    restore.load_run(out)
   assert not (REPO / "gs:").exists()  # nothing written to a local 'gs:' directory
 
 
@@ -305,6 +314,53 @@ def test_kill_9_mid_save_then_the_resume_is_the_uninterrupted_run(fake_gcs, cach
   assert _losses(run) == want  # every step, bit for bit
   got = json.loads(epath.Path(f"{run}/results.json").read_text())
   assert got["test"] == results["test"] and got["val"] == results["val"]
+
+
+def _damage(server, run: str, step: int, how: str) -> str:
+  """Rewrites the largest array object of checkpoint `step` on the server, as a partial copy by
+  hand or a bad upload would: `flip` changes one byte in its middle, `truncate` drops its second
+  half. The object's name, below the run."""
+  prefix = f"{run}/checkpoints/{step}/state/"
+  bucket = run[len("gs://"):].split("/")[0]
+  objects = [epath.Path(f"gs://{bucket}/{name}") for name in
+             server.objects(bucket, prefix[len(f"gs://{bucket}/"):])]
+  target = max((o for o in objects if "/d/" in str(o)), key=lambda o: o.stat().length)
+  data = bytearray(target.read_bytes())
+  if how == "flip":
+    data[len(data) // 2] ^= 0xFF
+  else:
+    del data[len(data) // 2:]
+  target.write_bytes(bytes(data))
+  return str(target)[len(run) + 1:]
+
+
+@pytest.mark.slow  # train.py runs
+def test_a_damaged_checkpoint_on_gs_is_found_and_the_run_resumes_from_the_last_good_one(
+    fake_gcs, cache, reference):
+  """An object of the newest checkpoint changed, then (after the rerun saved that step again)
+  truncated, on the server: each rerun names the step and the object in one line, restores the
+  step before it, and trains on to the uninterrupted run's losses, bit for bit."""
+  _, want, results = reference
+  run = f"gs://{fake_gcs.bucket()}/run"
+  args = _train(run, cache)
+  first = hosts.run_single(args)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  for how, problem in (("flip", "checksum mismatch in "), ("truncate", "size of ")):
+    epath.Path(f"{run}/results.json").unlink()  # not finished: the rerun restores
+    damaged = _damage(fake_gcs, run, STEPS, how)
+    rerun = hosts.run_single(args)
+    out = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, out[-3000:]
+    lines = [l for l in out.splitlines() if f"checkpoint step {STEPS} in" in l]
+    assert len(lines) == 1 and "is corrupt" in lines[0], out[-3000:]
+    assert problem in lines[0] and damaged.split("/", 2)[-1] in lines[0], lines
+    assert "falling back to step 5" in lines[0] and "resumed from step 5" in out, out[-3000:]
+    assert _losses(run) == want  # every step, bit for bit
+    got = json.loads(epath.Path(f"{run}/results.json").read_text())
+    assert got["test"] == results["test"] and got["val"] == results["val"]
+    # The damaged step moved aside (not deleted) before the step was saved again.
+    assert any(n.startswith("run/corrupt/") or "/corrupt/" in n
+               for n in fake_gcs.objects(run[len("gs://"):].split("/")[0], "run/")), how
 
 
 @pytest.mark.slow  # train.py runs
