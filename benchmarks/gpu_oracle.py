@@ -60,8 +60,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def reference(q, k, v, lap, w, causal: bool):
   """float64 NumPy out (B, T, Hq, D) and d sum(out * w) / d(q, k, v).
 
-  Forward as tests/unit/test_attention.py: P = softmax(q k^T / sqrt(D) + causal mask); Laplacian heads
-  return v_self - P v (v_self: the value at the query's own position, S - T + t).
+  Forward as tests/unit/test_attention.py: P = softmax(q k^T / sqrt(D) + causal mask);
+  Laplacian heads return v_self - P v (v_self: the value at the query's own position,
+  S - T + t).
   """
   q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))
   b, t, hq, d = q.shape

@@ -47,8 +47,8 @@ USEFUL_LOGGERS = ("jax._src.xla_bridge",)
 # The collective timeouts: XLA:CPU runs each (fake) device's part of a sharded step on its own
 # thread and aborts the process when one thread reaches an all-reduce 40 s after the others.
 # On a loaded 2-core host, 8 fake devices' threads can be that far apart without any deadlock
-# (a CI run of tests/integration/test_cli_processes.py died so, at step ~250 of 300): warn after 2 min,
-# abort after 10.
+# (a CI run of tests/integration/test_cli_processes.py died so, at step ~250 of 300): warn
+# after 2 min, abort after 10.
 CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=individual_dot",
                  "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120",
                  "--xla_cpu_collective_call_terminate_timeout_seconds=600")
