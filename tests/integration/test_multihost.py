@@ -358,7 +358,10 @@ def test_data_that_fails_on_another_process_stops_every_host_with_one_line(tmp_p
 # JAX's runtime aborts the other hosts once a host misses heartbeats for --heartbeat_timeout
 # seconds (a dead coordinator at once); laplax.supervisor turns that into one line, exit 75.
 HEARTBEAT_S = 8
-EXIT_BOUND_S = HEARTBEAT_S + 12  # detection within the timeout, plus a loaded machine's slack
+# Which mechanism stopped the survivor, not how fast: our 8 s timeout, not JAX's own 100 s
+# default nor a hang (the 120 s wait below). Half that default leaves a loaded 2-core machine its
+# slack (the seconds themselves vary with the load: they are printed, not asserted tighter).
+EXIT_BOUND_S = 50
 
 
 def _lost_host(job: hosts.Job, survivor: int, t0: float) -> tuple[str, float]:
