@@ -27,6 +27,7 @@ from laplax import multihost
 from laplax import supervisor
 from laplax.data.builders import DataError
 from laplax.train.checkpoint import CheckpointError
+from laplax.train import gcs
 from laplax.train import shims
 from laplax.train.loop import Preempted
 
@@ -399,7 +400,7 @@ def run_main(main: Callable[[], object]) -> None:
       print(str(e), file=sys.stderr)
       sys.exit(143)
     except USER_ERRORS as e:
-      print(f"error: {one_line(e)}", file=sys.stderr)
+      print(f"error: {gcs.store_error(e) or one_line(e)}", file=sys.stderr)
       sys.exit(1)
     except SystemExit:
       raise

@@ -53,6 +53,12 @@ def binary() -> pathlib.Path:
   return path
 
 
+def endpoint_env(url: str) -> dict[str, str]:
+  """Every client's endpoint variable, pointing at `url` (the server, or a proxy before it)."""
+  return {"STORAGE_EMULATOR_HOST": url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+          "TENSORSTORE_GCS_HTTP_URL": url, "CLOUD_STORAGE_EMULATOR_ENDPOINT": url}
+
+
 @dataclasses.dataclass
 class Server:
   url: str
@@ -61,8 +67,7 @@ class Server:
 
   @property
   def env(self) -> dict[str, str]:
-    return {"STORAGE_EMULATOR_HOST": self.url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-            "TENSORSTORE_GCS_HTTP_URL": self.url, "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url}
+    return endpoint_env(self.url)
 
   def bucket(self, prefix: str = "t") -> str:
     """A fresh, empty bucket (created through the API); its name."""

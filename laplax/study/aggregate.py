@@ -37,6 +37,7 @@ from laplax import heads as heads_lib
 from laplax.study import cells as cells_lib
 from laplax.study import grid
 from laplax.train import identity as identity_lib
+from laplax.train import metrics as metrics_lib
 from laplax.train import restore
 from laplax.train import workdir as workdir_lib
 
@@ -250,8 +251,7 @@ def _write_view(view: epath.Path, cell: list[Run], section) -> None:
     place.mkdir(parents=True, exist_ok=True)
     workdir_lib.write_json_atomic(place / "results.json", run.results, indent=2)
     workdir_lib.write_json_atomic(place / "config.json", run.config.to_dict(), indent=2)
-    metrics = run.workdir / "metrics.jsonl"
-    (place / "metrics.jsonl").write_text(metrics.read_text() if metrics.exists() else "")
+    (place / "metrics.jsonl").write_text(metrics_lib.metrics_text(run.workdir / "metrics.jsonl"))
     workdir_lib.write_json_atomic(place / "source.json", {"workdir": str(run.workdir)})
   if len(cell) > 1:
     workdir_lib.write_json_atomic(view / "results.json", section.cell_summary(

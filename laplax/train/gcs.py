@@ -112,6 +112,36 @@ def explain(e: BaseException, path: str) -> BaseException:
   return e
 
 
+# gcsfs's errors name the object as the JSON API does: 'Forbidden: b/BUCKET/o/NAME' (NAME
+# URL-encoded), or only the request's URL.
+_GCSFS_OBJECT = re.compile(r"\bb/([a-z0-9][a-z0-9._-]*[a-z0-9])/o/([^\s?&]+)")
+_URL_OBJECT = re.compile(r"/b/([a-z0-9][a-z0-9._-]*[a-z0-9])/o\?\S*?\bname=([^\s&]+)")
+
+
+def store_error(e: BaseException) -> str | None:
+  """A failed gs:// read or write (gcsfs's OSError) as one line naming the object by its
+  gs:// path; None for other errors."""
+  if not isinstance(e, OSError):
+    return None
+  from urllib.parse import unquote
+  text = " ".join(str(e).split())
+  found = _GCSFS_OBJECT.search(text)
+  if found is not None:
+    detail = " ".join(text.replace(found.group(0), " ").split()).strip(": ")
+  else:  # only the request's URL: nothing else to say
+    found, detail = _URL_OBJECT.search(text), ""
+  if found is None:
+    return None
+  path = f"gs://{found.group(1)}/{unquote(found.group(2))}"
+  if detail.startswith("Forbidden"):
+    detail = detail[len("Forbidden"):].strip(": ")
+    return (f"{path}: Cloud Storage refused access (403 Forbidden"
+            f"{': ' + detail if detail else ''}): the bucket turned read-only or these "
+            "credentials lost their access")
+  return (f"{path}: a Cloud Storage request failed ({type(e).__name__}"
+          f"{': ' + detail if detail else ''})")
+
+
 def _first_line(e: BaseException) -> str:
   text = " ".join(str(e).split())
   return text[:200] if text else type(e).__name__

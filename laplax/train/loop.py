@@ -201,6 +201,7 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
         force = last_step or stop or handed_over
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
+          writer.flush()  # an object store's rows up to this step are stored before it is
           checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
         if stop:
           checkpointer.wait_until_finished()

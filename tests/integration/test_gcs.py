@@ -2,10 +2,10 @@
 (fake-gcs-server, tests/gcs_server.py; fixtures fake_gcs and bucket: one server for the
 session, a fresh bucket per test).
 
-  gcsfs (through etils.epath)    config.json, metrics.jsonl, the TensorBoard event file
-                                 (tensorboardX), checksum manifests, results.json, eval.json,
-                                 the export (safetensors + manifest), the TFDS data set's metadata, the
-                                 parquet corpus
+  gcsfs (through etils.epath)    config.json, metrics.jsonl's pieces, the TensorBoard event
+                                 files (tensorboardX), checksum manifests, results.json,
+                                 eval.json, the export (safetensors + manifest), the TFDS data
+                                 set's metadata, the parquet corpus
   tensorstore (orbax)            the checkpoint arrays (OCDBT)
   google-cloud-storage           the workdir lock (generation preconditions, laplax.train.gcs)
   google-cloud-cpp (array_record's reader)   the TFDS ArrayRecord shards
@@ -87,10 +87,13 @@ def test_json_metrics_tensorboard_and_manifests_through_gcsfs(bucket):
   writer = metrics.MetricsWriter(run)
   for step in (1, 2, 3):
     writer.write(step, "train", {"loss": np.float32(1 / step)})
+  assert read_metrics(f"{run}/metrics.jsonl") == []  # kept until a flush (or 30 s)
+  writer.flush()
   assert [r["step"] for r in read_metrics(f"{run}/metrics.jsonl")] == [1, 2, 3]
   # A resumed run drops the rows logged after its checkpoint, then keeps appending.
   resumed = metrics.MetricsWriter(run, resume_step=2)
   resumed.write(3, "train", {"loss": 0.5})
+  resumed.flush()
   rows = read_metrics(f"{run}/metrics.jsonl")
   assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 0.5), (3, 0.5)]
   resumed.close()
@@ -223,7 +226,7 @@ def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(fake_gcs, 
                             start_new_session=True)
   try:
     deadline = time.time() + 300
-    while not epath.Path(f"{run}/metrics.jsonl").exists():
+    while gcs.read(f"{run}/.lock") is None:
       assert time.time() < deadline and holder.poll() is None, open(log.name).read()[-3000:]
       time.sleep(0.2)
     second = hosts.run_single(_train(run, cache, *lease, "--config.total_steps=100000",
@@ -253,7 +256,10 @@ def test_a_gs_workdir_holds_the_whole_run_and_eval_exports_from_it(fake_gcs, ref
   run, losses, results = reference
   bucket = run[len("gs://"):].split("/")[0]
   names = fake_gcs.objects(bucket, "run/")
-  for name in ("run/config.json", "run/metrics.jsonl", "run/results.json",
+  # metrics.jsonl in pieces, one object per flush (each checkpoint save, the end)
+  assert [n for n in names if n.startswith("run/metrics.jsonl")] == [
+      f"run/metrics.jsonl.parts/{i:08d}.jsonl" for i in range(3)], names
+  for name in ("run/config.json", "run/results.json",
                "run/checkpoints/identity.json", "run/checkpoints/laplax_manifests/5.json",
                "run/checkpoints/laplax_manifests/10.json",
                "run/checkpoints/10/laplax_checksums.json",
