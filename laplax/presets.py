@@ -262,7 +262,7 @@ def gpt_d20_stage_base(*, log_every: int, every_steps: int) -> ml_collections.Co
   run: its mesh, model and optimiser, with the embedding lr of nanochat's mid_train.py and
   chat_sft.py at ae0bf52 (0.2; base_train.py's became 0.3 at that commit)."""
   base = run("gpt_d20", "lm", log_every=log_every, every_steps=every_steps)
-  base.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "model": 1})
+  base.mesh.update({"data": 1, "fsdp": -1, "model": 1})
   base.model = gpt_d20_model()
   base.loss = lm_loss(chunk=256)
   base.optim = gpt_d20_optim(warmdown_fraction=0.0)  # each stage sets its own schedule
@@ -317,7 +317,7 @@ def gpt_fork(depth: int) -> ml_collections.ConfigDict:
   # once --config.evals.core.bundle names the bundle and --config.evals.core.final=True
   c.evals.core.max_per_task = -1
   c.evals.core.batch_size = 256
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   # sources: the FineWeb-Edu / ClimbMix parquet shards (python -m laplax.data.fetch); batch -1:
   # the recipe's (Power Lines) batch in sequences of seq_len
   c.data = text_data(sources=(), vocab_size=32_768, seq_len=2048, batch_size=-1,

@@ -57,7 +57,10 @@ RUN = {
         # None: asynchronous saves on accelerators, synchronous on CPU.
         "async_save": Typed(None, bool),
     },
-    "mesh": {"data": -1, "fsdp": 1, "model": 1},
+    # Devices per mesh axis (laplax.sharding; one may be -1: the rest). Several TPU slices
+    # (multi-slice, joined by DCN): data / fsdp / model are per slice, and dcn_data x dcn_fsdp
+    # = the slice count (one may be -1) lays the slices along 'data' / 'fsdp'.
+    "mesh": {"data": -1, "fsdp": 1, "model": 1, "dcn_data": 1, "dcn_fsdp": 1},
     "axis_rules": (),  # overrides of laplax.sharding.DEFAULT_RULES, e.g. (("embed", None),)
     "profile": (),  # (first step, number of steps): a jax.profiler trace in workdir/profile
     "compilation_cache_dir": "",  # e.g. ~/.cache/laplax/xla or gs://...: reuse compiled steps

@@ -3,6 +3,8 @@
 Mesh axes: 'data' (pure data parallel), 'fsdp' (data parallel with parameters sharded along
 'embed'), 'model' (tensor parallel over heads / MLP / vocabulary). One axis may be -1 (all the
 remaining devices). The same code runs on one CPU (1x1x1), on fake CPU devices and on a pod.
+Several TPU slices joined by DCN (multi-slice): mesh.data / fsdp / model are per slice and
+mesh.dcn_data (dcn_fsdp) lays the slices along the same 'data' ('fsdp') axis (`make_mesh`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "model")
+# Mesh axes that may also span slices (config mesh.dcn_data, mesh.dcn_fsdp): data parallelism
+# over DCN; tensor parallelism ("model") stays within a slice.
+DCN_AXES = ("data", "fsdp")
+# Every device on the data axis, on one slice or several (each slice's devices, then the slices).
+EVERY_DEVICE = {"data": -1, "dcn_data": -1}
 
 # Logical name -> mesh axes. Activations' batch is split over data and fsdp; parameters'
 # 'embed' over fsdp (ZeRO-3 style); heads / mlp / vocab over model.
@@ -33,15 +41,78 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def slice_count(devices: Sequence[jax.Device]) -> int:
+  """How many slices (ICI-connected groups, joined by DCN) `devices` span: TPU devices of a
+  multi-slice job carry `slice_index`; others (CPU, GPU, one TPU slice) are one slice."""
+  return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def dcn_sizes(shape: Mapping[str, int], slices: int) -> list[int]:
+  """The mesh's slices along (data, fsdp, model): mesh.dcn_data x mesh.dcn_fsdp (one may be
+  -1: the rest of the slices) must be the slice count."""
+  sizes = [int(shape.get(f"dcn_{a}", 1)) for a in DCN_AXES] + [1]
+  given = ", ".join(f"mesh.dcn_{a}={s}" for a, s in zip(DCN_AXES, sizes))
+  fixed = int(np.prod([s for s in sizes if s != -1]))
+  if sizes.count(-1) > 1 or fixed <= 0 or min(sizes) < -1:
+    raise ValueError(f"{given}: slice counts >= 1, at most one of them -1 (the rest)")
+  if -1 in sizes and slices % fixed:
+    raise ValueError(f"{given} does not divide the {slices} slices of these devices")
+  if -1 not in sizes and fixed != slices:
+    fix = (f"mesh.dcn_data=1 here, or compile for {fixed} slices: train.py --aot=TOPOLOGY "
+           f"--slices={fixed}" if slices == 1 else
+           f"dcn_data x dcn_fsdp = {slices}, e.g. --config.mesh.dcn_data={slices} (or -1: the "
+           "rest of the slices)")
+    plural = lambda n: f"{n} slice{'s' if n > 1 else ''}"
+    raise ValueError(f"{given} asks for {plural(fixed)}, but these devices are {plural(slices)} "
+                     f"(TPU slice_index): use {fix}")
+  return [slices // fixed if s == -1 else s for s in sizes]
+
+
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Mesh with axes ('data', 'fsdp', 'model'); `shape` maps axis -> size, at most one -1."""
+  """Mesh with axes ('data', 'fsdp', 'model'); `shape` maps axis -> size, at most one -1.
+
+  Several TPU slices (devices with `slice_index`): data, fsdp and model are each slice's
+  (ICI) sizes, and dcn_data / dcn_fsdp (config mesh.dcn_*) spread the slices over the global
+  'data' / 'fsdp' axes, which then have size dcn x ici (MaxText's hybrid mesh: only the
+  gradient all-reduce of data parallelism crosses the slower DCN)."""
   devices = list(jax.devices() if devices is None else devices)
-  unknown = set(shape) - set(MESH_AXES)
+  unknown = set(shape) - set(MESH_AXES) - {f"dcn_{a}" for a in DCN_AXES}
   if unknown:
-    raise ValueError(f"mesh axes {sorted(unknown)} are unknown; use {MESH_AXES}")
+    raise ValueError(f"mesh axes {sorted(unknown)} are unknown; use {MESH_AXES} and, across "
+                     f"slices, {tuple(f'dcn_{a}' for a in DCN_AXES)}")
   sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1:
     raise ValueError(f"mesh {dict(shape)}: at most one axis may be -1")
+  if all(int(shape.get(f"dcn_{a}", 1)) == 1 for a in DCN_AXES):
+    fixed = int(np.prod([s for s in sizes if s != -1]))
+    used = devices if -1 in sizes else devices[:max(fixed, 0)]
+    if slice_count(used) == 1:
+      return _one_slice_mesh(shape, sizes, devices)
+  dcn = dcn_sizes(shape, slice_count(devices))  # the slices along (data, fsdp, model)
+  if dcn == [1] * len(MESH_AXES):  # dcn -1 on one slice
+    return _one_slice_mesh(shape, sizes, devices)
+  groups: dict[int, list] = {}
+  for d in devices:
+    groups.setdefault(d.slice_index, []).append(d)
+  per_slice = {len(g) for g in groups.values()}
+  if len(per_slice) > 1:
+    raise ValueError(f"the slices hold different device counts {sorted(per_slice)}")
+  n = per_slice.pop()
+  fixed = int(np.prod([s for s in sizes if s != -1]))
+  if fixed <= 0 or (n % fixed if -1 in sizes else n != fixed):
+    raise ValueError(f"mesh {dict(shape)}: data x fsdp x model must fill each slice's {n} "
+                     "devices (one axis may be -1: the rest of a slice)")
+  ici = [n // fixed if s == -1 else s for s in sizes]
+  try:  # each slice's physical axes kept whole where the shape allows
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  except (ValueError, NotImplementedError):  # e.g. v5e 4x4 as 2 x 8 (jax.make_mesh splits too)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                                 allow_split_physical_axes=True)
+  return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def _one_slice_mesh(shape: Mapping[str, int], sizes: list[int], devices: list) -> Mesh:
+  """The mesh of `sizes` (one -1: the rest) over devices of one slice."""
   fixed = int(np.prod([s for s in sizes if s != -1]))
   if fixed <= 0 or (-1 in sizes and len(devices) % fixed) or fixed > len(devices):
     raise ValueError(f"mesh {dict(shape)} does not fit {len(devices)} devices")

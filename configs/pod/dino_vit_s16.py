@@ -63,7 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = common.run("dino_vit_s16", "dino", log_every=100, every_steps=2000)
   c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.num_epochs = 100.0
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   # The views come from the multicrop section (the data section has no augment).
   c.data = common.streamed_image_data("imagenet2012", task="dino", image_size=224,
                                       batch_size=1024)

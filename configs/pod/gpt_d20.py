@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = common.run("gpt_d20", "lm", total_steps=21_400, log_every=50, every_steps=1000)
   c.platform = "tpu"  # refused on another backend (laplax.train.platform)
   c.evals = common.lm_evals(every=1000)
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   # sources: set to the pretraining corpus (files, globs, gs:// paths); global batch 256 x
   # 2048 = 524,288 tokens per step
   c.data = common.text_data(sources=(), vocab_size=65_536, seq_len=2048, batch_size=256,

@@ -99,7 +99,7 @@ def get_config(recipe: str | None = None):
   # Evaluated where it trains: 192 px, shorter side int(192 / 0.875) = 219 (common's defaults).
   c.model = common.vit("B", patch_size=16, drop_path_rate=0.2, dtype="bfloat16",
                        scan_layers=True, remat_policy="full", attention_impl="splash")
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   lr = 2e-3  # paper: 1e-3 x 2048 / 1024; deit3: AdamW in place of LAMB's 3e-3
   c.optim = common.adamw(lr, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.05, clip_norm=1.0)
   common.deit3(c, crop="rrc")  # crop, flip, 3-Augment, jitter 0.3, Mixup / CutMix, init

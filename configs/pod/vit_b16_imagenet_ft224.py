@@ -55,7 +55,7 @@ def get_config(source_recipe: str | None = None):
                        scan_layers=True, remat_policy="full", attention_impl="splash",
                        qk_norm=source_recipe == "paper",
                        weight_init="timm" if source_recipe == "paper" else "trunc_normal")
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   c.optim = common.adamw(1e-5, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.1,
                          clip_norm=0.0, final_lr_fraction=1.0)  # min-lr 1e-5 = lr
   # softmax cross-entropy on the mixed smoothed targets

@@ -37,7 +37,7 @@ def get_config():
   c.data.val_size = 5000
   c.model = common.vit("B", patch_size=4, drop_path_rate=0.1, dtype="bfloat16",
                        scan_layers=True, remat_policy="full", attention_impl="splash")
-  c.mesh = {"data": 1, "fsdp": -1, "model": 1}
+  c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   c.optim = common.adamw(1e-3, warmup_steps=2000, weight_decay=0.05)
   common.deit3(c, crop="src")  # no label smoothing
   c.evals = common.classification_evals()

@@ -10,6 +10,9 @@ workdir/aot.json (needs libtpu: requirements-tpu.txt; JAX_PLATFORMS=cpu):
 
   JAX_PLATFORMS=cpu laplax-train --config=configs/pod/gpt_d20.py --workdir=runs/aot --aot=v5e:4x4
 
+Several slices joined by DCN (multi-slice): --slices=2 compiles for two v5e:4x4 slices; the
+config's mesh lays them out (--config.mesh.dcn_data=2, or -1: every slice on the data axis).
+
 A rerun resumes the run its checkpoints were trained as; a longer schedule or another batch is
 a deliberate change: --allow_change=total_steps,data.batch_size (laplax.train.identity).
 
@@ -40,6 +43,10 @@ flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compi
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
                     "fit (laplax.train.aot); for a study, every distinct cell and stage "
                     "(laplax.study.fit).")
+flags.DEFINE_integer("slices", 1, "With --aot: compile for this many slices of the topology, "
+                     "joined by DCN (multi-slice); the config's mesh.dcn_data x mesh.dcn_fsdp "
+                     "must be the same count (e.g. --config.mesh.dcn_data=2, or -1). A real "
+                     "multi-slice job's slices are those of its devices.")
 flags.DEFINE_list("allow_change", [], "Resume with these changed on purpose (the checkpoints "
                   "record it): total_steps, data.batch_size, optim.grad_accum_steps, e.g. "
                   "--allow_change=total_steps,data.batch_size. Anything else that differs from "
@@ -56,14 +63,16 @@ def main(argv):
   cli.join_from_flags(FLAGS)
   if FLAGS.allow_change and (FLAGS.aot or "study" in FLAGS.config):
     cli.fail("--allow_change applies to resuming one run (not --aot, not a study)")
+  if FLAGS.slices != 1 and not FLAGS.aot:
+    cli.fail(f"--slices={FLAGS.slices} applies to --aot: a run's slices are those of its devices")
   cli.run_main(lambda: print(platform.describe()))
   # --aot compiles for a TPU topology from this host by design: no backend check
   if FLAGS.aot and "study" in FLAGS.config:  # every distinct program of the grid
     check = sweep.run_fit if sweep.is_sweep(FLAGS.config) else fit.run  # (of every depth)
-    cli.run_main(lambda: check(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+    cli.run_main(lambda: check(FLAGS.config, FLAGS.workdir, FLAGS.aot, slices=FLAGS.slices))
     return
   if FLAGS.aot:
-    cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot))
+    cli.run_main(lambda: aot.run(FLAGS.config, FLAGS.workdir, FLAGS.aot, slices=FLAGS.slices))
     return
   notes = []
   cli.run_main(lambda: notes.extend(platform.check(

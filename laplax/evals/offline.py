@@ -198,9 +198,9 @@ def _mesh(config: ml_collections.ConfigDict):
   try:
     mesh = sharding.make_mesh(config.mesh.to_dict())
   except ValueError:
-    return sharding.make_mesh({"data": -1})
+    return sharding.make_mesh(sharding.EVERY_DEVICE)
   if multihost.is_multiprocess() and mesh.devices.size < jax.device_count():
-    return sharding.make_mesh({"data": -1})
+    return sharding.make_mesh(sharding.EVERY_DEVICE)
   return mesh
 
 

@@ -38,9 +38,10 @@ def programs(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Conf
   return out
 
 
-def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print
+def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print, slices: int = 1
         ) -> list[dict[str, Any]]:
-  """train.py --aot with a study config: fit-checks every program; -> their aot.json dicts.
+  """train.py --aot with a study config: fit-checks every program (on `slices` x `topology`);
+  -> their aot.json dicts.
   Raises ValueError (one line) naming the first program that does not fit."""
   workdir = workdir_lib.as_path(workdir)
   todo = programs(config)
@@ -49,10 +50,11 @@ def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print
   results = []
   for i, (name, cfg) in enumerate(todo.items()):
     log(f"aot {i + 1}/{len(todo)}: {name}")
-    result = {"program": name, **aot.fit_check(cfg, workdir / name, topology, log)}
+    result = {"program": name, **aot.fit_check(cfg, workdir / name, topology, log, slices)}
     results.append(result)
     log(aot.summary(result))
     workdir_lib.write_json_atomic(workdir / "aot.json", {"topology": topology,
+                                                          "slices": slices,
                                                           "programs": results}, indent=2)
     if not result["fits"]:
       raise ValueError(f"study program {name} does not fit {topology} with "

@@ -106,16 +106,16 @@ def run_sweep(config: ml_collections.ConfigDict, workdir, *, log=print) -> epath
   return report
 
 
-def run_fit(config: ml_collections.ConfigDict, workdir, topology: str, log=print
-            ) -> list[dict[str, Any]]:
+def run_fit(config: ml_collections.ConfigDict, workdir, topology: str, log=print,
+            slices: int = 1) -> list[dict[str, Any]]:
   """train.py --aot with a sweep: every depth's programs (laplax.study.fit) in WORKDIR/d<d>/."""
   workdir = workdir_lib.as_path(workdir)
   out = []
   for d in config.study.depths:
     out += [{"depth": int(d), **r} for r in fit.run(depth_config(config, d), workdir / f"d{d}",
-                                                     topology, log)]
-  workdir_lib.write_json_atomic(workdir / "aot.json", {"topology": topology, "programs": out},
-                                indent=2)
+                                                     topology, log, slices)]
+  workdir_lib.write_json_atomic(workdir / "aot.json", {"topology": topology, "slices": slices,
+                                                       "programs": out}, indent=2)
   return out
 
 

@@ -12,18 +12,27 @@ lowered (splash attention as its Mosaic kernel: `model.attention_impl='splash'` 
 explicit, 'auto' decides from the CPU host), compiled by the TPU compiler, and
 `memory_analysis()` gives the per-chip bytes. workdir/aot.json gets the figures; `fits` means
 peak <= (1 - HEADROOM) x the chip's HBM.
+
+Several slices joined by DCN (multi-slice): `--slices=N` compiles for N copies of the topology
+(`get_topology_desc(..., num_slices=N)`, devices with `slice_index`); the config's mesh must lay
+them out, mesh.dcn_data x mesh.dcn_fsdp = N (e.g. --config.mesh.dcn_data=N, or -1: every
+slice; laplax.sharding.make_mesh refuses a mismatch, as a real multi-slice job does).
+aot.json then also gives what each chip sends across slices per step (`dcn_transfers`, by
+collective, and their sum `dcn_bytes_per_chip`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import Any
 
 import flax.linen as nn
 import jax
 import ml_collections
+import numpy as np
 
 from laplax import sharding
 from laplax.kernels import splash
@@ -48,9 +57,12 @@ def hbm_bytes(topology: str) -> int:
   return HBM_GIB[gen] * GIB
 
 
-def topology_devices(topology: str) -> list:
-  """The devices of a TPU topology, without TPU hardware (libtpu's compiler only)."""
+def topology_devices(topology: str, slices: int = 1) -> list:
+  """The devices of `slices` copies of a TPU topology joined by DCN, without TPU hardware
+  (libtpu's compiler only)."""
   hbm_bytes(topology)
+  if not isinstance(slices, int) or slices < 1:
+    raise ValueError(f"--slices={slices}: a slice count is a whole number >= 1")
   try:
     import libtpu  # noqa: F401  # the TPU compiler; an optional install
   except ImportError:
@@ -60,7 +72,8 @@ def topology_devices(topology: str) -> list:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   try:
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                             num_slices=slices).devices)
   except Exception as e:  # libtpu's errors for a bad shape are RuntimeErrors with long text
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(f"unknown TPU topology {topology!r} ({first[:200]})") from None
@@ -77,20 +90,22 @@ def _no_cache():
     jax.config.update("jax_enable_compilation_cache", previous)
 
 
-def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=print
-              ) -> dict[str, Any]:
-  """Compiles config's train step for `topology`; writes and returns workdir/aot.json's dict.
+def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=print,
+              slices: int = 1) -> dict[str, Any]:
+  """Compiles config's train step for `slices` x `topology`; writes and returns workdir/aot.json's
+  dict.
 
-  Keys: topology, chips, hosts, mesh, params, hbm_bytes_per_chip, peak_bytes_per_chip,
-  argument_bytes, output_bytes, alias_bytes, temp_bytes (all per chip), flops_per_step (analytic,
+  Keys: topology, slices, chips (of all slices), hosts, mesh (the global one), dcn_mesh (the
+  slices along each axis), params, hbm_bytes_per_chip, peak_bytes_per_chip, argument_bytes,
+  output_bytes, alias_bytes, temp_bytes (all per chip), flops_per_step (analytic,
   laplax.flops), xla_flops_per_chip (the compiled program's cost_analysis), fits,
-  compile_seconds. A step the compiler itself rejects for memory gets
-  fits False and `error`."""
+  compile_seconds; with slices > 1 also dcn_transfers and dcn_bytes_per_chip. A step the
+  compiler itself rejects for memory gets fits False and `error`."""
   if "study" in config:
     raise ValueError("--aot checks one run's step: pass a run config, not a study")
   task = task_lib.for_config(config)
   capacity = hbm_bytes(topology)
-  devices = topology_devices(topology)
+  devices = topology_devices(topology, slices)
   mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
   rules = sharding.rules_from_config(config.get("axis_rules"))
   hosts = len({d.process_index for d in devices})
@@ -105,11 +120,14 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
            for k, v in task.abstract_batch(config.data.batch_size).items()}
   flops = task.flops_per_step(model, abstract.params)
   result: dict[str, Any] = {
-      "config": config.name, "topology": topology, "chips": len(devices),
+      "config": config.name, "topology": topology, "slices": slices, "chips": len(devices),
       "hosts": hosts, "mesh": dict(mesh.shape), "params": int(n_params),
+      # the slices along each mesh axis (the rest of an axis is within a slice)
+      "dcn_mesh": dict(zip(sharding.MESH_AXES, sharding.dcn_sizes(config.mesh, slices))),
       "batch": {k: list(v.shape) for k, v in batch.items()},
       "hbm_bytes_per_chip": capacity, "headroom": HEADROOM, "flops_per_step": flops}
-  log(f"aot: {result['config']} on {topology} ({len(devices)} chips, {hosts} hosts, mesh "
+  where = topology if slices == 1 else f"{slices} x {topology}"
+  log(f"aot: {result['config']} on {where} ({len(devices)} chips, {hosts} hosts, mesh "
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
   t0 = time.time()
   try:
@@ -127,10 +145,40 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
     result["compile_seconds"] = round(time.time() - t0, 1)
     result.update(memory(compiled))
     result["xla_flops_per_chip"] = xla_flops(compiled)
+    if slices > 1:
+      result["dcn_transfers"] = dcn_transfers(compiled.as_text())
+      result["dcn_bytes_per_chip"] = sum(t["bytes"] for t in result["dcn_transfers"].values())
     result["fits"] = result["peak_bytes_per_chip"] <= (1 - HEADROOM) * capacity
   workdir_lib.as_path(workdir).mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json_atomic(workdir_lib.as_path(workdir) / "aot.json", result, indent=2)
   return result
+
+
+# A DCN transfer in a compiled multi-slice TPU program. libtpu compiles one slice's program:
+# its collectives' replica_groups name that slice's chips only (ICI), and whatever crosses
+# slices is a send / recv pair handed to the megascale runtime (DCN), tagged with the
+# collective it implements: `%send.3 = (f32[1,8,128]{...}, u32[], token[]) send(...), ...,
+# frontend_attributes={..., _xla_megascale_transfer_type="ALL_REDUCE"}`.
+_DCN_SEND = re.compile(r"= \((\w+)\[([\d,]*)\][^ ]* .*? send\(.*"
+                       r"_xla_megascale_transfer_type=\"(\w+)\"")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def dcn_transfers(hlo: str) -> dict[str, dict[str, int]]:
+  """What one chip sends across slices per step, from a compiled program's text
+  (`compiled.as_text()`): {collective (ALL_REDUCE, ALL_GATHER, ...): {count, bytes}}; bytes
+  are the sends' payloads (padded to the chip's tiles, as they travel)."""
+  out: dict[str, dict[str, int]] = {}
+  for line in hlo.splitlines():
+    m = _DCN_SEND.search(line)
+    if m:
+      dtype, dims, kind = m.groups()
+      n = _DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
+      entry = out.setdefault(kind, {"count": 0, "bytes": 0})
+      entry["count"] += 1
+      entry["bytes"] += n
+  return out
 
 
 def xla_flops(compiled) -> float | None:
@@ -162,7 +210,9 @@ def memory(compiled) -> dict[str, int]:
 def summary(result: dict[str, Any]) -> str:
   """One line: peak GiB per chip against capacity, fits, analytic FLOPs, compile time."""
   cap = result["hbm_bytes_per_chip"] / GIB
-  head = f"aot {result['config']} on {result['topology']} ({result['chips']} chips)"
+  slices = result.get("slices", 1)
+  where = result["topology"] if slices == 1 else f"{slices} x {result['topology']}"
+  head = f"aot {result['config']} on {where} ({result['chips']} chips)"
   if "peak_bytes_per_chip" not in result:
     return f"{head}: does not compile within {cap:.0f} GiB per chip: {result['error']}"
   peak = result["peak_bytes_per_chip"] / GIB
@@ -171,16 +221,20 @@ def summary(result: dict[str, Any]) -> str:
           f"limit {100 * (1 - HEADROOM):.0f} %) -> {'fits' if result['fits'] else 'DOES NOT FIT'}"
           f"; temp {result['temp_bytes'] / GIB:.2f} GiB, args {result['argument_bytes'] / GIB:.2f}"
           f" GiB; {'?' if flops is None else f'{flops:.3e}'} FLOPs/step; compiled in "
-          f"{result['compile_seconds']:.0f} s")
+          f"{result['compile_seconds']:.0f} s"
+          + (f"; {result['dcn_bytes_per_chip'] / 2 ** 20:.1f} MiB/chip across slices per step"
+             if "dcn_bytes_per_chip" in result else ""))
 
 
-def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print) -> dict[str, Any]:
-  """train.py --aot: the fit check, its summary line; a ValueError (one line) when it does not
-  fit."""
-  result = fit_check(config, workdir, topology, log)
+def run(config: ml_collections.ConfigDict, workdir, topology: str, log=print, slices: int = 1
+        ) -> dict[str, Any]:
+  """train.py --aot (--slices): the fit check, its summary line; a ValueError (one line) when it
+  does not fit."""
+  result = fit_check(config, workdir, topology, log, slices)
   log(summary(result))
   if not result["fits"]:
-    raise ValueError(f"{result['config']} does not fit {topology} with "
+    where = topology if slices == 1 else f"{slices} x {topology}"
+    raise ValueError(f"{result['config']} does not fit {where} with "
                      f"{100 * HEADROOM:.0f} % HBM headroom "
                      f"(see {workdir_lib.as_path(workdir)}/aot.json)")
   return result
