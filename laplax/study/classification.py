@@ -32,10 +32,13 @@ CLAIMS = [Claim("within_sequence", "within-sequence variance fraction", -1),
           Claim("between_class", "between-class variance fraction", +1),
           Claim("per_sequence_components_99",
                 "components for 99 % of an image's patch-token variance (per image)", -1)]
-SCALE = {"val_accuracy": (100.0, 2), "components_99": (1.0, 1),
+SCALE = {"components_99": (1.0, 1),
          "per_sequence_components_99": (1.0, 2), "per_sequence_effective_rank": (1.0, 2),
          "effective_rank": (1.0, 2)}
-_LABELS = {"val_accuracy": "val accuracy (%)", "within_sequence_cosine":
+_LABELS = {"val_accuracy": "val accuracy (%)", "test_top5_accuracy": "test top-5 accuracy (%)",
+           "test_best_accuracy": "best periodic test accuracy (%)",
+           "val_top5_accuracy": "val top-5 accuracy (%)",
+           "val_best_accuracy": "best periodic val accuracy (%)", "within_sequence_cosine":
            "within-sequence cosine", "nc_mean_nc1": "NC1 of sequence means",
            "nc_cls_nc1": "NC1 of class token",
            "components_99": "components for 99 %, pooled over images",
@@ -48,11 +51,16 @@ MECHANISM = {"graph_energy": "graph energy E(X, M) / V(X)",
              "negative_real_fraction": "W_O W_V eigenvalues with Re < 0 (share)",
              "signed_trace_ratio": "W_O W_V sum Re(lambda) / sum abs(lambda)"}
 STAGES = {"init": "at init", "final": "trained"}
+# Which accuracy the verdict compares (SCORES: results.json test.accuracy, the last step's).
+VERDICT_ACCURACY = (
+    "The verdict uses the final step's test accuracy; the score table also gives top-5 and the "
+    "best periodic test accuracy (the best checkpoint step's, as timm and DeiT report "
+    "ImageNet's best epoch: picked on the split it is measured on, so optimistic).")
 
 
 def scale(key: str) -> tuple[float, int]:
-  """(factor, digits) a score is printed with."""
-  return SCALE.get(key, (1.0, 3))
+  """(factor, digits) a score is printed with (accuracies as percentages)."""
+  return SCALE.get(key, (100.0, 2) if key.endswith("accuracy") else (1.0, 3))
 
 
 def label(key: str) -> str:
@@ -90,8 +98,16 @@ def run_cell(cfg, cell_dir: pathlib.Path, study, log) -> dict[str, Any]:
 def cell_scores(cell: dict[str, Any]) -> dict[str, float]:
   last = cell["analysis"]["layers"][-1]
   out = {"test_accuracy": cell["results"]["test"]["accuracy"]}
-  if "val" in cell["results"]:  # ImageNet's studies: `test` is its validation split, no val
-    out["val_accuracy"] = cell["results"]["val"]["accuracy"]
+  # ImageNet's studies: `test` is its validation split, no val. Top-5 and the best periodic
+  # accuracy (timm's and DeiT's ImageNet numbers) are shown beside the verdict's, never in it.
+  for split in ("test", "val"):
+    result = cell["results"].get(split) or {}
+    if split == "val" and "accuracy" in result:
+      out["val_accuracy"] = result["accuracy"]
+    if "top5" in result:  # results of runs before top-5 have none
+      out[f"{split}_top5_accuracy"] = result["top5"]
+    if "best" in result:  # a periodic evaluator's
+      out[f"{split}_best_accuracy"] = result["best"]["accuracy"]
   out.update({k: _mean([last[k]]) for k in ("within_sequence", "between_class",
                                           "per_sequence_components_99", "components_99",
                                           "per_sequence_effective_rank", "effective_rank",
@@ -127,7 +143,7 @@ def setup(config) -> str:
   augment = augment if isinstance(augment, str) else ", ".join(augment) or "none"
   return (f"Model: ViT preset `{b.model.get('preset')}`, patch {b.model.patch_size}, "
           f"augmentation {augment}; {schedule_line(config)} Geometry on "
-          f"{config.study.analysis_examples} test images.")
+          f"{config.study.analysis_examples} test images. {VERDICT_ACCURACY}")
 
 
 def curve_section(workdir: pathlib.Path, specs, done, summary) -> list[str]:

@@ -8,6 +8,7 @@ with `run(weights, step) -> {metric: value}`; it keeps its own jitted functions.
   every `every` steps (0: never during training)  -> metrics.jsonl rows of kind `name`
   once before the first step when `at_init`        -> workdir/init_eval.json, rows of kind 'init'
   after the last step when `final` (default)       -> results.json[name], the 'final' row
+  periodic with an `accuracy`, at the end          -> results.json[name]['best'] (best_accuracy)
 
 eval.py (laplax.evals.offline) runs the same evaluators on a checkpoint or an export: the
 `final` ones, plus those marked `analysis` with --analyze, or exactly the ones --evals names.
@@ -121,6 +122,23 @@ def flat(result: dict[str, Any], prefix: str = "") -> dict[str, float | int]:
       out.update(flat(v, key + "_"))
     elif isinstance(v, (int, float)) and not isinstance(v, bool):
       out[key] = v
+  return out
+
+
+def best_accuracy(rows: Sequence[dict[str, Any]], names: Sequence[str]
+                  ) -> dict[str, dict[str, Any]]:
+  """{name: {'accuracy', 'step'}}: the highest `accuracy` among the metrics.jsonl rows of kind
+  `name` (a periodic evaluator's, the one at the last step included) and its step, for each of
+  `names` that has such rows; what timm and DeiT report for ImageNet (the best epoch's top-1).
+  A tie keeps the earliest step; NaN rows are skipped. A resumed run's rows after its checkpoint
+  were dropped and redone, so it gets the best of an uninterrupted run."""
+  out = {}
+  for name in names:
+    scored = [(r["accuracy"], r["step"]) for r in rows if r.get("split") == name
+              and isinstance(r.get("accuracy"), (int, float)) and r["accuracy"] == r["accuracy"]]
+    if scored:
+      accuracy, step = max(scored, key=lambda a_s: (a_s[0], -a_s[1]))
+      out[name] = {"accuracy": accuracy, "step": int(step)}
   return out
 
 

@@ -40,7 +40,7 @@ from laplax.train import phases as phases_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import workdir as workdir_lib
-from laplax.train.metrics import MetricsWriter
+from laplax.train.metrics import MetricsWriter, read_metrics
 from laplax.train.state import abstract_state, create_state, state_from_params
 from laplax.train.task import Task
 
@@ -357,6 +357,12 @@ def _run(plan: Plan) -> dict[str, Any]:
                            "kind": plan.mesh.devices.flat[0].device_kind}}
     if (workdir / _INIT_EVAL).exists():
       results["init"] = workdir_lib.read_json(workdir / _INIT_EVAL, "evaluations at init")
+    # The best periodic accuracy, from every row (a resume's before it too): process 0 writes
+    # them, so it reads them back (an object store's once flushed) and tells the other hosts.
+    writer.flush()
+    best = evaluator_lib.best_accuracy(read_metrics(writer.path), list(periodic)) if lead else {}
+    for n, b in json.loads(multihost.share("best_accuracy", json.dumps(best))).items():
+      results[n] = {**results.get(n, {}), "best": b}
     writer.write(step, "final", final)
     if lead:
       workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)

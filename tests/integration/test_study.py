@@ -49,6 +49,11 @@ def test_report_has_every_section_and_plot(finished_study):
     final = json.loads((workdir / "cells" / cell / "results.json").read_text())["test"]
     assert sorted(curve) == [6, 12]  # the test evaluator runs at every checkpoint step
     assert curve[12] == final["accuracy"]
+    assert final["best"]["accuracy"] == max(curve.values()) and final["accuracy"] <= final["top5"]
+  # Top-5 and the best periodic accuracy beside the final one; the verdict says which it uses.
+  for row in ("| test top-5 accuracy (%) |", "| best periodic test accuracy (%) |",
+              "The verdict uses the final step's test accuracy"):
+    assert row in text, row
   # The paper's spectra (per image) beside the pooled ones; the mechanism before and after
   # training with paired intervals; the attention maps of baseline and Laplacian side by side.
   for section in ("## Spectral decay per image (the paper's) and pooled",

@@ -26,6 +26,7 @@ from laplax.train import evaluator as evaluator_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
 from laplax.train import trainer
+from laplax.train.metrics import read_metrics
 
 
 VOCAB, LENGTH = 4, 8
@@ -125,13 +126,19 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   acc = [r for r in rows if r["split"] == "acc"]
   assert [r["step"] for r in acc] == [30, 60] and acc[-1]["accuracy"] == results["acc"]["accuracy"]
   assert [r for r in rows if r["split"] == "final"][0]["acc_accuracy"] == acc[-1]["accuracy"]
+  # The best periodic accuracy and its step (timm's best epoch), from those rows
+  top = max(acc, key=lambda r: (r["accuracy"], -r["step"]))
+  assert results["acc"]["best"] == {"accuracy": top["accuracy"], "step": top["step"]}
+  assert json.loads((tmp_path / "results.json").read_text())["acc"] == results["acc"]
   from unit.test_paths import tensorboard_scalars  # the same rows as TensorBoard scalars
   scalars = tensorboard_scalars(epath.Path(tmp_path))
   assert [s for s, _ in scalars["acc/accuracy"]] == [30, 60]
   assert [s for s, _ in scalars["train/loss"]] == [r["step"] for r in train]
   out = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(analyze=True),
                                  log=lambda m: None)
-  assert out["acc"] == results["acc"] and out["few"]["count"] == 64
+  # eval.py measures the checkpoint: the same numbers, no training history (`best`)
+  assert out["acc"] == {k: v for k, v in results["acc"].items() if k != "best"}
+  assert out["few"]["count"] == 64
   assert json.loads((tmp_path / "eval" / "eval.json").read_text())["few"] == out["few"]
   named = offline.evaluate_workdir(tmp_path, tmp_path / "eval", offline.EvalOptions(
       evals=("few",)), log=lambda m: None)
@@ -149,6 +156,11 @@ def test_a_registered_toy_task_trains_resumes_and_loads(tmp_path, registered):
   more = trainer.train_and_evaluate(toy_config(90), tmp_path, log=lines.append,
                                     allow_change=("total_steps",))
   assert any("resumed from step 60" in l for l in lines) and more["step"] == 90
+  # the best over the rows before the resume too
+  acc = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "acc"]
+  assert [r["step"] for r in acc] == [30, 60, 90]
+  top = max(acc, key=lambda r: (r["accuracy"], -r["step"]))
+  assert more["acc"]["best"] == {"accuracy": top["accuracy"], "step": top["step"]}
   assert "changed on purpose (--allow_change): total_steps 60 -> 90" in lines
   record = json.loads((tmp_path / "checkpoints" / "identity.json").read_text())
   assert record["identity"]["total_steps"] == 90 and record["identity"]["task"] == "first_token"

@@ -56,12 +56,14 @@ def _run_train(workdir, cache, *extra, wait=True):
 
 @pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
-  """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted."""
+  """SIGKILL mid-training, rerun the same command: same losses as a run never interrupted, and
+  the same best periodic val accuracy."""
   load_image_data(tiny_config(data_cache).data)  # prepare data outside the timed run
-  rc, out = _run_train(tmp_path / "straight", data_cache)
+  periodic = "--config.evals.val.every=10"
+  rc, out = _run_train(tmp_path / "straight", data_cache, periodic)
   assert rc == 0, out
   killed = tmp_path / "killed"
-  proc = _run_train(killed, data_cache, wait=False)
+  proc = _run_train(killed, data_cache, periodic, wait=False)
   deadline = time.time() + 300
   while time.time() < deadline:  # kill once a checkpoint beyond step 10 exists
     steps = [int(p.name) for p in (killed / "checkpoints").glob("[0-9]*") if p.name.isdigit()] \
@@ -72,7 +74,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
   assert not (killed / "results.json").exists()
-  rc, out = _run_train(killed, data_cache)
+  rc, out = _run_train(killed, data_cache, periodic)
   assert rc == 0, out
   assert "resumed from step" in out
   straight, resumed = _losses(tmp_path / "straight"), _losses(killed)
@@ -82,6 +84,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, data_cache):
   a = json.loads((tmp_path / "straight" / "results.json").read_text())
   b = json.loads((killed / "results.json").read_text())
   assert a["test"] == b["test"]
+  assert a["val"] == b["val"] and a["val"]["best"]["step"] in (10, 20, 30)
 
 
 @pytest.mark.parametrize("flag,message", [BAD_INPUTS[2], BAD_INPUTS[1]])

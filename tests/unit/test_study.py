@@ -47,3 +47,37 @@ def test_summary_refuses_per_sequence_counts_of_different_lengths():
   assert row["per_sequence_length"] == [12] and list(row["scores"]) == [
       "per_sequence_components_99"]
   assert row["paired_difference"]["per_sequence_components_99"][0] == -1.0
+
+
+def test_classification_scores_show_top5_and_best_beside_the_verdicts_final_accuracy():
+  """Top-5 and the best periodic accuracy (timm's ImageNet numbers) are scores of the table; the
+  verdict compares the final step's test accuracy, and the report's setup says so."""
+  from laplax.study import classification
+
+  def cell(final, best, top5):
+    return {"analysis": {"layers": [{"within_sequence": 0.5}]},
+            "results": {"test": {"accuracy": final, "top5": top5,
+                                 "best": {"accuracy": best, "step": 6}},
+                        "val": {"accuracy": final - 0.01}}}
+
+  done = {(0, 0): cell(0.80, 0.90, 0.95), (0, 1): cell(0.81, 0.91, 0.96),
+          (4, 0): cell(0.70, 0.95, 0.97), (4, 1): cell(0.71, 0.96, 0.98)}
+  summary = grid.summarize([0, 4], done, [0, 1], {0: "k=0", 4: "k=4"},
+                           classification.cell_scores)
+  lap = summary["rows"][1]
+  assert lap["scores"]["test_accuracy"] == [0.70, 0.71]
+  assert lap["scores"]["test_best_accuracy"] == [0.95, 0.96]
+  assert lap["scores"]["test_top5_accuracy"] == [0.97, 0.98]
+  assert lap["scores"]["val_accuracy"] == pytest.approx([0.69, 0.70])
+  assert "val_best_accuracy" not in lap["scores"]  # val was not periodic here
+  for key in ("test_best_accuracy", "test_top5_accuracy", "val_accuracy"):
+    assert classification.scale(key) == (100.0, 2) and "(%)" in classification.label(key)
+  # The final accuracy is worse, the best one better: the verdict reads the final one only.
+  verdict = "\n".join(grid.verdict(summary, classification.SCORES, []))
+  assert "test accuracy (%): -10.00" in verdict and "worse than the baseline" in verdict
+  assert "best" not in verdict and "top-5" not in verdict
+  assert classification.VERDICT_ACCURACY in classification.setup(make_config("study_vit"))
+  assert "uses the final step's test accuracy" in classification.VERDICT_ACCURACY
+  # A run from before top-5 and best: only the scores it has.
+  old = {"analysis": {"layers": [{}]}, "results": {"test": {"accuracy": 0.5}}}
+  assert classification.cell_scores(old) == {"test_accuracy": 0.5}

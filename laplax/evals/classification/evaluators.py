@@ -32,8 +32,10 @@ def _check_split(config, task: EvalImages) -> None:
 
 
 class Accuracy(Evaluator):
-  """Accuracy, mean loss and count of a split (sharded over the mesh) -> {'accuracy', 'loss',
-  'count'}."""
+  """Accuracy, top-5 accuracy (k = min(5, classes): accuracy.in_top_k), mean loss and count of
+  a split (sharded over the mesh) -> {'accuracy', 'top5', 'loss', 'count'}. Run periodically
+  (`every`), results.json's entry also holds the best periodic accuracy (`best`, the trainer's:
+  laplax.train.evaluator.best_accuracy)."""
 
   type = "accuracy"
   defaults = {"split": "val"}
@@ -60,7 +62,7 @@ class Accuracy(Evaluator):
                                      batches, mesh=mesh, rules=self.ctx.rules)
 
   def summary(self, result) -> str:
-    return f"{self.name} accuracy {result['accuracy']:.4f}"
+    return f"{self.name} accuracy {result['accuracy']:.4f} (top-5 {result['top5']:.4f})"
 
 
 class VitGeometry(Evaluator):
