@@ -9,7 +9,8 @@ second is a rule about names) and its server is not on PyPI; mitmproxy could hos
 an addon, at the price of some 30 dependencies and its own event loop in every test run. This
 is about 250 lines of the standard library.
 
-Faults (`Faults.kinds`), each drawn with probability `rate` per eligible request:
+Faults (`Faults.kinds`), each drawn with probability `rate` per eligible request (of the
+`requests` kinds and `clients`), or each in turn for the `first` N of them:
   429       Too Many Requests with Retry-After: 1 (not forwarded)
   500, 503  a server error (not forwarded)
   reset     forwarded, then the connection is reset halfway through the response body
@@ -57,6 +58,8 @@ class Faults:
   rate: float = 0.0  # the share of eligible requests that fail
   kinds: tuple[str, ...] = KINDS
   requests: tuple[str, ...] = REQUESTS  # the request kinds that may fail
+  clients: tuple[str, ...] | None = None  # the clients whose requests may fail (None: all)
+  first: int = 0  # the first this many eligible requests fail, each of `kinds` in turn
   per_object_limit: bool = False
   read_only_after: str | None = None  # once an object whose name holds this is written, every
                                       # later write gets 403 (the bucket turned read-only)
@@ -130,6 +133,7 @@ class Proxy:
     self._completed: dict[str, tuple] = {}  # resumable upload id -> the store's final answer
     self._last_write: dict[str, float] = {}
     self._read_only = False
+    self._eligible = 0  # requests the rules could fail so far
     proxy = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -176,8 +180,8 @@ class Proxy:
       def _handle(self) -> None:
         body = self._body()
         kind, name = _classify(self.command, self.path, body, proxy._uploads)
-        fault = proxy._draw(kind, name)
         client = client_of(self.headers.get("User-Agent", ""))
+        fault = proxy._draw(kind, name, client)
         log = lambda status: proxy._log(Request(time.monotonic(), self.command, kind, name,
                                                 len(body), status, fault, client))
         if fault in ("403", "429", "limit", "500", "503"):  # refused: the store never sees it
@@ -238,7 +242,7 @@ class Proxy:
     """New rules from the next request on, drawn from their own seed."""
     with self._lock:
       self.faults, self._rng = faults, random.Random(faults.seed)
-      self._read_only = False
+      self._read_only, self._eligible = False, 0
 
   def _log(self, request: Request) -> None:
     with self._lock:
@@ -248,7 +252,7 @@ class Proxy:
         marker = self.faults.read_only_after
         self._read_only = self._read_only or bool(marker and marker in request.name)
 
-  def _draw(self, kind: str, name: str) -> str | None:
+  def _draw(self, kind: str, name: str, client: str) -> str | None:
     with self._lock:
       f = self.faults
       if self._read_only and kind in ("session", "upload", "copy", "delete"):
@@ -256,7 +260,12 @@ class Proxy:
       if (f.per_object_limit and kind in ("upload", "copy") and name in self._last_write
           and time.monotonic() - self._last_write[name] < 1.0):
         return "limit"
-      if kind in f.requests and f.rate and self._rng.random() < f.rate:
+      if kind not in f.requests or (f.clients is not None and client not in f.clients):
+        return None
+      self._eligible += 1
+      if self._eligible <= f.first:
+        return f.kinds[(self._eligible - 1) % len(f.kinds)]
+      if f.rate and self._rng.random() < f.rate:
         return self._rng.choice(f.kinds)
       return None
 

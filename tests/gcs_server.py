@@ -23,6 +23,7 @@ on a closed loopback port), so nothing looks for credentials off this machine.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -57,6 +58,19 @@ def endpoint_env(url: str) -> dict[str, str]:
   """Every client's endpoint variable, pointing at `url` (the server, or a proxy before it)."""
   return {"STORAGE_EMULATOR_HOST": url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
           "TENSORSTORE_GCS_HTTP_URL": url, "CLOUD_STORAGE_EMULATOR_ENDPOINT": url}
+
+
+@contextlib.contextmanager
+def endpoint(url: str):
+  """Every client of this process (and of the processes it starts) pointed at `url` while the
+  block runs; the environment as it was afterwards."""
+  env = pytest.MonkeyPatch()
+  for key, value in endpoint_env(url).items():
+    env.setenv(key, value)
+  try:
+    yield
+  finally:
+    env.undo()
 
 
 @dataclasses.dataclass
@@ -141,11 +155,8 @@ def fake_gcs(tmp_path_factory) -> Server:
   the test process and its children points at it through the environment (Server.env)."""
   check_gcsfs_not_yet_configured()
   server = start(tmp_path_factory.mktemp("gcs") / "root")
-  env = pytest.MonkeyPatch()
-  for key, value in server.env.items():
-    env.setenv(key, value)
-  yield server
-  env.undo()
+  with endpoint(server.url):
+    yield server
   server.stop()
 
 
