@@ -125,15 +125,12 @@ class Proxy:
 
   def __init__(self, server: gcs_server.Server, faults: Faults = Faults()):
     self.upstream = urllib.parse.urlsplit(server.url)
-    self.faults = faults
     self.requests: list[Request] = []
     self._lock = threading.Lock()
-    self._rng = random.Random(faults.seed)
     self._uploads: dict[str, str] = {}  # resumable upload id -> object name
     self._completed: dict[str, tuple] = {}  # resumable upload id -> the store's final answer
     self._last_write: dict[str, float] = {}
-    self._read_only = False
-    self._eligible = 0  # requests the rules could fail so far
+    self.set_faults(faults)  # the rules, their random draws, _read_only, _eligible
     proxy = self
 
     class Handler(http.server.BaseHTTPRequestHandler):

@@ -224,13 +224,12 @@ def _verified_checkpoints(run: str) -> list[int]:
   """The steps whose every file matches the sha256 and size in its checksum manifest."""
   # gcsfs keeps the listings it made: another process's writes since are not in them.
   epath.backend.fsspec_backend.fs(run).invalidate_cache()
+  manifests = manifest.Manifests(epath.Path(f"{run}/checkpoints"), print, this_process_only=True)
   steps = []
   for step_dir in epath.Path(f"{run}/checkpoints").iterdir():
-    table = step_dir / manifest.MANIFEST_NAME
-    if step_dir.name.isdigit() and table.exists():
-      files = json.loads(table.read_text())["files"]
-      assert manifest.check_files(step_dir, {rel: (v["size"], v["sha256"])
-                                             for rel, v in files.items()}) is None, step_dir
+    if step_dir.name.isdigit() and (step_dir / manifest.MANIFEST_NAME).exists():
+      problem, _ = manifests.verify(int(step_dir.name))  # both copies, every file's sha256
+      assert problem is None, (step_dir, problem)
       steps.append(int(step_dir.name))
   return sorted(steps)
 
