@@ -9,17 +9,20 @@
 #
 # Options: --quick (tiny sizes, float32), --cifar PATH (CIFAR-10 zip / tar.gz; without it (c) is
 # skipped), --epochs N (CIFAR epochs, default 10), --cache-dir DIR (prepared data; default
-# $WORK/cache), --skip-oracle, --skip-vit, --skip-attention, --skip-cifar.
+# $WORK/cache), --skip-oracle, --skip-vit, --skip-attention, --skip-cifar, --skip-gpu-configs.
 # Runs from the repo root with $PYTHON (default: python). Prints everything; writes
 # summary.json, oracle.json, vit_step.json, attention.json, cifar_k0.json, cifar_kH.json and
-# device_check.log to $OUT if set, else ./device_check_out (8 files at most). Training workdirs
+# device_check.log to $OUT if set, else ./device_check_out (11 files at most). Training workdirs
 # go to $WORK (default: a new temp dir). Each stage has a time limit (coreutils timeout); the
-# limits add up to 460 s, so the whole check stays under 8 minutes
-# (CIFAR-10 decoding, limit 100 s, runs alongside the oracle).
+# limits add up to 550 s, so the whole check stays under 10 minutes
+# (CIFAR-10 decoding, limit 100 s, runs alongside the oracle). (d) the GPU-node configs
+# (configs/gpu/): each one's step at its per-GPU batch compiled by the GPU compiler on this GPU
+# (--aot), gpu_<config>.json (--skip-gpu-configs).
 set -uo pipefail
 
 PYTHON=${PYTHON:-python}
 QUICK=0 CIFAR="" EPOCHS="" CACHE_DIR="" RUN_ORACLE=1 RUN_VIT=1 RUN_ATTN=1 RUN_CIFAR=1
+RUN_GPU_CONFIGS=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -30,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --skip-vit) RUN_VIT=0; shift ;;
     --skip-attention) RUN_ATTN=0; shift ;;
     --skip-cifar) RUN_CIFAR=0; shift ;;
+    --skip-gpu-configs) RUN_GPU_CONFIGS=0; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {print}' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -61,7 +65,7 @@ if [[ $QUICK == 1 ]]; then
   CIFAR_EXTRA=(--config.data.train_subset=640 --config.data.eval_subset=200
                --config.data.val_size=200 --config.optim.warmup_steps=2 --config.log_every=5)
   ATTN_ARGS=(--shape 2,64,4,16 --kv-heads 2 --causal --repetitions 5 --warmup 1)
-  T_PREP=300 T_ORACLE=300 T_VIT=300 T_ATTN=120 T_CIFAR=600
+  T_PREP=300 T_ORACLE=300 T_VIT=300 T_ATTN=120 T_CIFAR=600 T_GPU_CONFIGS=600
 else
   ORACLE_ARGS=()
   VIT_ARGS=(--preset S --patch 4 --image-size 32 --channels 3 --batch 1024 --dtype bfloat16
@@ -70,6 +74,7 @@ else
   CIFAR_EXTRA=(--config.optim.warmup_steps=100 --config.log_every=20)
   ATTN_ARGS=(--shape 16,1024,8,64 --dtype bfloat16 --causal --repetitions 20 --warmup 2)
   T_PREP=100 T_ORACLE=80 T_VIT=140 T_ATTN=40 T_CIFAR=200  # preparation overlaps the oracle
+  T_GPU_CONFIGS=90
 fi
 
 stage() {  # stage NAME SECONDS CMD...: runs CMD with a time limit, records status and seconds
@@ -119,6 +124,27 @@ if [[ $RUN_VIT == 1 ]]; then
 fi
 if [[ $RUN_ATTN == 1 ]]; then
   stage attention $T_ATTN $PYTHON -m benchmarks.attention_bench "${ATTN_ARGS[@]}" --json "$OUT_DIR/attention.json"
+fi
+
+if [[ $RUN_GPU_CONFIGS == 1 ]]; then
+  # configs/gpu/: each config's step at its per-GPU batch (global / 8) on this one GPU, compiled
+  # by the GPU compiler (train.py --aot=GPU:1): the per-GPU bytes an 8-GPU node would hold, less
+  # the FSDP shards of the other 7 (parameters and Adam state: about 1 GiB for the GPT).
+  GPU_KIND=h100; nvidia-smi -L 2>/dev/null | grep -q H200 && GPU_KIND=h200
+  stage gpu_configs $T_GPU_CONFIGS env PYTHON="$PYTHON" QUICK=$QUICK WORK="$WORK" \
+    OUT_DIR="$OUT_DIR" GPU_KIND=$GPU_KIND bash -c '
+    for name in vit_b16_imagenet gpt_d20 dino_vit_s16; do
+      per_gpu=$($PYTHON -c "import importlib; print(importlib.import_module(\"configs.gpu.$name\").get_config().data.batch_size // 8)")
+      extra=()
+      if [[ $QUICK == 1 ]]; then  # a small model of each: a smoke run of the stage
+        per_gpu=2; extra=(--config.model.preset=mu)
+        [[ $name == gpt_d20 ]] && extra=(--config.model.depth=2)
+        [[ $name == dino_vit_s16 ]] && extra+=(--config.model.laplacian_heads=1)
+      fi
+      $PYTHON train.py --config=configs/gpu/$name.py --workdir="$WORK/aot_$name" \
+        --aot=$GPU_KIND:1 --config.data.batch_size=$per_gpu "${extra[@]}" \
+        && cp "$WORK/aot_$name/aot.json" "$OUT_DIR/gpu_$name.json"
+    done'
 fi
 
 if [[ $RUN_CIFAR == 1 && -z "$CIFAR" ]]; then

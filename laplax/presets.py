@@ -414,6 +414,18 @@ def deit3(c: ml_collections.ConfigDict, *, crop: str = "rrc") -> ml_collections.
   return c
 
 
+def on_gpu_node(c: ml_collections.ConfigDict, *, gpus: int = 8) -> ml_collections.ConfigDict:
+  """A pod run config (configs/pod/) as one node of `gpus` GPUs runs it (configs/gpu/): platform
+  'gpu', cuDNN's flash attention in place of splash (bf16 compute), the same global batch
+  (data.batch_size / gpus per GPU) and the pod's FSDP mesh over every GPU of every node; the
+  recipe unchanged, so results compare with the pod's."""
+  if c.data.batch_size % gpus:
+    raise ValueError(f"data.batch_size={c.data.batch_size} does not split over {gpus} GPUs")
+  c.platform = "gpu"
+  c.model.attention_impl = "cudnn"
+  return c
+
+
 def study(name: str, base: ml_collections.ConfigDict, specs, seeds=(0, 1, 2)
           ) -> ml_collections.ConfigDict:
   """A study of `base` runs: specs (the baseline first) x seeds, one report (laplax.study)."""

@@ -362,9 +362,13 @@ NANOCHAT = {  # optim.nanochat: the authors' fork at 1f70b557 (laplax.train.opti
 }
 OPTIM = {
     "name": "adamw",  # laplax.train.optim.OPTIMIZERS: 'adamw' | 'muon' | 'nanochat'
-    "schedule": "cosine",  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown'
+    "schedule": "cosine",  # laplax.train.optim.SCHEDULES: 'cosine' | 'warmdown' | 'timm_cosine'
     "lr": 1e-3,  # peak lr (AdamW's; Muon's are in optim.muon)
     "warmup_steps": 0,
+    # 'timm_cosine' (timm's per-epoch stepping): the updates in an epoch (the lr is held for
+    # that many) and the warm-up's first lr (timm's --warmup-lr, 1e-5 by default)
+    "steps_per_epoch": 0,
+    "warmup_init_lr": 0.0,
     "warmdown_fraction": 0.2,  # 'warmdown': the last fraction of the steps decays linearly
     "final_lr_fraction": 0.0,  # the schedule ends at lr times this
     "lr_scale": 1.0,  # every lr times this (a fine-tuning stage's fraction of its source's)

@@ -35,7 +35,9 @@ in `deit3`. `paper` (timm's deit3_base_*_patch16_192): LayerScale 1e-6
 QK-norm; DeiT-III's drop path is 0.2 in every block (dpr_constant), laplax's rises linearly.
 
 `paper`, pinned from the sweep script: AdamW, lr 1e-3 x 2048 / 1024 = 2e-3 (lr-base-scale
-linear), wd 0.05, 400 epochs, 5 warm-up epochs, cosine to min-lr 1e-6, clip 1.0;
+linear), wd 0.05, 400 epochs, 5 warm-up epochs from timm's --warmup-lr 1e-5, cosine to min-lr
+1e-6, the lr stepped once per epoch as timm's train.py steps it (optim.schedule 'timm_cosine',
+tested against timm's CosineLRScheduler), clip 1.0;
 RandomResizedCrop (0.08, 1) + flip + timm's '3a' (3-Augment) + colour jitter 0.3 (timm keeps
 jitter on with '3a'), no random erasing; Mixup 0.8 / CutMix 1.0 (switch 0.5, timm's defaults);
 BCE (timm's BinaryCrossEntropy, no threshold) on the mixed label-smoothed targets, smoothing
@@ -45,7 +47,8 @@ no EMA (MODEL_EMA=false); trained and evaluated at 192 px, evaluation resize 219
 crop 192 (timm's default crop_pct 0.875: the sweep models have no pretrained config).
 
 `deit3`, from DeiT-III's ViT-B ImageNet-1k command: 800 epochs at 192 px, batch 2048, wd 0.05,
-5 warm-up epochs, cosine to main.py's min-lr 1e-5, RandomResizedCrop + flip + 3-Augment +
+5 warm-up epochs from main.py's --warmup-lr 1e-6, cosine to its min-lr 1e-5 stepped once per
+epoch (main.py calls step(epoch) after each epoch, so its lr lags laplax's by one epoch), RandomResizedCrop + flip + 3-Augment +
 colour jitter 0.3, Mixup 0.8 / CutMix 1.0, BCE on binarised targets (engine.py's
 `targets.gt(0.0)`), no label smoothing, drop path 0.2, evaluated at 192 px (datasets.py: resize
 int(192 / 0.875) = 219, crop 192); its 224 px number comes from the 20-epoch fine-tune,
@@ -102,6 +105,11 @@ def get_config(recipe: str | None = None):
   c.mesh.update({"data": 1, "fsdp": -1, "model": 1})  # keeps mesh.dcn_*
   lr = 2e-3  # paper: 1e-3 x 2048 / 1024; deit3: AdamW in place of LAMB's 3e-3
   c.optim = common.adamw(lr, warmup_steps=5 * STEPS_PER_EPOCH, weight_decay=0.05, clip_norm=1.0)
+  # timm's CosineLRScheduler as both sources step it: once per epoch, the warm-up from
+  # --warmup-lr (timm's train.py 1e-5; DeiT's main.py 1e-6)
+  c.optim.schedule = "timm_cosine"
+  c.optim.steps_per_epoch = STEPS_PER_EPOCH
+  c.optim.warmup_init_lr = 1e-5 if recipe == "paper" else 1e-6
   common.deit3(c, crop="rrc")  # crop, flip, 3-Augment, jitter 0.3, Mixup / CutMix, init
   if recipe == "paper":
     c.num_epochs = 400.0

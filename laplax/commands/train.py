@@ -39,7 +39,8 @@ config_flags.DEFINE_config_file("config", None, "Path to an ml_collections confi
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for config, metrics, checkpoints and results.")
 cli.define_multihost_flags()
-flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...): compile the train "
+flags.DEFINE_string("aot", None, "A TPU topology (v5e:4x4, v4:2x2x2, ...) or a GPU node "
+                    "(h100:8: on a CPU host an estimate by the CPU compiler): compile the train "
                     "step for it ahead of time, write workdir/aot.json, exit 1 when it does not "
                     "fit (laplax.train.aot); for a study, every distinct cell and stage "
                     "(laplax.study.fit).")

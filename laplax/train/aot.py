@@ -19,11 +19,17 @@ them out, mesh.dcn_data x mesh.dcn_fsdp = N (e.g. --config.mesh.dcn_data=N, or -
 slice; laplax.sharding.make_mesh refuses a mismatch, as a real multi-slice job does).
 aot.json then also gives what each chip sends across slices per step (`dcn_transfers`, by
 collective, and their sum `dcn_bytes_per_chip`).
+
+A GPU node (`--aot=h100:8`, configs/gpu/): on a GPU host the GPU compiler's figures; on a CPU
+host the same sharded program compiled by the CPU compiler on 8 host devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8), labelled in aot.json (`compiled_by`) and
+in the summary line as a stand-in estimate (GPU_HBM_GIB says why it is one).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import time
@@ -43,26 +49,67 @@ from laplax.train import workdir as workdir_lib
 
 # HBM per chip (Cloud TPU system architecture pages: v4 32 GiB, v5e 16 GB, v5p 95 GB, v6e 32 GB).
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+# GPUs per node ('h100:8'): compiled by the GPU compiler on a GPU host; elsewhere by the host's
+# CPU compiler as a labelled stand-in (JAX has no GPU compiler without a GPU): the same sharded
+# program on N host devices, with XLA attention in place of cuDNN's (which has no CPU
+# lowering). Its bytes are an estimate: the CPU compiler upcasts bf16 and schedules
+# differently, and XLA attention keeps (B, H, T, T) probabilities that cuDNN does not.
+GPU_HBM_GIB = {"h100": 80, "h200": 141, "a100": 80}
 HEADROOM = 0.2  # the step must leave 20 % of HBM free (fragmentation, runtime buffers)
 NOMINAL_STEPS = 10_000  # schedules need a length when the config has none; no shape depends on it
 GIB = 2 ** 30
 
 
 def hbm_bytes(topology: str) -> int:
-  """HBM per chip of the topology's generation ('v5e:4x4' -> 16 GiB)."""
+  """HBM per chip of the topology's generation ('v5e:4x4' -> 16 GiB, 'h100:8' -> 80 GiB)."""
   gen = topology.split(":")[0].lower()
-  if gen not in HBM_GIB:
-    raise ValueError(f"unknown TPU topology {topology!r}: use GENERATION:SHAPE with a generation "
-                     f"in {sorted(HBM_GIB)}, e.g. v5e:4x4 or v4:2x2x2")
-  return HBM_GIB[gen] * GIB
+  if gen not in HBM_GIB and gen not in GPU_HBM_GIB:
+    raise ValueError(f"unknown topology {topology!r}: use GENERATION:SHAPE with a TPU generation "
+                     f"in {sorted(HBM_GIB)}, e.g. v5e:4x4 or v4:2x2x2, or GPU:COUNT with a GPU "
+                     f"in {sorted(GPU_HBM_GIB)}, e.g. h100:8")
+  return {**HBM_GIB, **GPU_HBM_GIB}[gen] * GIB
+
+
+def gpu_count(topology: str) -> int | None:
+  """'h100:8' -> 8; None for a TPU topology. Raises ValueError for a bad GPU count."""
+  gen, _, count = topology.partition(":")
+  if gen.lower() not in GPU_HBM_GIB:
+    return None
+  if not count.isdigit() or int(count) < 1:
+    raise ValueError(f"--aot={topology}: give the GPUs per node as a whole number, e.g. "
+                     f"{gen}:8")
+  return int(count)
+
+
+def stand_in(topology: str) -> bool:
+  """Whether `topology` is compiled by another backend's compiler here: a GPU topology on a
+  host without GPUs (the CPU compiler's devices stand in; see GPU_HBM_GIB)."""
+  return gpu_count(topology) is not None and jax.default_backend() != "gpu"
+
+
+def gpu_devices(topology: str) -> list:
+  """N devices for 'GPU:N': this host's GPUs, or its CPU devices as the stand-in."""
+  n = gpu_count(topology)
+  devices = jax.devices()
+  if len(devices) < n:
+    fix = ("XLA_FLAGS=--xla_force_host_platform_device_count=" + str(n) + " JAX_PLATFORMS=cpu"
+           if stand_in(topology) else f"a node with {n} GPUs")
+    raise ValueError(f"--aot={topology} compiles for {n} devices but this host has "
+                     f"{len(devices)} {jax.default_backend()} devices: run it with {fix}")
+  return devices[:n]
 
 
 def topology_devices(topology: str, slices: int = 1) -> list:
   """The devices of `slices` copies of a TPU topology joined by DCN, without TPU hardware
-  (libtpu's compiler only)."""
+  (libtpu's compiler only); for a GPU topology ('h100:8'), gpu_devices."""
   hbm_bytes(topology)
   if not isinstance(slices, int) or slices < 1:
     raise ValueError(f"--slices={slices}: a slice count is a whole number >= 1")
+  if gpu_count(topology) is not None:
+    if slices != 1:
+      raise ValueError(f"--slices={slices} is for TPU slices joined by DCN; GPU nodes are one "
+                       "mesh (compile one node: --aot=h100:8)")
+    return gpu_devices(topology)
   try:
     import libtpu  # noqa: F401  # the TPU compiler; an optional install
   except ImportError:
@@ -103,6 +150,10 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   compiler itself rejects for memory gets fits False and `error`."""
   if "study" in config:
     raise ValueError("--aot checks one run's step: pass a run config, not a study")
+  standing_in = stand_in(topology)
+  if standing_in and config.model.get("attention_impl") == "cudnn":
+    config = copy.deepcopy(config)  # the caller's config unchanged
+    config.model.attention_impl = "xla"  # cuDNN's kernel has no CPU lowering (GPU_HBM_GIB)
   task = task_lib.for_config(config)
   capacity = hbm_bytes(topology)
   devices = topology_devices(topology, slices)
@@ -126,6 +177,9 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
       "dcn_mesh": dict(zip(sharding.MESH_AXES, sharding.dcn_sizes(config.mesh, slices))),
       "batch": {k: list(v.shape) for k, v in batch.items()},
       "hbm_bytes_per_chip": capacity, "headroom": HEADROOM, "flops_per_step": flops}
+  if standing_in:
+    result["compiled_by"] = (f"{jax.default_backend()} compiler on {len(devices)} host "
+                             "devices, standing in for the GPU compiler (an estimate)")
   where = topology if slices == 1 else f"{slices} x {topology}"
   log(f"aot: {result['config']} on {where} ({len(devices)} chips, {hosts} hosts, mesh "
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
@@ -213,6 +267,8 @@ def summary(result: dict[str, Any]) -> str:
   slices = result.get("slices", 1)
   where = result["topology"] if slices == 1 else f"{slices} x {result['topology']}"
   head = f"aot {result['config']} on {where} ({result['chips']} chips)"
+  if "compiled_by" in result:
+    head += f" [{result['compiled_by']}]"
   if "peak_bytes_per_chip" not in result:
     return f"{head}: does not compile within {cap:.0f} GiB per chip: {result['error']}"
   peak = result["peak_bytes_per_chip"] / GIB

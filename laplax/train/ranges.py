@@ -94,6 +94,7 @@ RANGES: dict[str, Range] = {
     "optim.final_lr_fraction": UNIT, "optim.warmdown_fraction": UNIT, "optim.lr_scale": POSITIVE,
     "optim.clip_norm": NON_NEGATIVE, "optim.b1": BETA, "optim.b2": BETA,
     "optim.grad_accum_steps": AT_LEAST_ONE,
+    "optim.steps_per_epoch": COUNT, "optim.warmup_init_lr": NON_NEGATIVE,
     "optim.embed_lr_scale": POSITIVE, "optim.unembed_lr_scale": POSITIVE,
     "optim.mix_lr_scale": POSITIVE, "optim.gate_lr_scale": POSITIVE,
     "optim.muon.matrix_lr": POSITIVE, "optim.muon.embedding_lr": POSITIVE,

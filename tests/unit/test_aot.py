@@ -190,3 +190,47 @@ def test_pod_configs_compile_for_a_small_topology(aot, name, tmp_path):
   assert 0 < result["peak_bytes_per_chip"] < 0.8 * result["hbm_bytes_per_chip"]
   # FSDP over the 4 chips: each holds about a quarter of the float32 params + 2 Adam moments.
   assert result["argument_bytes"] < 0.5 * 12 * result["params"]
+
+
+GPU_CONFIGS = ("vit_b16_imagenet", "gpt_d20", "dino_vit_s16")
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_node_configs_compile_as_a_labelled_cpu_stand_in(name, tmp_path):
+  """configs/gpu/: the pod config on one node of 8 GPUs (cuDNN attention, the pod's global
+  batch over 8 devices) compiles on this host's 8 CPU devices for --aot=h100:8, labelled as the
+  CPU compiler's estimate, with XLA attention in place of cuDNN's (no CPU lowering); 2 blocks
+  deep and 16 examples per step (the GPT on 256 tokens) so that it compiles in seconds."""
+  from laplax.train import aot
+  config = importlib.import_module(f"configs.gpu.{name}").get_config()
+  assert config.platform == "gpu" and config.model.attention_impl == "cudnn"
+  pod = importlib.import_module(f"configs.pod.{name}").get_config()
+  assert config.data.batch_size == pod.data.batch_size  # the recipe's global batch
+  with config.unlocked():
+    config.model.depth = 2
+    config.data.batch_size = 16
+    if "seq_len" in config.data:
+      config.data.seq_len = 256
+    if "multicrop" in config:
+      config.multicrop.num_local = 2
+  result = aot.fit_check(config, tmp_path, "h100:8", log=lambda s: None)
+  assert result["chips"] == 8 and result["hbm_bytes_per_chip"] == 80 * 2 ** 30
+  assert "standing in for the GPU compiler" in result["compiled_by"]
+  assert "[cpu compiler" in aot.summary(result)
+  assert config.model.attention_impl == "cudnn"  # the caller's config is not changed
+  assert result["fits"] is True and result["peak_bytes_per_chip"] > result["argument_bytes"] > 0
+  # FSDP over the 8 devices: each holds about an eighth of the float32 params + 2 Adam moments
+  assert result["argument_bytes"] < 0.25 * 12 * result["params"]
+
+
+@pytest.mark.parametrize("topology,slices,message", [
+    ("h100:0", 1, "GPUs per node as a whole number"),
+    ("h100:x", 1, "GPUs per node as a whole number"),
+    ("h100:64", 1, "compiles for 64 devices but this host has 8 cpu devices"),
+    ("h100:8", 2, "GPU nodes are one mesh"),
+    ("b200:8", 1, "unknown topology"),
+])
+def test_gpu_topology_bad_input(topology, slices, message):
+  from laplax.train import aot
+  with pytest.raises(ValueError, match=message):
+    aot.topology_devices(topology, slices)

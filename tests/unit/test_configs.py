@@ -22,6 +22,8 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py")
                  if p.stem not in ("__init__", "common", "test"))
 CONFIGS += sorted(f"pod.{p.stem}" for p in (REPO / "configs" / "pod").glob("*.py")
                   if p.stem != "__init__")  # pod configs: validated without local data
+CONFIGS += sorted(f"gpu.{p.stem}" for p in (REPO / "configs" / "gpu").glob("*.py")
+                  if p.stem != "__init__")  # GPU-node configs: the pod configs on 8 GPUs
 CONFIGS += ["study_dino:fashion_mnist"]  # file:argument, as --config=configs/FILE.py:ARG
 CONFIGS += ["pod.vit_b16_imagenet:deit3", "pod.vit_b16_imagenet_ft224:deit3"]  # named recipes
 CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", "study_vit",
@@ -31,15 +33,20 @@ CONFIGS += [f"test:{k}" for k in ("vit", "vit_deit3", "lm", "dino", "dino_rgb", 
 
 def _load(name):
   name, *arg = name.split(":")
-  return importlib.import_module(f"configs.{name}").get_config(*arg)
+  config = importlib.import_module(f"configs.{name}").get_config(*arg)
+  if name.startswith("gpu."):  # cuDNN's attention traces only where JAX finds cuDNN
+    assert config.model.attention_impl == "cudnn"
+    config.model.attention_impl = "xla"
+  return config
 
 
 def _parse(name, *args):
   """The config as train.py's flag parser builds it (config file + --config.x overrides)."""
   file, *arg = name.split(":")
   path = REPO / "configs" / file.replace(".", "/")
+  gpu = ["--config.model.attention_impl=xla"] if file.startswith("gpu.") else []  # see _load
   argv = ["train.py", f"--config={path}.py" + (f":{arg[0]}" if arg else ""),
-          *args]
+          *gpu, *args]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
                                   sys_argv=argv)  # config_flags reads overrides from argv
@@ -197,6 +204,11 @@ def test_pod_configs_are_built_from_the_shared_sections():
     if path.name.startswith("study_"):
       allowed += [l for l in imports if l.startswith("from configs.pod import ")]
     assert set(imports) <= set(allowed), (path.name, imports)
+  for path in sorted((REPO / "configs" / "gpu").glob("*.py")):  # a pod config on a GPU node
+    imports = [l for l in path.read_text().splitlines()
+               if l.startswith(("from configs", "import configs"))]
+    assert set(imports) <= {"from configs import common", f"from configs.pod import {path.stem}"
+                            }, (path.name, imports)
 
 
 def test_a_study_grid_from_the_command_line():

@@ -34,6 +34,8 @@ schedule that `optim.schedule` names (SCHEDULES):
   'cosine'    linear warm-up, cosine decay to lr * final_lr_fraction (cosine_schedule)
   'warmdown'  linear warm-up, constant, linear warm-down over the last warmdown_fraction of
               the steps (nanochat; warmdown_schedule)
+  'timm_cosine'  timm's CosineLRScheduler stepped once per epoch (optim.steps_per_epoch
+              updates), warm-up from optim.warmup_init_lr (timm_cosine_schedule)
 
 Every key has its default in laplax.sections.OPTIM: `check` and `make` read the section
 completed from it (a key it lacks is refused in one line). `check(optim)` raises the one-line
@@ -92,6 +94,12 @@ def _check(optim) -> None:
   if optim.clip_mode not in CLIP_MODES:
     raise ValueError(f"optim.clip_mode={optim.clip_mode!r}: use one of {CLIP_MODES}")
   ranges.check(optim, "optim")  # every number's range (laplax.train.ranges.RANGES)
+  if optim.schedule == "timm_cosine" and (
+      optim.steps_per_epoch < 1 or optim.warmup_steps % optim.steps_per_epoch):
+    raise ValueError(
+        f"optim.schedule='timm_cosine' steps the lr once per epoch: set optim.steps_per_epoch "
+        f"(now {optim.steps_per_epoch}) to the updates in an epoch, and optim.warmup_steps "
+        f"(now {optim.warmup_steps}) to a whole number of epochs of them")
   if optim.mix_lr_scale != 1 and optim.flatten:
     raise ValueError("optim.mix_lr_scale needs parameter names: set optim.flatten=False")
   OPTIMIZERS[optim.name].check(optim)

@@ -36,9 +36,32 @@ def warmdown_schedule(optim, total_steps: int, peak: float | None = None) -> opt
       boundaries=[warmup, warmup + flat])
 
 
+def timm_cosine_schedule(optim, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """timm's CosineLRScheduler as timm's train.py steps it (t_in_epochs: the lr changes once per
+  epoch, at its start; warmup_prefix False, one cycle, no noise), in units of
+  optim.steps_per_epoch updates: epoch e < w (w = warmup_steps / steps_per_epoch) at
+  warmup_init_lr + e (peak - warmup_init_lr) / w; later at final + (peak - final)
+  (1 + cos(pi e / E)) / 2 with E = total_steps / steps_per_epoch epochs (the cosine counts from
+  epoch 0, not from the warm-up's end), final = peak * final_lr_fraction; from epoch E on,
+  final. The authors' ImageNet sweeps: 5 warm-up epochs from 1e-5, min-lr 1e-6."""
+  peak = optim.lr if peak is None else peak
+  per_epoch = int(optim.steps_per_epoch)
+  warmup_epochs = int(optim.warmup_steps) // per_epoch
+  epochs = total_steps / per_epoch
+  start, final = float(optim.warmup_init_lr), peak * optim.final_lr_fraction
+
+  def schedule(count):
+    epoch = jnp.floor_divide(jnp.asarray(count, jnp.int32), per_epoch).astype(jnp.float32)
+    warm = start + epoch * (peak - start) / max(warmup_epochs, 1)
+    cosine = final + 0.5 * (peak - final) * (1.0 + jnp.cos(jnp.pi * epoch / epochs))
+    return jnp.where(epoch < warmup_epochs, warm, jnp.where(epoch < epochs, cosine, final))
+  return schedule
+
+
 SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
     "cosine": cosine_schedule,
     "warmdown": warmdown_schedule,
+    "timm_cosine": timm_cosine_schedule,
 }
 
 
