@@ -397,6 +397,8 @@ def start(options: argparse.Namespace, args: list[str], out=sys.stdout) -> int:
   log = log_path(flag_value(args, "workdir"), options.dir, host, cwd)
   options.dir.mkdir(parents=True, exist_ok=True)
   fd = _take_lock(options.dir)
+  # The last runner's state (it has ended: the lock was free) must not be read as this one's.
+  (options.dir / STATE).unlink(missing_ok=True)
   log.parent.mkdir(parents=True, exist_ok=True)
   runner_argv = [sys.executable, "-m", "laplax.pod", "_run", f"--dir={options.dir}",
                  f"--backoff={options.backoff}", f"--restarts={options.restarts}",
