@@ -124,8 +124,13 @@ def test_the_two_recipes_differ_in_the_documented_keys():
   a, b = _leaves(paper), _leaves(deit3)
   assert set(a) == set(b)
   assert {k for k in a if a[k] != b[k]} == {
-      "recipe", "num_epochs", "optim.final_lr_fraction", "loss.bce_binary_targets",
-      "loss.label_smoothing", "model.qk_norm", "model.layerscale_init", "model.weight_init"}
+      "recipe", "num_epochs", "optim.final_lr_fraction", "optim.warmup_init_lr",
+      "loss.bce_binary_targets", "loss.label_smoothing", "model.qk_norm", "model.layerscale_init",
+      "model.weight_init"}
+  # timm's scheduler stepped per epoch, from timm's --warmup-lr (paper) or DeiT's (deit3)
+  for c, start in ((paper, 1e-5), (deit3, 1e-6)):
+    assert (c.optim.schedule, c.optim.steps_per_epoch, c.optim.warmup_init_lr) == (
+        "timm_cosine", vit_b16_imagenet.STEPS_PER_EPOCH, start)
   assert (paper.model.weight_init, deit3.model.weight_init) == ("timm", "trunc_normal")
   assert paper.recipe == "paper" and paper.num_epochs == 400
   assert paper.optim.lr * paper.optim.final_lr_fraction == pytest.approx(1e-6)
