@@ -8,9 +8,9 @@ compute, splash attention, scanned blocks.
       --workdir=runs/aot_dino_s16 --aot=v5e:4x4
   python train.py --config=configs/pod/dino_vit_s16.py --workdir=gs://.../dino_s16 \
       --multihost --config.data.tfds_data_dir=gs://.../tensorflow_datasets \
-      --config.evals.ade20k.dir=/data/ADEChallengeData2016      # on every host, each its copy
+      --config.evals.ade20k.dir=~/ADEChallengeData2016      # on every host, each its copy
 (the same command on every host of the slice; the ADE20K folder is read from each host's own
-disk, so copy it there first, e.g. `gcloud storage cp -r gs://.../ADEChallengeData2016 /data/`
+disk, so copy it there first, e.g. `gcloud storage cp -r gs://.../ADEChallengeData2016 ~/`
 on every worker; its default is the CPU machine's shared copy, which a pod does not have)
 
 Data: a prepared TFDS `imagenet2012` (ArrayRecord) in data.tfds_data_dir, read per record,

@@ -4,7 +4,9 @@ Laplacian heads x seeds 0, 1, 2: 6 cells, each pretrained on the whole mesh, the
   python train.py --config=configs/pod/study_dino_vit_s16.py --multihost \
       --workdir=gs://BUCKET/dino_study \
       --config.base.data.tfds_data_dir=gs://BUCKET/tensorflow_datasets \
-      --config.base.evals.ade20k.dir=/mnt/data/ADEChallengeData2016
+      --config.base.evals.ade20k.dir=~/ADEChallengeData2016
+  # ADE20K is read from each host's own disk: first copy the folder to every worker, e.g.
+  # `gcloud storage cp -r gs://BUCKET/ADEChallengeData2016 ~/` (configs/pod/dino_vit_s16.py)
   JAX_PLATFORMS=cpu python train.py --config=configs/pod/study_dino_vit_s16.py \
       --workdir=runs/aot_dino_study --aot=v5e:4x4          # fit check of the 2 programs
 

@@ -15,7 +15,8 @@ blocks.
   JAX_PLATFORMS=cpu python train.py --config=configs/pod/vit_b16_imagenet.py \
       --workdir=runs/aot_vit_b16 --aot=v5e:4x4                    # fit check, no data
   python train.py --config=configs/pod/vit_b16_imagenet.py --workdir=gs://.../vit_b16_k6_s0 \
-      --multihost --config.model.laplacian_heads=6 --config.seed=0
+      --multihost --config.model.laplacian_heads=6 --config.seed=0 \
+      --config.data.tfds_data_dir=gs://.../tensorflow_datasets     # on every host
 
 Generalised heads (laplax.heads, beyond the paper) by the same flag, e.g.
 --config.model.laplacian_heads="'mix(plain)'" or ='heat(2)'. Fit check on v5e:4x4 (:paper, one

@@ -7,7 +7,8 @@ Target: TPU v5e:4x4 (16 chips, FSDP over all), global batch 512 (DeiT-III's 64 x
 per chip), bf16 compute, float32 parameters and AdamW state, splash attention, scanned blocks.
 
   python train.py --config=configs/pod/vit_b16_imagenet_ft224.py --workdir=gs://.../ft224_k6 \
-      --multihost --config.init_from=gs://.../vit_b16_k6_s0 --config.model.laplacian_heads=6
+      --multihost --config.init_from=gs://.../vit_b16_k6_s0 --config.model.laplacian_heads=6 \
+      --config.data.tfds_data_dir=gs://.../tensorflow_datasets     # on every host
   JAX_PLATFORMS=cpu python train.py --config=configs/pod/vit_b16_imagenet_ft224.py \
       --workdir=runs/aot_ft224 --aot=v5e:4x4                      # fit check, no data
 
