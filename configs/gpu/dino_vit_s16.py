@@ -9,7 +9,9 @@ its lr and schedule), FSDP over every GPU.
       --config.evals.ade20k.dir=/data/ADEChallengeData2016
   # several nodes (SLURM): one process per node, each reading its own ADE20K copy
   srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 python train.py \
-      --config=configs/gpu/dino_vit_s16.py --multihost --workdir=/shared/dino_s16 ...
+      --config=configs/gpu/dino_vit_s16.py --multihost --workdir=/shared/dino_s16 \
+      --config.data.tfds_data_dir=/shared/tensorflow_datasets \
+      --config.evals.ade20k.dir=/shared/ADEChallengeData2016
   # per-GPU memory without a GPU (the CPU compiler's estimate, labelled so in aot.json):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python train.py \
       --config=configs/gpu/dino_vit_s16.py --workdir=runs/aot_gpu_dino --aot=h100:8

@@ -8,7 +8,8 @@ device_batch_size 32, no accumulation), distributed Muon, FSDP over every GPU.
       --config.data.sources='("/data/fineweb_edu/*.parquet",)'
   # several nodes (SLURM): one process per node
   srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 python train.py \
-      --config=configs/gpu/gpt_d20.py --multihost --workdir=/shared/gpt_d20_k5 ...
+      --config=configs/gpu/gpt_d20.py --multihost --workdir=/shared/gpt_d20_k5 \
+      --config.data.sources='("/shared/fineweb_edu/*.parquet",)'
   # per-GPU memory without a GPU (the CPU compiler's estimate, labelled so in aot.json):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python train.py \
       --config=configs/gpu/gpt_d20.py --workdir=runs/aot_gpu_gpt --aot=h100:8

@@ -9,7 +9,9 @@ over every GPU, no rematerialisation (the pod config's 'full' is --config.model.
       --config.data.tfds_data_dir=/data/tensorflow_datasets
   # several nodes (SLURM): one process per node, JAX finds the cluster from SLURM's variables
   srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 python train.py \
-      --config=configs/gpu/vit_b16_imagenet.py --multihost --workdir=/shared/vit_b16_k6_s0 ...
+      --config=configs/gpu/vit_b16_imagenet.py --multihost --workdir=/shared/vit_b16_k6_s0 \
+      --config.model.laplacian_heads=6 --config.seed=0 \
+      --config.data.tfds_data_dir=/shared/tensorflow_datasets
   # per-GPU memory without a GPU (the CPU compiler's estimate, labelled so in aot.json):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python train.py \
       --config=configs/gpu/vit_b16_imagenet.py --workdir=runs/aot_gpu_vit --aot=h100:8
