@@ -40,6 +40,13 @@ def default(table: Mapping[str, Any], key: str) -> Any:
 
 # --- The run section ----------------------------------------------------------------------
 
+# config.wandb: Weights & Biases beside TensorBoard (laplax.train.wandb_sink). mode: 'disabled'
+# (wandb is never imported), 'offline' (W&B's run files in dir; `wandb sync` uploads them) or
+# 'online' (refused without credentials). name '' = the run's name; dir '' = the workdir (a
+# local directory of W&B's own choosing for a gs:// workdir).
+WANDB = {"mode": "disabled", "project": "laplax", "entity": "", "name": "", "tags": (),
+         "dir": ""}
+
 # What trains, for how long, where it checkpoints, on which mesh (configs/common.py's run()).
 RUN = {
     "name": "run",  # the run's name in plots and reports (run_name)
@@ -67,6 +74,7 @@ RUN = {
     "lock_lease_s": 60.0,  # gs:// workdirs: a killed run's lock is taken over after this long
     # 'tpu' / 'gpu': refuse to start on another backend (laplax.train.platform); None: any.
     "platform": Typed(None, str),
+    "wandb": WANDB,
 }
 
 

@@ -22,6 +22,7 @@ import jax
 from laplax import flops as flops_lib
 from laplax import multihost
 from laplax import sharding
+from laplax.train import goodput as goodput_lib
 from laplax.train.checkpoint import Checkpointer
 from laplax.train.metrics import MetricsWriter, Progress, interval_summary
 
@@ -107,11 +108,12 @@ class LoopOptions:
   stop_requested: Callable[[int], bool] | None = None
   profile: tuple[int, int, str] | None = None
   flops_per_step: int | None = None
+  saved: Callable[[int, bool], None] | None = None
 
 
 def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
-              writer: MetricsWriter, options: LoopOptions, *, mesh, rules
-              ) -> tuple[Any, dict[str, float], Phase]:
+              writer: MetricsWriter, options: LoopOptions, *, mesh, rules,
+              clock: goodput_lib.Clock | None = None) -> tuple[Any, dict[str, float], Phase]:
   """Runs the phases' jitted step_fn(state, batch) -> (state, metrics) from start_step to
   total_steps, starting with `phase` (a Phase: each ends at its `until` and hands over to its
   `next`) and `options` (a LoopOptions: the names below are its fields) on `mesh` under
@@ -132,9 +134,15 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
   for, and Preempted is raised. profile = (first step, steps, directory): a jax.profiler trace
   of those steps (TensorBoard / XProf). flops_per_step (the model's analytic FLOPs,
   laplax.flops) adds 'tflops_per_chip' and, on chips with a known peak, 'mfu' to the summary.
+  saved(step, last): called after each checkpoint save (the trainer's goodput record).
+  clock (laplax.train.goodput.Clock): times the input waits, compiles (the step is compiled
+  ahead of its first call, and of the first call after a hand-over: the same program the call
+  would compile), evaluations and saves, and notes each step's dispatch; no sync is added.
   Returns (state, the last interval's summary, the phase the run ended in).
   """
   progress = Progress(options.total_steps, name=options.name, start=options.start_step)
+  own_clock = clock is None
+  clock = goodput_lib.Clock() if own_clock else clock
   pending: list[dict[str, jax.Array]] = []
   guard = _FiniteGuard(checkpointer, options.max_consecutive_skips)
   should_save = getattr(checkpointer, "should_save", None)
@@ -166,17 +174,23 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
         if options.profile is not None and step + 1 == options.profile[0]:
           jax.profiler.start_trace(options.profile[2])
           tracing = True
-        batch = next(train_iter)
-        if options.batch_keys is not None:
-          batch = {k: batch[k] for k in options.batch_keys}
-        global_batch = sharding.host_batch_to_global(batch, mesh)
-        if (step == options.start_step or handed_over) and multihost.is_multiprocess():
-          # Compile first, then meet: hosts compile at different speeds, and gloo (JAX's CPU
-          # collectives) gives up the first collective's rendezvous after 30 s.
-          phase = dataclasses.replace(phase,
-                                      step_fn=phase.step_fn.lower(state, global_batch).compile())
-          multihost.agree("compiled_step", None)
+        with clock.activity("data_wait"):
+          batch = next(train_iter)
+          if options.batch_keys is not None:
+            batch = {k: batch[k] for k in options.batch_keys}
+          global_batch = sharding.host_batch_to_global(batch, mesh)
+        if (step == options.start_step or handed_over) and hasattr(phase.step_fn, "lower"):
+          # Compiled ahead of the call, so that compiling is timed apart from the step.
+          # Several hosts compile first, then meet: hosts compile at different speeds, and
+          # gloo (JAX's CPU collectives) gives up the first collective's rendezvous after 30 s.
+          with clock.activity("compile"):
+            phase = dataclasses.replace(
+                phase, step_fn=phase.step_fn.lower(state, global_batch).compile())
+            if multihost.is_multiprocess():
+              multihost.agree("compiled_step", None)
+        dispatched = clock.now()
         state, metrics = phase.step_fn(state, global_batch)
+        clock.dispatched(dispatched, metrics)
         step += 1
         handed_over = phase.next is not None and step == phase.until
         if handed_over:
@@ -191,8 +205,11 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
           last, t_last = log_interval(step, t_last)
           pending = []
         last_step = step == options.total_steps
-        if phase.evaluate is not None and not last_step and phase.evaluate(state, step):
-          t_last = time.time()
+        if phase.evaluate is not None and not last_step:
+          with clock.activity("eval"):
+            evaluated = phase.evaluate(state, step)
+          if evaluated:
+            t_last = time.time()
         stop = (options.stop_requested is not None and options.stop_requested(step)
                 and not last_step)
         if stop and pending:  # the steps since the last row are saved now, not redone: log them
@@ -202,10 +219,15 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
         if should_save is None or should_save(step, force=force):
           guard.check()  # a non-finite state is never saved
           writer.flush()  # an object store's rows up to this step are stored before it is
-          checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
+          with clock.activity("checkpoint"):
+            saved = checkpointer.save(step, state, {"data": train_iter.get_state()}, force=force)
+            if stop:
+              checkpointer.wait_until_finished()
+          if saved and options.saved is not None:
+            options.saved(step, last_step)
         if stop:
-          checkpointer.wait_until_finished()
-          checkpointer.close()
+          with clock.activity("checkpoint"):
+            checkpointer.close()
           raise Preempted(step)
   except NonFiniteError:
     checkpointer.close()  # finishes the last (good) save in flight
@@ -213,6 +235,9 @@ def run_steps(state, phase: Phase, train_iter, checkpointer: Checkpointer,
   finally:
     if tracing:  # the run ended inside the window
       jax.profiler.stop_trace()
-  checkpointer.wait_until_finished()
-  checkpointer.close()
+    if own_clock:
+      clock.close()
+  with clock.activity("checkpoint"):
+    checkpointer.wait_until_finished()
+    checkpointer.close()
   return state, last, phase

@@ -115,13 +115,19 @@ class MetricsWriter:
   object is written once: the bytes written per row do not grow with the run. `read_metrics`
   reads the pieces back as one file, TensorBoard reads the event files in name order.
   A resumed run's event file starts by purging the steps after resume_step, so TensorBoard
-  shows each step once too.
+  shows each step once too; `dropped` keeps the rows the resume dropped (the goodput record
+  counts their steps and seconds as lost).
+
+  sinks: more writers of the same rows (laplax.train.wandb_sink: W&B), each with
+  write(step, split, record) and close(); only an active writer feeds them.
   """
 
   def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl", *,
                resume_step: int | None = None, active: bool = True, tensorboard: bool = True,
-               flush_every_s: float = OBJECT_STORE_FLUSH_S):
+               flush_every_s: float = OBJECT_STORE_FLUSH_S, sinks=()):
     self.path = as_path(workdir) / filename
+    self.dropped: list[dict[str, Any]] = []  # rows truncate_after removed (parsed ones)
+    self.sinks = list(sinks) if active else []
     self.active = active  # False on all hosts but process 0: one writer per run
     self.store = not is_local(self.path)
     self.flush_every_s = flush_every_s
@@ -181,6 +187,7 @@ class MetricsWriter:
     for piece in reversed(pieces(self.path)):
       kept, gone = [], 0
       for line in piece.read_text().splitlines():
+        record = None
         try:
           record = json.loads(line)
           keep = int(record["step"]) <= step
@@ -190,6 +197,8 @@ class MetricsWriter:
           kept.append(line)
         else:
           gone += 1
+          if isinstance(record, dict) and "step" in record:
+            self.dropped.append(record)
       dropped += gone
       if not gone:
         continue
@@ -227,9 +236,11 @@ class MetricsWriter:
       self._rows.append(line)
       if time.monotonic() - self._last_flush >= self.flush_every_s:
         self.flush()
-      return
-    with self.path.open("a") as f:
-      f.write(line)
+    else:
+      with self.path.open("a") as f:
+        f.write(line)
+    for sink in self.sinks:  # after the file: a sink's failure never loses the row here
+      sink.write(int(step), split, record)
 
   def flush(self) -> None:
     """Object stores: writes the rows and events kept since the last flush, each as a new
@@ -250,8 +261,12 @@ class MetricsWriter:
     self._last_flush = time.monotonic()
 
   def close(self) -> None:
-    """Writes what an object store's writer still keeps; closes the local event file."""
+    """Writes what an object store's writer still keeps; closes the local event file and the
+    sinks."""
     self.flush()
+    sinks, self.sinks = self.sinks, []
+    for sink in sinks:
+      sink.close()
     if self._tb is not None:
       self._tb.close()
       self._tb = None

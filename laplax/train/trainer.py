@@ -34,11 +34,13 @@ from laplax import multihost
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import evaluator as evaluator_lib
+from laplax.train import goodput as goodput_lib
 from laplax.train import identity as identity_lib
 from laplax.train import loop
 from laplax.train import phases as phases_lib
 from laplax.train import restore
 from laplax.train import task as task_lib
+from laplax.train import wandb_sink
 from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import MetricsWriter, read_metrics
 from laplax.train.state import abstract_state, create_state, state_from_params
@@ -153,13 +155,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
                        *, log=print, allow_change=()) -> dict[str, Any]:
   """Trains (resuming from workdir's latest good checkpoint), then evaluates; -> results.
 
-  Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json and the task's files.
+  Writes workdir/config.json, metrics.jsonl, checkpoints/, results.json (with the run's
+  goodput: laplax.train.goodput; its record goodput.json) and the task's files.
   A resume must be the run its checkpoints were trained as (laplax.train.identity);
   allow_change names what may differ on purpose: total_steps, data.batch_size,
   optim.grad_accum_steps (a sequence or 'total_steps,data.batch_size').
   """
+  clock = goodput_lib.Clock()  # the attempt's wall time starts here
   allow_change = identity_lib.parse_allow_change(allow_change)
   task = task_lib.for_config(config)
+  wandb = wandb_sink.check(config)  # online without credentials: refused before any write
   workdir = workdir_lib.as_path(workdir)  # gs://bucket/run stays a bucket path
   if config.get("compilation_cache_dir"):  # compiled steps persist across runs and restarts
     jax.config.update("jax_compilation_cache_dir", str(config.compilation_cache_dir))
@@ -170,17 +175,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: epath.PathLik
   _profile_window(config, workdir)  # a bad window fails before anything is written too
   # One run per workdir, on all its hosts (a gs:// lock has a lease: laplax.train.gcs).
   lease_s = config.lock_lease_s  # in (0, inf): laplax.train.ranges
-  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
-    results = _train(task, config, workdir, mesh, rules, log, allow_change)
+  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log), contextlib.closing(clock):
+    results = _train(task, config, workdir, mesh, rules, log, allow_change, clock, wandb)
     # Process 0 wrote results.json: every host may read the run's files once this returns.
     multihost.agree("run_written", None)
     return results
 
 
 def _train(task: Task, config, workdir: epath.Path, mesh, rules, log,
-           allow_change) -> dict[str, Any]:
+           allow_change, clock, wandb) -> dict[str, Any]:
   plan = _prepare(task, config, workdir, mesh, rules, log, allow_change)
-  return plan if isinstance(plan, dict) else _run(plan)
+  if isinstance(plan, dict):
+    return plan
+  return _run(dataclasses.replace(plan, clock=clock, wandb=wandb))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +210,8 @@ class Plan:
   identity: dict[str, Any]
   verdict: identity_lib.Verdict
   start_params: Any  # init_from's parameters on a fresh start, else None
+  clock: goodput_lib.Clock | None = None  # the attempt's timing (laplax.train.goodput)
+  wandb: Any = None  # the config.wandb section when W&B logs, else None
 
 
 def _prepare(task: Task, config, workdir: epath.Path, mesh, rules, log,
@@ -302,9 +311,11 @@ def _run(plan: Plan) -> dict[str, Any]:
   # the same array for any number of hosts, and so is every per-row random draw in the step.
   block, _ = sharding.host_block(plan.mesh, task.config.data.batch_size)
   train_iter = task.train_iterator(block, jax.process_count())
+  clock = plan.clock or goodput_lib.Clock()
   # Restore into the abstract state: a resumed run never compiles the initialisers.
-  checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint,
-                                        plan.abstract, plan.shardings, train_iter, log=log)
+  with clock.activity("restore"):
+    checkpointer, state = ckpt_lib.resume(workdir / "checkpoints", config.checkpoint,
+                                          plan.abstract, plan.shardings, train_iter, log=log)
   verdict = plan.verdict
   if verdict.changes:
     log(f"changed on purpose (--allow_change): {identity_lib.describe_changes(verdict.changes)}")
@@ -315,15 +326,38 @@ def _run(plan: Plan) -> dict[str, Any]:
     identity_lib.record(workdir / "checkpoints", plan.identity, verdict,
                         checkpointer.restored_step or 0)
   # Rows a killed run logged after its last checkpoint are dropped: the steps are redone.
-  writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead)
-  with contextlib.closing(writer):  # its TensorBoard event file too
+  # W&B (config.wandb) gets every row the writer writes; process 0 alone logs.
+  sinks = ([wandb_sink.WandbSink.open(plan.wandb, workdir,
+                                      json.loads(config.to_json_best_effort()), config.name)]
+           if lead and plan.wandb is not None else [])
+  writer = MetricsWriter(workdir, resume_step=checkpointer.restored_step or 0, active=lead,
+                         sinks=sinks)
+  # Earlier attempts' seconds, from the record's snapshot at the restored step; the rows the
+  # resume dropped are the steps they trained after it (lost).
+  base = goodput_lib.base_for_resume(_goodput_record(workdir) if lead else None,
+                                     checkpointer.restored_step or 0, writer.dropped)
+
+  def record_goodput(step: int, label: str = "other", row: bool = True) -> dict[str, Any]:
+    """Folds the time so far (a sync point: the steps are done) -> the goodput block;
+    process 0 adds it to the record (and a 'goodput' row)."""
+    block = goodput_lib.summary(base, clock.settle(label))
+    if lead:
+      path = workdir / goodput_lib.RECORD
+      workdir_lib.write_json_atomic(path, goodput_lib.snapshot(
+          _goodput_record(workdir), step, block, time.time()))
+    if row:
+      writer.write(step, "goodput", goodput_lib.row(block))
+    return block
+
+  with contextlib.closing(writer):  # its TensorBoard event file (and W&B run) too
     if state is plan.abstract:
       if plan.start_params is not None:
         state = state_from_params(task, plan.tx, plan.start_params, plan.shardings, plan.mesh,
                                   plan.rules)
       else:
         state, _ = create_state(task, plan.model, plan.tx, plan.mesh, plan.rules, config.seed)
-      _evaluate_at_init(plan.evaluators, state, workdir, writer, lead, log)
+      with clock.activity("eval"):
+        _evaluate_at_init(plan.evaluators, state, workdir, writer, lead, log)
     phase = _phase(plan, task, plan.model, plan.evaluators, plan.shardings, writer,
                    int(state.step))
     t0 = time.time()
@@ -337,18 +371,29 @@ def _run(plan: Plan) -> dict[str, Any]:
           name=config.name, describe=lambda row: task.progress.format(**row),
           batch_keys=task.batch_keys, stop_requested=stop_requested,
           profile=_profile_window(config, workdir),
-          flops_per_step=task.flops_per_step(plan.model, plan.abstract.params))
-      state, last, phase = loop.run_steps(state, phase, train_iter, checkpointer, writer,
-                                          options, mesh=plan.mesh, rules=plan.rules)
+          flops_per_step=task.flops_per_step(plan.model, plan.abstract.params),
+          # A snapshot after every save (the last step's row comes with the results)
+          saved=lambda step, last_step: record_goodput(step, row=not last_step))
+      # The attempt's start: everything before the loop is startup, restore or init eval.
+      record_goodput(int(state.step), "startup", row=False)
+      try:
+        state, last, phase = loop.run_steps(state, phase, train_iter, checkpointer, writer,
+                                            options, mesh=plan.mesh, rules=plan.rules,
+                                            clock=clock)
+      except loop.Preempted as e:  # its state is saved: the next attempt loses nothing
+        record_goodput(e.step, row=False)
+        raise
     task, model, evaluators = phase.info
     step, train_time = int(state.step), time.time() - t0
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    evaluated, final, summary = evaluator_lib.run_all(
-        {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
-    # Every periodic curve ends at the last step (a final result is not measured twice).
-    periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
-    _write_periodic(plan, writer, periodic, step, {
-        n: evaluated[n] if n in evaluated else ev.run(state, step) for n, ev in periodic.items()})
+    with clock.activity("eval"):
+      evaluated, final, summary = evaluator_lib.run_all(
+          {n: ev for n, ev in evaluators.items() if ev.config.final}, state, step)
+      # Every periodic curve ends at the last step (a final result is not measured twice).
+      periodic = {n: ev for n, ev in evaluators.items() if ev.config.every}
+      _write_periodic(plan, writer, periodic, step, {
+          n: evaluated[n] if n in evaluated else ev.run(state, step)
+          for n, ev in periodic.items()})
     results = {"task": task.name, "step": step, **task.results_info(step), **evaluated,
                "params": n_params, "laplacian_heads": heads_lib.model_heads(model),
                **plan.phases.results(),
@@ -364,8 +409,13 @@ def _run(plan: Plan) -> dict[str, Any]:
     for n, b in json.loads(multihost.share("best_accuracy", json.dumps(best))).items():
       results[n] = {**results.get(n, {}), "best": b}
     writer.write(step, "final", final)
+    results["goodput"] = block = record_goodput(step)
     if lead:
       workdir_lib.write_json_atomic(workdir / "results.json", results, indent=2)
+    seconds = block["seconds"]
+    log(f"goodput {block['goodput']:.1%} of {block['wall_s']:.1f} s: "
+        + ", ".join(f"{c} {seconds[c]:.1f} s" for c in goodput_lib.CATEGORIES if seconds[c])
+        + f"; {block['restarts']} restarts, {block['lost_steps']} steps lost")
     log(f"done: {summary}")
     return results
 
@@ -404,6 +454,16 @@ def _evaluate_at_init(evaluators, state, workdir: epath.Path, writer: MetricsWri
     workdir_lib.write_json_atomic(workdir / _INIT_EVAL, results, indent=2)
   writer.write(0, "init", row)
   log(f"at init: {summary}")
+
+
+def _goodput_record(workdir: epath.Path) -> dict[str, Any] | None:
+  """The workdir's goodput record (None: none yet, or unreadable: the totals start again)."""
+  path = workdir / goodput_lib.RECORD
+  try:
+    record = workdir_lib.read_json(path, "goodput record") if path.exists() else None
+  except ValueError:
+    return None
+  return record if isinstance(record, dict) else None
 
 
 def _finished_results(workdir: epath.Path, total_steps: int) -> dict[str, Any] | None:
