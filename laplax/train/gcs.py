@@ -180,6 +180,10 @@ class Holder:
   def age_s(self) -> float:
     return time.time() - self.updated
 
+  def expired(self) -> bool:
+    """No renewal for a whole lease: its holder is gone (killed, a lost VM)."""
+    return self.age_s() >= self.lease_s
+
   def describe(self) -> str:
     """'pid 123 on host (python train.py ...), lease 60 s renewed 5 s ago'."""
     info = self.info
@@ -229,8 +233,9 @@ class Lease:
   """The lock object of a gs:// workdir, held while a run lives (module docstring).
 
   `acquire()` returns when this process holds it (waiting at most one lease for a holder that
-  stopped renewing) or raises Locked; `release()` deletes it. `lost` is set (and SIGINT sent to
-  this process) when another run took it over.
+  stopped renewing) or raises Locked; `acquire(wait=False)` raises Locked at once while the
+  holder's lease runs (a study's claim of a cell: laplax.study.claims); `release()` deletes
+  it. `lost` is set (and SIGINT sent to this process) when another run took it over.
   """
 
   def __init__(self, lock_path: str, info: dict[str, Any], *, lease_s: float = LEASE_S,
@@ -273,9 +278,9 @@ class Lease:
     self.generation = int(blob.generation)
     return True
 
-  def acquire(self) -> None:
+  def acquire(self, *, wait: bool = True) -> None:
     try:
-      self._acquire()
+      self._acquire(wait)
     except ValueError:  # Locked, or a bad name: already one line
       raise
     except Exception as e:  # pylint: disable=broad-except  # the client's errors: one line
@@ -284,7 +289,7 @@ class Lease:
                                     daemon=True)
     self._thread.start()
 
-  def _acquire(self) -> None:
+  def _acquire(self, wait: bool) -> None:
     watched = None  # the holder's generation when this process started waiting
     while not self._write(0, timeout_s=FIRST_CALL_TIMEOUT_S):
       holder = _read(self._bucket, self._name)
@@ -301,6 +306,8 @@ class Lease:
           return
         watched = None  # another newcomer won, or the holder renewed at last: look again
         continue
+      if not wait:  # a live lease, or a dead one not yet expired: not now
+        raise Locked(f"workdir {self.where} is in use by {holder.describe()}")
       if watched is None:
         watched = holder.generation
         self.log(f"workdir {self.where} is locked by {holder.describe()}: waiting up to "
@@ -344,10 +351,11 @@ class Lease:
 
 @contextlib.contextmanager
 def hold(lock_path: str, info: dict[str, Any], *, lease_s: float = LEASE_S,
-         log: Callable[[str], None] = print) -> Iterator[Lease]:
-  """Holds the lease lock at `lock_path` while the block runs (module docstring)."""
+         log: Callable[[str], None] = print, wait: bool = True) -> Iterator[Lease]:
+  """Holds the lease lock at `lock_path` while the block runs (module docstring); wait=False:
+  Locked at once while another holder's lease runs."""
   lease = Lease(lock_path, info, lease_s=lease_s, log=log)
-  lease.acquire()
+  lease.acquire(wait=wait)
   # A lost lock stops the run by SIGINT. A process started in the background by a script
   # (`nohup python train.py ... &`, common on pod VMs) inherits SIGINT ignored, and the stop
   # would never come: Python's own handler is put back while the lock is held.

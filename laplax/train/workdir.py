@@ -15,6 +15,10 @@ several processes (a pod's hosts, which share the workdir) process 0 alone holds
 and the other hosts check through the job's coordination service that it got it and that
 their workdir holds its run id.
 
+`claim_workdir(workdir)` is `lock_workdir` without waiting for a live holder, for a study's
+cells (laplax.study.claims: several slices on one study take the next unclaimed cell); the run
+started inside a claim, on the same workdir in the same process, holds the lock through it.
+
 `write_json_atomic` writes to a temporary file in the same directory, fsyncs it
 and renames it over the target: a kill or a full disk leaves either the old
 file or the new one, never an empty or torn one. `read_json` turns a damaged
@@ -94,22 +98,45 @@ def _holder_info(run_id: str | None) -> dict[str, Any]:
   return info
 
 
+# The workdirs this process holds by claim_workdir: lock key -> (the run id in the lock, what
+# lock_workdir yielded). A lock_workdir or lock_run on one of them, in this process, is the run
+# the claim was taken for: it holds the lock through the claim instead of taking it again.
+_claimed: dict[str, tuple[str, Any]] = {}
+
+
+def _lock_key(workdir: str | os.PathLike[str]) -> str:
+  if is_local(workdir):
+    return os.path.realpath(os.path.expanduser(os.fspath(workdir)))
+  return os.fspath(as_path(workdir)).rstrip("/")
+
+
 @contextlib.contextmanager
 def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None,
-                 lease_s: float = gcs.LEASE_S, log=print) -> Iterator[Any]:
+                 lease_s: float = gcs.LEASE_S, log=print, wait: bool = True) -> Iterator[Any]:
   """Holds an exclusive lock on `workdir/.lock` (creating workdir) while the block runs.
 
   Yields the lock file's path (a gs:// workdir: its `gcs.Lease`; another object store, which
   cannot be locked: None). Raises WorkdirLocked naming the holder if another process holds the
   lock. A local lock is released on exit from the block, or by the kernel when this process
   dies; a gs:// one is deleted on exit, or expires `lease_s` after its holder died (`log` says
-  when a rerun waits for that). `run_id` is written into the lock (the other hosts of a job
-  read it: `lock_run`).
+  when a rerun waits for that; wait=False: a holder whose lease runs refuses at once, as a
+  local lock always does). `run_id` is written into the lock (the other hosts of a job read it:
+  `lock_run`). A workdir this process holds by `claim_workdir` is held through the claim.
   """
+  claimed = _claimed.get(_lock_key(workdir))
+  if claimed is not None:  # the run this process claimed the workdir for
+    yield claimed[1]
+    return
+  with _take_lock(workdir, run_id=run_id, lease_s=lease_s, log=log, wait=wait) as held:
+    yield held
+
+
+@contextlib.contextmanager
+def _take_lock(workdir, *, run_id: str | None, lease_s: float, log, wait: bool) -> Iterator[Any]:
   if gcs.is_gcs(workdir):
     try:
       with gcs.hold(f"{as_path(workdir)}/{LOCK_NAME}", _holder_info(run_id), lease_s=lease_s,
-                    log=log) as lease:
+                    log=log, wait=wait) as lease:
         yield lease
     except gcs.Locked as e:
       raise WorkdirLocked(str(e)) from None
@@ -143,7 +170,49 @@ def lock_workdir(workdir: str | os.PathLike[str], *, run_id: str | None = None,
     os.close(fd)
 
 
+@contextlib.contextmanager
+def claim_workdir(workdir: str | os.PathLike[str], *, lease_s: float = gcs.LEASE_S,
+                  log=print) -> Iterator[Any]:
+  """Holds workdir's lock as `lock_workdir` does, without waiting: WorkdirLocked at once while
+  another process holds it (on gs://, a holder whose lease has expired is taken over). A run
+  inside the block on the same workdir, in this process (`lock_workdir`, `lock_run`: the
+  trainer), holds the lock through this claim, under its run id."""
+  key, run_id = _lock_key(workdir), uuid.uuid4().hex
+  if key in _claimed:
+    raise WorkdirLocked(f"workdir {workdir} is claimed by this process already")
+  with _take_lock(workdir, run_id=run_id, lease_s=lease_s, log=log, wait=False) as held:
+    _claimed[key] = (run_id, held)
+    try:
+      yield held
+    finally:
+      del _claimed[key]
+
+
+def live_holder(workdir: str | os.PathLike[str]) -> str | None:
+  """Who holds workdir's lock now ('pid 123 on host (...)'), or None, without keeping it: a
+  local lock is tried and let go at once; a gs:// lock object counts until its lease has
+  expired. Another object store (no lock): None."""
+  if gcs.is_gcs(workdir):
+    holder = gcs.read(f"{as_path(workdir)}/{LOCK_NAME}")
+    return None if holder is None or holder.expired() else holder.describe()
+  if not is_local(workdir):
+    return None
+  lock_path = pathlib.Path(workdir).expanduser() / LOCK_NAME
+  try:
+    fd = os.open(lock_path, os.O_RDWR)
+  except FileNotFoundError:
+    return None
+  try:
+    if not try_flock(fd):
+      return _holder(lock_path)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return None
+  finally:
+    os.close(fd)
+
+
 _REFUSED = "refused:"
+_FAILED = "failed:"
 
 
 @contextlib.contextmanager
@@ -165,11 +234,13 @@ def lock_run(workdir: str | os.PathLike[str], *, lease_s: float = gcs.LEASE_S,
   name = "workdir_lock"
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
-      run_id = uuid.uuid4().hex
+      claimed = _claimed.get(_lock_key(workdir))  # held by claim_workdir: its run id
+      run_id = claimed[0] if claimed else uuid.uuid4().hex
       try:
         stack.enter_context(lock_workdir(workdir, run_id=run_id, lease_s=lease_s, log=log))
       except BaseException as e:
-        multihost.share(name, _REFUSED + (str(e) or type(e).__name__))
+        refused = isinstance(e, WorkdirLocked)  # the others raise it too; else PeerFailed
+        multihost.share(name, (_REFUSED if refused else _FAILED) + (str(e) or type(e).__name__))
         raise
       multihost.share(name, run_id)
       problem = None
@@ -177,6 +248,8 @@ def lock_run(workdir: str | os.PathLike[str], *, lease_s: float = gcs.LEASE_S,
       answer = multihost.share(name, "")
       if answer.startswith(_REFUSED):
         raise WorkdirLocked(answer[len(_REFUSED):])
+      if answer.startswith(_FAILED):
+        raise multihost.PeerFailed(f"process 0 failed: {answer[len(_FAILED):]}")
       try:
         problem = None if _holds_run(workdir, answer) else (
             f"workdir {workdir} on process {jax.process_index()} is not the directory process 0 "
