@@ -6,17 +6,21 @@ config.base is an ordinary run config (its `task` picks the report section, see
 laplax.study); config.study.laplacian_heads (baseline first) x config.study.seeds are the
 cells. Each cell is an ordinary run in workdir/cells/<spec>_s<seed> (resumable from its own
 checkpoints) followed by the section's measurements; a cell whose section files all exist is
-skipped on a rerun. workdir/report.md, summary.json and the figures are rewritten at the end
-from whatever cells exist. Seeds are paired: cells with the same seed see the same data order
-and initial parameters, so differences are taken per seed, with Student-t intervals.
+skipped on a rerun. Several jobs ("slices") may run the same command on one workdir: each
+claims the next unclaimed cell (laplax.study.claims). workdir/report.md, summary.json and the
+figures are written once every cell is finished, by one slice (`_report`). Seeds are paired:
+cells with the same seed see the same data order and initial parameters, so differences are
+taken per seed, with Student-t intervals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -28,6 +32,7 @@ from etils import epath
 from laplax import heads as heads_lib
 from laplax import multihost
 from laplax.geometry import spectra
+from laplax.study import claims as claims_lib
 from laplax.study import stats
 from laplax.study import throughput
 from laplax.study import workers as workers_lib
@@ -60,7 +65,11 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> epath
   """Runs every unfinished cell, then writes workdir/report.md. Returns the report's path.
 
   In a job of several processes (train.py --multihost, a pod) every cell trains on the whole
-  mesh of every host, one after another; process 0 writes the study's files."""
+  mesh of every host, one after another; process 0 decides the claims and writes the study's
+  files. Several such jobs ("slices", or machines) running the same command on one workdir
+  share its cells: each claims the next unclaimed one (laplax.study.claims), waits for the
+  cells the others hold (a dead slice's is taken over after its lease and resumed from its
+  checkpoint), and the report is written once all cells are finished (`_report`)."""
   workdir = workdir_lib.as_path(workdir)  # gs://bucket/study stays a bucket path
   task, section = section_for(config)
   specs = [heads_lib.freeze(s) for s in config.study.laplacian_heads]
@@ -81,46 +90,161 @@ def run_study(config: ml_collections.ConfigDict, workdir, *, log=print) -> epath
   if pod and workers > 1:
     raise ValueError(f"study.workers={workers}: parallel cells are processes of one machine; "
                      "with --multihost every cell trains on the whole mesh: use study.workers=1")
-  lead = jax.process_index() == 0  # process 0 alone writes the study's files
-  # One study per workdir (each cell locks its own); a gs:// lock with the cells' lease.
-  lease_s = config.base.get("lock_lease_s", gcs.LEASE_S)
-  with workdir_lib.lock_run(workdir, lease_s=lease_s, log=log):
-    if lead:
-      workdir_lib.write_json_atomic(workdir / "config.json",
-                                    json.loads(config.to_json_best_effort()), indent=2)
-    finished = lambda cell: cell_finished(workdir, section, cell)
-    todo = [cell for cell in grid_cells(config) if not finished(cell)]
-    workers = 1 if pod else workers_lib.worker_count(workers, len(todo), jax.default_backend())
-    if workers > 1:  # the cells train in parallel processes; the grid then reads them back
+  lease_s = config.base.get("lock_lease_s", gcs.LEASE_S)  # the cells' locks, claims included
+  cells = grid_cells(config)
+  names = list(cells)
+  finished = lambda cell: cell_finished(workdir, section, cell)
+
+  def label(cell: str) -> str:
+    spec, seed = cells[cell]
+    return f"[{name}] cell {names.index(cell) + 1}/{len(names)}: {spec_name(spec)} seed {seed}"
+
+  t0, trained = time.time(), []
+
+  def train(cell: str) -> None:
+    log(label(cell))
+    spec, seed = cells[cell]
+    section.run_cell(cell_config(config, spec, seed), workdir / "cells" / cell, config.study, log)
+    trained.append(cell)
+    remaining = sum(not finished(c) for c in names)
+    eta = (time.time() - t0) / len(trained) * remaining
+    log(f"[{name}] {len(names) - remaining}/{len(names)} cells done, ETA {format_seconds(eta)}")
+
+  claims = claims_lib.Claims(workdir, names, finished, lease_s=lease_s, label=label, log=log)
+  with claims:
+    # Moments under the study's own lock: config.json, then this slice's first claim (a slice
+    # with another config that starts later sees that claim and is refused).
+    with study_lock(workdir, lease_s=lease_s, log=log, attempts=_attempts(lease_s)):
+      _join(config, workdir, claims)
+      todo = json.loads(claims_lib.decided("study_todo", lambda: json.dumps(
+          [cell for cell in names if not finished(cell)])))  # process 0's look, on every process
+      workers = 1 if pod else workers_lib.worker_count(workers, len(todo),
+                                                       jax.default_backend())
+      first = claims.next() if workers == 1 else None
+    if workers > 1:  # the workers claim cells as slices do; this process then waits for the rest
       workers_lib.run_cells(workdir, todo, workers, finished=finished, name=name, log=log)
-    done = run_grid(config, workdir, section, name=name, log=log)
-    names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
-    report = workdir / "report.md"
-    if lead:
-      write_report(workdir, config, specs, done, names, section)
+    outcome = claims_lib.run(claims, train, first=first, name=name)
+  if trained:
+    log(f"[{name}] this slice trained {len(trained)} of {len(names)} cells: "
+        + ", ".join(trained))
+  # Who writes the report: a slice that finished the last cell (or whose workers did), or one
+  # that found every cell finished; a slice that last waited for the others leaves it to them.
+  writer = outcome.last != "waited"
+  return _report(config, workdir, section, specs, names, num_heads, depth, writer=writer,
+                 rerun=not todo, lease_s=lease_s, name=name, log=log)
+
+
+# The report's inputs: {"cells": {cell: sha256 of its results.json}}, written after report.md.
+REPORT_INPUTS = "report_inputs.json"
+
+
+def _report(config, workdir: epath.Path, section, specs, cells, num_heads, depth, *,
+            writer: bool, rerun: bool, lease_s: float, name: str, log) -> epath.Path:
+  """Writes report.md once every cell is finished, exactly once over the slices: under the
+  study lock (waited for: a slice starting holds it for moments), a writer whose cells'
+  results differ from REPORT_INPUTS' (or a rerun: every cell was finished when it started)
+  writes; another slice says who did."""
+  report = workdir / "report.md"
+  if not writer:
+    log(f"[{name}] every cell is finished; the slice that finished the last one writes the "
+        f"report: {report}")
+    return report
+  try:
+    with study_lock(workdir, lease_s=lease_s, log=log, attempts=_attempts(lease_s)):
+
+      def decide() -> str:
+        inputs = _inputs(workdir, cells)
+        stamp = workdir / REPORT_INPUTS
+        written = (not rerun and report.exists() and stamp.exists()
+                   and workdir_lib.read_json(stamp, "report inputs").get("cells") == inputs)
+        return "" if written else json.dumps(inputs)
+
+      inputs = claims_lib.decided("study_report", decide)
+      if not inputs:
+        log(f"[{name}] the report was written by another slice: {report}")
+        return report
+      if jax.process_index() == 0:  # process 0 alone writes the study's files
+        done = read_cells(config, workdir, section, log)
+        names = {s: heads_lib.describe(s, num_heads, depth) for s in specs}
+        write_report(workdir, config, specs, done, names, section)
+        workdir_lib.write_json_atomic(workdir / REPORT_INPUTS, {"cells": json.loads(inputs)})
+  except workdir_lib.WorkdirLocked:  # held all this time: another slice writing the report
+    log(f"[{name}] every cell is finished; another slice is writing the report: {report}")
+    return report
   log(f"[{name}] report: {report}")
   return report
 
 
-def run_grid(config, workdir: epath.Path, section, *, name: str, log
-             ) -> dict[tuple, dict[str, Any]]:
-  """Runs (or reads back) every cell -> {(spec, seed): section.run_cell's result, with 'dir'
+def _inputs(workdir: epath.Path, cells) -> dict[str, str]:
+  return {cell: hashlib.sha256((workdir / "cells" / cell / "results.json").read_bytes())
+          .hexdigest() for cell in cells}
+
+
+def _attempts(lease_s: float) -> int:
+  """Tries for the study lock, 0.5 s apart: two leases, at least 30 s (a slice starting holds
+  it for moments, one writing the report for as long as that takes; a holder that keeps it is
+  an older laplax, which held it for a whole study)."""
+  return int(max(2 * lease_s, 30.0) / 0.5)
+
+
+@contextlib.contextmanager
+def study_lock(workdir: epath.Path, *, lease_s: float, log, attempts: int) -> Iterator[None]:
+  """The study workdir's own lock (workdir_lib.lock_run), held for moments; a slice that finds
+  it held tries again, 0.5 s apart, `attempts` times in all, then raises WorkdirLocked (every
+  process of a slice sees the same outcome: lock_run shares it)."""
+  with contextlib.ExitStack() as stack:
+    for attempt in range(1, attempts + 1):
+      try:
+        stack.enter_context(workdir_lib.lock_run(workdir, lease_s=lease_s, log=log))
+        break
+      except workdir_lib.WorkdirLocked:
+        if attempt == attempts:
+          raise
+        time.sleep(0.5)
+    yield
+
+
+def _join(config, workdir: epath.Path, claims: claims_lib.Claims) -> None:
+  """Writes config.json, the study's config. A slice whose config differs from it while
+  another slice holds a cell is refused in one line naming the keys (every slice runs the same
+  command); with nobody on the study, the new config replaces it (a rerun with more seeds)."""
+
+  def decide() -> str:
+    path = workdir / "config.json"
+    new = workdir_lib.json_safe(json.loads(config.to_json_best_effort()))
+    old = workdir_lib.read_json(path, "study config") if path.exists() else None
+    busy = claims.live() if old is not None and old != new else {}
+    if busy:
+      keys = _differences(old, new)
+      cell, holder = next(iter(busy.items()))
+      return (f"study {workdir} is being run by another slice with another config (it differs "
+              f"in {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}; cell {cell} is held "
+              f"by {holder}): run the same command on every slice, or wait until the others "
+              "have finished")
+    workdir_lib.write_json_atomic(path, new, indent=2)
+    return ""
+
+  problem = claims_lib.decided("study_config", decide)
+  if problem:
+    raise ValueError(problem)
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+  """The dotted keys whose values differ between two JSON trees."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    return [d for k in sorted(set(old) | set(new))
+            for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+  return [] if old == new else [prefix.rstrip(".") or "(the whole config)"]
+
+
+def read_cells(config, workdir: epath.Path, section, log) -> dict[tuple, dict[str, Any]]:
+  """Every finished cell read back -> {(spec, seed): section.run_cell's result, with 'dir'
   (the cell's run directory) added}."""
-  cells = list(grid_cells(config).items())
   done: dict[tuple, dict[str, Any]] = {}
-  t0, trained = time.time(), 0
-  for i, (cell, (spec, seed)) in enumerate(cells):
-    skip = cell_finished(workdir, section, cell)
-    log(f"[{name}] cell {i + 1}/{len(cells)}: {spec_name(spec)} seed {seed}"
-        + (" (finished, skipped)" if skip else ""))
+  for cell, (spec, seed) in grid_cells(config).items():
     cell_dir = workdir / "cells" / cell
     done[(spec, seed)] = {**section.run_cell(cell_config(config, spec, seed), cell_dir,
                                              config.study, log), "dir": cell_dir}
-    if not skip:
-      trained += 1
-      remaining = sum(not cell_finished(workdir, section, c) for c, _ in cells[i + 1:])
-      eta = (time.time() - t0) / trained * remaining
-      log(f"[{name}] {i + 1}/{len(cells)} cells done, ETA {format_seconds(eta)}")
   return done
 
 

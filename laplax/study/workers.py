@@ -7,9 +7,11 @@ one-core processes train about 1.5x the images per second of one two-core proces
 (README: main job). On accelerators there is one device to share: workers stay 1.
 
 Each worker is `python -m laplax.study.workers WORKDIR CELL...`: it reads the study's
-`WORKDIR/config.json` (written first by laplax.study.grid.run_study) and runs its cells exactly
+`WORKDIR/config.json` (written first by laplax.study.grid.run_study) and runs cells exactly
 as the single-process grid does (same directories, checkpoints, resumption), pinned to one
-core with a single-threaded Eigen. The parent assigns the unfinished cells round-robin, prints
+core with a single-threaded Eigen. Every worker gets the unfinished cells and claims them one
+at a time as a slice does (laplax.study.claims: the cell's lock; other slices on the same
+study claim from the same cells), leaving when none is left to claim. The parent prints
 the workers' lines with a `[wN]` prefix plus a cell count and ETA, keeps their `error:` lines
 for its own one-line error, and forwards SIGTERM (each worker saves and stops; the rerun
 resumes). The grid then reads the finished cells back and writes the report.
@@ -28,6 +30,8 @@ from collections.abc import Callable, Sequence
 
 from laplax import cli
 from laplax.study import cells as cells_lib
+from laplax.study import claims
+from laplax.train import gcs
 from laplax.train import loop
 from laplax.train import restore
 from laplax.train.metrics import format_seconds
@@ -67,7 +71,7 @@ def run_cells(workdir: pathlib.Path, cells: Sequence[str], workers: int, *,
     env = {**os.environ, "LAPLAX_STUDY_CORE": str(cores[w % len(cores)]),
            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREAD_FLAGS}".strip()}
     procs.append(subprocess.Popen(
-        [sys.executable, "-m", "laplax.study.workers", str(workdir), *cells[w::workers]],
+        [sys.executable, "-m", "laplax.study.workers", str(workdir), *cells],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
   errors: dict[int, str] = {}
 
@@ -122,7 +126,8 @@ def run_cells(workdir: pathlib.Path, cells: Sequence[str], workers: int, *,
 
 
 def _main(argv: list[str]) -> None:
-  """Worker: runs the named cells of the study in argv[1] (its config.json)."""
+  """Worker: claims and runs the named cells of the study in argv[1] (its config.json), one
+  at a time, until none is left to claim."""
   core = os.environ.get("LAPLAX_STUDY_CORE")
   if core:  # before JAX starts its threads
     os.sched_setaffinity(0, {int(core)})
@@ -133,11 +138,18 @@ def _main(argv: list[str]) -> None:
     config = restore.read_config(workdir)
     _, section = cells_lib.section_for(config)
     cells = cells_lib.grid_cells(config)
-    for cell in names:
+    log = lambda m: print(m, flush=True)
+
+    def train(cell: str) -> None:
       spec, seed = cells[cell]
-      print(f"cell {cell}", flush=True)
+      log(f"cell {cell}")
       section.run_cell(cells_lib.cell_config(config, spec, seed), workdir / "cells" / cell,
-                       config.study, lambda m: print(m, flush=True))
+                       config.study, log)
+
+    finished = lambda cell: cells_lib.cell_finished(workdir, section, cell)
+    lease_s = config.base.get("lock_lease_s", gcs.LEASE_S)
+    with claims.Claims(workdir, names, finished, lease_s=lease_s, log=log) as held:
+      claims.run(held, train, wait=False)
 
   cli.run_main(run)
 

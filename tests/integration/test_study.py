@@ -229,9 +229,9 @@ def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_
   """train.py --multihost --workdir=gs://... (a GCS-API server on loopback): 2 processes x 2
   devices run the grid's cells (seed 0 of the CPU study) one after another on the whole mesh;
   kill -9 of process 0 in the second cell stops process 1 with one line (exit 75); the rerun
-  takes the dead job's leased locks over, skips the finished cell, resumes the interrupted one
-  from its checkpoint, and the report holds the CPU study's numbers (one device there, 8 here:
-  float reductions differ) and each cell's cost on 4 chips of 2 hosts."""
+  takes the dead job's leased claim of that cell over, skips the finished cell, resumes the
+  interrupted one from its checkpoint, and the report holds the CPU study's numbers (one device
+  there, 8 here: float reductions differ) and each cell's cost on 4 chips of 2 hosts."""
   import signal
   import time
   from etils import epath
@@ -257,7 +257,8 @@ def test_a_study_on_two_hosts_on_gs_resumes_after_its_coordinator_dies(finished_
   assert rerun.wait(900) == [0, 0], rerun.output()[-4000:]
   out = rerun.output(0)
   assert "cell 1/2: k0 seed 0 (finished, skipped)" in out and "resumed from step 6" in out, out
-  assert out.count("its lease had expired") == 2, out  # the study's lock and the cell's
+  # the cell's claim (the study's own lock is held only for moments: laplax.study.claims)
+  assert out.count("its lease had expired") == 1, out
   reference, _, _ = finished_study
   got = json.loads(epath.Path(f"{work}/summary.json").read_text())
   want = json.loads((reference / "summary.json").read_text())
