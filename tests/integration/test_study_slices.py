@@ -3,7 +3,7 @@ two jobs ("slices") of 2 processes each, shares one gs:// study on the GCS-API s
 loopback. Each slice claims a cell; kill -9 of one slice (all its processes) in the middle of
 its cell leaves that cell's claim unrenewed; the other slice finishes its own cell, waits for
 the dead claim's lease, takes the cell over, resumes it from its step-6 checkpoint, and writes
-the report. Every cell's results are those of the same study run by one slice, bit for bit
+the report. A slice started meanwhile with another config stops in one line. Every cell's results are those of the same study run by one slice, bit for bit
 (the same 2 x 1 device layout, and a resume reproduces the uninterrupted run).
 
 The claim logic in process (races, expiry, the config check): tests/unit/test_study_claims.py.
@@ -150,6 +150,14 @@ def test_two_slices_share_a_study_and_one_takes_over_the_cell_of_a_killed_slice(
     slices[victim].kill()
     timeline.note(f"kill -9 of slice {victim} (both processes), in {cut}")
     survivor = next(name for name in slices if name != victim)
+    # A third slice with another config, while the survivor holds a cell: one line, no change.
+    other = hosts.run_single(_args(work, data_cache) + ["--config.study.analysis_examples=64"],
+                             devices=1)
+    assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    (error,) = [l for l in other.stderr.splitlines() if l.startswith("error:")]
+    timeline.note(f"a slice with another config exited 1: {error}")
+    assert error.startswith(f"error: study {work} is being run by another slice with another "
+                            "config (it differs in study.analysis_examples; cell "), error
     assert slices[survivor].wait(400) == [0, 0], slices[survivor].output()[-6000:]
     timeline.note(f"slice {survivor} exited 0 (both processes)")
   finally:
@@ -179,6 +187,8 @@ def test_two_slices_share_a_study_and_one_takes_over_the_cell_of_a_killed_slice(
     got, want = _results(work, cell), _results(one_slice, cell)
     for key in ("test", "val", "geometry", "mechanism"):
       assert got[key] == want[key], (cell, key)
+  assert json.loads(epath.Path(f"{work}/config.json").read_text())["study"][
+      "analysis_examples"] == 200  # the refused slice changed nothing
   got = json.loads(epath.Path(f"{work}/summary.json").read_text())
   want = json.loads(epath.Path(f"{one_slice}/summary.json").read_text())
   assert got["rows"] == want["rows"]

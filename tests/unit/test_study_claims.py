@@ -144,26 +144,21 @@ def test_a_gs_claim_is_refused_while_its_lease_runs_and_taken_over_once_after(bu
   step = claims.next()  # refused at once, not after watching the holder for a third of a lease
   assert step.action == "held" and step.held["k0_s0"].startswith("pid 1 on gone")
   assert time.monotonic() - t0 < 1.0
-  time.sleep(1.6)  # the lease runs out: two slices race to take it over, one wins
-  start, outcomes = threading.Barrier(2), []
-
-  def successor():
-    lease = gcs.Lease(lock, {"pid": 2, "host": "successor"}, lease_s=1.5, log=lambda m: None)
-    start.wait()
-    try:
-      lease.acquire(wait=False)
-      outcomes.append("won")
-      time.sleep(0.5)
-      lease.release()
-    except gcs.Locked as e:
-      outcomes.append(str(e))
-
-  threads = [threading.Thread(target=successor) for _ in range(2)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert outcomes.count("won") == 1 and "in use by pid 2 on successor" in "".join(outcomes)
+  time.sleep(1.6)  # the lease runs out
+  # Two slices that both saw the expired claim: the store's generation precondition lets one
+  # replace it; the other's write of the same generation fails, and it is refused at once.
+  # (In turn, not in threads: the test server, fake-gcs-server, let two simultaneous writes
+  # of one generation both pass once here; Cloud Storage checks them atomically.)
+  expired = gcs.read(lock)
+  assert expired.expired() and expired.info["pid"] == 1
+  first, second = (gcs.Lease(lock, {"pid": p, "host": "successor"}, lease_s=1.5,
+                             log=lambda m: None) for p in (2, 3))
+  assert first._write(expired.generation, timeout_s=10)  # pylint: disable=protected-access
+  assert not second._write(expired.generation, timeout_s=10)  # pylint: disable=protected-access
+  with pytest.raises(gcs.Locked, match="in use by pid 2 on successor"):
+    second.acquire(wait=False)
+  first.release()
+  assert gcs.read(lock) is None
   # Released; then a dead claim again, taken over by the slice's loop after its lease.
   dead._write(0, timeout_s=10)  # pylint: disable=protected-access
   with claims:
