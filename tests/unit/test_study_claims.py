@@ -147,8 +147,9 @@ def test_a_gs_claim_is_refused_while_its_lease_runs_and_taken_over_once_after(bu
   time.sleep(1.6)  # the lease runs out
   # Two slices that both saw the expired claim: the store's generation precondition lets one
   # replace it; the other's write of the same generation fails, and it is refused at once.
-  # (In turn, not in threads: the test server, fake-gcs-server, let two simultaneous writes
-  # of one generation both pass once here; Cloud Storage checks them atomically.)
+  # (In turn, not in threads: read while the winner's write landed, the test server,
+  # fake-gcs-server, once showed the new object with the old one's update time; the other
+  # successor took it for expired and replaced it. Cloud Storage's metadata is consistent.)
   expired = gcs.read(lock)
   assert expired.expired() and expired.info["pid"] == 1
   first, second = (gcs.Lease(lock, {"pid": p, "host": "successor"}, lease_s=1.5,
