@@ -170,6 +170,9 @@ def base_for_resume(record: Mapping[str, Any] | None, resumed_step: int,
 
   Starts from the record's latest snapshot at resumed_step (else the latest before it); every
   later sign of the earlier attempts (snapshots, dropped rows) is lost time and lost steps.
+  Both are lower bounds: an attempt killed without notice is seen up to its last sign (on an
+  object store rows are stored every OBJECT_STORE_FLUSH_S and at saves), and one killed before
+  its loop started left no snapshot (it is not counted among the restarts either).
   """
   snapshots = list((record or {}).get("snapshots", []))
   if not snapshots:
@@ -188,7 +191,10 @@ def base_for_resume(record: Mapping[str, Any] | None, resumed_step: int,
   if times and base["time"] is not None:
     seconds["lost"] += max(0.0, max(times) - float(base["time"]))
   lost_steps = max([0] + [s - resumed_step for s in steps])
-  return Base(seconds, restarts=int(base.get("restarts", 0)) + 1,
+  # Every attempt that reached its loop left a snapshot with its count: a resume from an older
+  # step (a damaged checkpoint) after a later attempt still counts that attempt.
+  restarts = max(int(s.get("restarts", 0)) for s in snapshots) + 1
+  return Base(seconds, restarts=restarts,
               lost_steps=int(base.get("lost_steps", 0)) + lost_steps,
               partial=bool(base.get("partial", False)))
 

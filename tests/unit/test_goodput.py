@@ -107,6 +107,10 @@ def test_a_resume_starts_from_the_snapshot_at_its_step_and_loses_what_came_after
   base = goodput.base_for_resume(again, 20, [{"step": 22, "split": "train", "time": 133.0}])
   assert (base.restarts, base.lost_steps) == (2, 6)
   assert base.seconds["lost"] == pytest.approx(4.0 + 3.0)
+  # A third attempt resumes from 20 and is killed; the fourth finds 20's checkpoint damaged and
+  # resumes from 10: it is the third restart (the snapshot at 10 was written before any).
+  third = goodput.snapshot(again, 20, goodput.summary(base, {}), 140.0)
+  assert goodput.base_for_resume(third, 10, []).restarts == 3
   # A fresh start has nothing before it; a resume without a record is marked partial.
   assert goodput.base_for_resume(None, 0, []) == goodput.Base(
       dict.fromkeys(goodput.CATEGORIES, 0.0))
