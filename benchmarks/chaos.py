@@ -83,15 +83,11 @@ def _train_rows(run: str) -> list[dict]:
 def _verified(run: str) -> list[int]:
   from etils import epath
   epath.backend.fsspec_backend.fs(run).invalidate_cache()
-  manifests = manifest.Manifests(epath.Path(f"{run}/checkpoints"), print, this_process_only=True)
-  steps = []
-  for step_dir in epath.Path(f"{run}/checkpoints").iterdir():
-    if step_dir.name.isdigit() and (step_dir / manifest.MANIFEST_NAME).exists():
-      problem, _ = manifests.verify(int(step_dir.name))
-      if problem is not None:
-        raise AssertionError(f"checkpoint {step_dir.name}: {problem}")
-      steps.append(int(step_dir.name))
-  return sorted(steps)
+  problems = manifest.verify_all(epath.Path(f"{run}/checkpoints"))
+  bad = {step: problem for step, problem in problems.items() if problem}
+  if bad:
+    raise SystemExit(f"error: checkpoints that do not verify: {bad}")
+  return list(problems)
 
 
 def clean_run(proxy, bucket: str, cache, steps: int, scratch: pathlib.Path, logdir) -> dict:

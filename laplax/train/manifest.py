@@ -189,6 +189,17 @@ class Manifests:
     return problem, True
 
 
+def verify_all(directory: epath.Path, log: Callable[[str], None] = print
+               ) -> dict[int, str | None]:
+  """Every step with a manifest under a run's checkpoints `directory` -> None when its every
+  file matches (both manifest copies, each file's size and sha256), else the problem; read by
+  this process alone (a run's checkpoints checked after the fact: tests, benchmarks/chaos.py)."""
+  manifests = Manifests(directory, log, this_process_only=True)
+  steps = sorted(int(d.name) for d in directory.iterdir()
+                 if d.name.isdigit() and (d / MANIFEST_NAME).exists())
+  return {step: manifests.verify(step)[0] for step in steps}
+
+
 # --- hashing ---------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import signal
 import threading
 import time
@@ -337,14 +338,22 @@ def _run(plan: Plan) -> dict[str, Any]:
   base = goodput_lib.base_for_resume(_goodput_record(workdir) if lead else None,
                                      checkpointer.restored_step or 0, writer.dropped)
 
+  written = [-math.inf]  # when the record was last written (time.monotonic)
+
   def record_goodput(step: int, label: str = "other", row: bool = True) -> dict[str, Any]:
     """Folds the time so far (a sync point: the steps are done) -> the goodput block;
     process 0 adds it to the record (and a 'goodput' row)."""
     block = goodput_lib.summary(base, clock.settle(label))
     if lead:
+      # GCS takes about one write per second to one object name (429 above it): the last
+      # save's snapshot and the end's can come within a second
+      wait = written[0] + 1.0 - time.monotonic()
+      if wait > 0 and not workdir_lib.is_local(workdir):
+        time.sleep(wait)
       path = workdir / goodput_lib.RECORD
       workdir_lib.write_json_atomic(path, goodput_lib.snapshot(
           _goodput_record(workdir), step, block, time.time()))
+      written[0] = time.monotonic()
     if row:
       writer.write(step, "goodput", goodput_lib.row(block))
     return block

@@ -224,14 +224,9 @@ def _verified_checkpoints(run: str) -> list[int]:
   """The steps whose every file matches the sha256 and size in its checksum manifest."""
   # gcsfs keeps the listings it made: another process's writes since are not in them.
   epath.backend.fsspec_backend.fs(run).invalidate_cache()
-  manifests = manifest.Manifests(epath.Path(f"{run}/checkpoints"), print, this_process_only=True)
-  steps = []
-  for step_dir in epath.Path(f"{run}/checkpoints").iterdir():
-    if step_dir.name.isdigit() and (step_dir / manifest.MANIFEST_NAME).exists():
-      problem, _ = manifests.verify(int(step_dir.name))  # both copies, every file's sha256
-      assert problem is None, (step_dir, problem)
-      steps.append(int(step_dir.name))
-  return sorted(steps)
+  problems = manifest.verify_all(epath.Path(f"{run}/checkpoints"))
+  assert not any(problems.values()), problems
+  return list(problems)
 
 
 @pytest.mark.slow  # train.py runs

@@ -162,6 +162,21 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
   assert saved["peak_bytes_per_chip"] < 2 ** 30
 
 
+def _small(config, *, batch: int, seq_len: int):
+  """A pod-scale config 2 blocks deep with `batch` examples per step (an LM's of `seq_len`
+  tokens; DINO with 2 local crops; a per-layer head list cut to its last 2 layers)."""
+  with config.unlocked():
+    config.model.depth = 2
+    config.data.batch_size = batch
+    if "seq_len" in config.data:
+      config.data.seq_len = seq_len
+    if "multicrop" in config:
+      config.multicrop.num_local = 2
+    if "laplacian_heads" in config.model and not isinstance(config.model.laplacian_heads, int):
+      config.model.laplacian_heads = tuple(config.model.laplacian_heads)[-2:]
+  return config
+
+
 POD_CONFIGS = ("gpt_d20", "gpt_fork_d20", "vit_b16_imagenet", "vit_b16_imagenet_ft224",
                "vit_b_cifar100", "dino_vit_s16")
 
@@ -175,16 +190,8 @@ def test_pod_configs_compile_for_a_small_topology(aot, name, tmp_path):
   # took 72 s alone on 2 cores, 210 s beside the other test worker), so that it compiles for
   # v5e:2x2 in under a minute (DINO with 2 of its 10 local crops); the full-size figures are
   # in docs/pods.md.
-  config = importlib.import_module(f"configs.pod.{name}").get_config()
-  with config.unlocked():
-    config.model.depth = 2
-    config.data.batch_size = 8
-    if "seq_len" in config.data:
-      config.data.seq_len = 512
-    if "multicrop" in config:
-      config.multicrop.num_local = 2
-    if "laplacian_heads" in config.model and not isinstance(config.model.laplacian_heads, int):
-      config.model.laplacian_heads = tuple(config.model.laplacian_heads)[-2:]
+  config = _small(importlib.import_module(f"configs.pod.{name}").get_config(), batch=8,
+                  seq_len=512)
   result = aot.fit_check(config, tmp_path, "v5e:2x2", log=lambda s: None)
   assert result["fits"] is True and result["chips"] == 4
   assert 0 < result["peak_bytes_per_chip"] < 0.8 * result["hbm_bytes_per_chip"]
@@ -206,13 +213,7 @@ def test_gpu_node_configs_compile_as_a_labelled_cpu_stand_in(name, tmp_path):
   assert config.platform == "gpu" and config.model.attention_impl == "cudnn"
   pod = importlib.import_module(f"configs.pod.{name}").get_config()
   assert config.data.batch_size == pod.data.batch_size  # the recipe's global batch
-  with config.unlocked():
-    config.model.depth = 2
-    config.data.batch_size = 16
-    if "seq_len" in config.data:
-      config.data.seq_len = 256
-    if "multicrop" in config:
-      config.multicrop.num_local = 2
+  config = _small(config, batch=16, seq_len=256)
   result = aot.fit_check(config, tmp_path, "h100:8", log=lambda s: None)
   assert result["chips"] == 8 and result["hbm_bytes_per_chip"] == 80 * 2 ** 30
   assert "standing in for the GPU compiler" in result["compiled_by"]
