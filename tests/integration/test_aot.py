@@ -46,7 +46,7 @@ def test_cli_fits_and_refuses_with_one_line(aot, tmp_path):
   assert "does not fit v5e:2x2" in errors[0]
   assert json.loads((tmp_path / "big" / "aot.json").read_text())["fits"] is False
   # Bad topologies: ValueErrors, which train.py prints as its one line as above (in process).
-  for bad, message in (("v9z:2x2", "unknown TPU topology 'v9z:2x2'"),
+  for bad, message in (("v9z:2x2", "unknown topology 'v9z:2x2'"),
                        ("v5e:3x7", "unknown TPU topology 'v5e:3x7'")):
     with pytest.raises(ValueError, match=re.escape(message)):
       aot.fit_check(make_config("lm"), tmp_path / "bad", bad, log=lambda s: None)

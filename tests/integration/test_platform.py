@@ -31,4 +31,4 @@ def test_aot_compiles_pod_configs_on_this_host_unchecked(tmp_path):
                           f"--workdir={tmp_path / 'aot'}", "--aot=v9z:2x2"], timeout=300)
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
   assert out.returncode == 1 and len(errors) == 1, out.stderr[-3000:]
-  assert "unknown TPU topology 'v9z:2x2'" in errors[0] and "platform" not in errors[0]
+  assert "unknown topology 'v9z:2x2'" in errors[0] and "platform" not in errors[0]

@@ -128,7 +128,7 @@ def test_pod_config_flags(name):
     ("test:lm", {"evals.lm_tasks.tasks": ("nope",)}, "evals.lm_tasks: unknown task 'nope'"),
     ("test:dino", {"optim.name": "sgd"}, "optim.name='sgd': use one of \\('adamw', 'muon', 'nanochat'\\)"),
     ("test:dino", {"optim.schedule": "step"},
-     "optim.schedule='step': use one of \\('cosine', 'warmdown'\\)"),
+     "optim.schedule='step': use one of \\('cosine', 'warmdown', 'timm_cosine'\\)"),
 ])
 def test_config_errors_before_training(name, override, message):
   config = _load(name)

@@ -1,6 +1,7 @@
 """optim.schedule 'timm_cosine' against timm's own CosineLRScheduler, stepped as timm's train.py
 steps it (once per epoch), with the authors' ImageNet sweep settings."""
 
+import importlib
 import os
 
 import ml_collections
@@ -14,7 +15,7 @@ from laplax.train.optim.schedules import lr_schedule
 
 def _require(name):
   if os.environ.get("LAPLAX_REQUIRE_DATA") == "1":
-    return __import__(name)
+    return importlib.import_module(name)  # the submodule itself (__import__ gives the package)
   return pytest.importorskip(name, reason="a test dependency: bash scripts/setup.sh --test")
 
 
