@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
@@ -103,7 +104,12 @@ def clean_run(proxy, bucket: str, cache, steps: int, scratch: pathlib.Path, logd
                                     env=_env(proxy.env, scratch), stdout=f,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True))
-  codes = [p.wait() for p in procs]
+  try:
+    codes = [p.wait() for p in procs]
+  finally:  # interrupted (Ctrl-C): the job's processes, in sessions of their own, go too
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
   if codes != [0] * HOSTS:
     raise SystemExit(f"error: the clean run failed ({codes}): see {logdir}/clean.*.log")
   rows = _train_rows(run)
@@ -154,6 +160,15 @@ class Chaos:
       if now - os.stat(d / "state.json").st_mtime < settle_s:
         return False
     return True
+
+  def kill(self) -> None:
+    """Every runner and its job (the soak interrupted or over its deadline)."""
+    for d in self.dirs:
+      s = _state(d)
+      for pid, kill in ((s.get("job_pid"), os.killpg), (s.get("runner_pid"), os.kill)):
+        if pid:
+          with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
 
   def done(self) -> bool:
     return all(_state(d).get("phase") in DONE for d in self.dirs)
@@ -220,6 +235,7 @@ def main() -> None:
   proxy = gcs_proxy.Proxy(server)
   bucket = server.bucket("chaos")
   os.environ.update(proxy.env)  # this process reads the runs back through the proxy too
+  chaos = None
   try:
     print(f"chaos soak: seed {a.seed}, {a.steps} steps, {HOSTS} hosts x {DEVICES} devices, "
           f"work {work}; tmpfs scratch: {disk}", flush=True)
@@ -273,6 +289,8 @@ def main() -> None:
     if not ok:
       raise SystemExit("error: the soak lost something: see the result above")
   finally:
+    if chaos is not None and not chaos.done():  # interrupted: no runner left behind
+      chaos.kill()
     proxy.stop()
     server.stop()
     if disk:
