@@ -20,7 +20,8 @@ jobs have run --settle_s seconds, on a host the seed picks):
   sigterm    SIGTERM to the host's job: a preemption notice (the job saves, then stops)
   faults     the proxy fails 25 % of requests (every kind) for 40 s
   disk_full  the hosts' local scratch (TMPDIR and the compilation cache: a small tmpfs, which
-             needs root to mount; without it this event is skipped and says so) filled for 60 s
+             needs root to mount; without it this event is skipped and says so) filled for 60 s,
+             the host's job killed at its start so that the restart meets the full disk
 Throughout the chaos run 2 % of requests fail and a second write of one object within a second
 gets 429, as Cloud Storage answers it.
 """
@@ -201,6 +202,9 @@ class Chaos:
               f.flush()
         except OSError:
           pass  # ENOSPC: the disk is full
+        # A run on gs:// writes nothing local while it trains: the host's job is killed so
+        # that its restart (compilation cache, TMPDIR) meets the full disk
+        os.killpg(pid, signal.SIGKILL)
         time.sleep(60)
         filler.unlink()
     except ProcessLookupError:
