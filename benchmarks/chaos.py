@@ -222,7 +222,7 @@ def main() -> None:
   parser.add_argument("--settle_s", type=float, default=45.0)
   parser.add_argument("--deadline_s", type=float, default=3600.0)
   parser.add_argument("--work", default=None, help="scratch folder (default: a new temp dir)")
-  parser.add_argument("--cache", default=str(pathlib.Path.home() / ".cache/laplax/tests"),
+  parser.add_argument("--cache", default=str(hosts.TEST_CACHE),
                       help="the prepared test data (configs/test.py:vit's cache_dir)")
   parser.add_argument("--out", default=None)
   a = parser.parse_args()

@@ -125,8 +125,7 @@ def main() -> None:
   parser.add_argument("--runs", action="store_true")
   parser.add_argument("--rate", type=float, default=0.05)
   parser.add_argument("--seed", type=int, default=1)
-  parser.add_argument("--cache", default=os.environ.get(
-      "LAPLAX_TEST_CACHE", str(pathlib.Path.home() / ".cache/laplax/tests")))
+  parser.add_argument("--cache", default=str(hosts.TEST_CACHE))
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   os.environ.setdefault("NO_GCE_CHECK", "true")

@@ -21,8 +21,7 @@ for _var in ("GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP"):
   os.environ.setdefault(_var, "127.0.0.1:9")
 # Prepared TFDS data sets and decoded arrays, kept across test runs (never inside ../shared):
 # Fashion-MNIST is prepared once per machine, not once per run.
-TEST_CACHE = pathlib.Path(os.environ.get("LAPLAX_TEST_CACHE", pathlib.Path.home() / ".cache"
-                                         / "laplax" / "tests")).expanduser()
+from hosts import TEST_CACHE  # noqa: E402
 # Compiled programs too (JAX's persistent compilation cache, also for the train.py / eval.py
 # subprocesses, which inherit the environment): compilation is most of the suite's time, and a
 # rerun after a change recompiles only what the change touched (measured: test_attention.py +

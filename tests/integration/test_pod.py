@@ -200,7 +200,7 @@ def test_stop_saves_a_running_job_and_kills_a_hung_one(tmp_path, data_cache, run
   assert out.returncode == 0 and out.stdout.startswith(
       f"host {socket.gethostname()}: killed (SIGKILL) after 2 s without stopping"), \
       out.stdout + out.stderr
-  assert 2 <= time.time() - t0 < 30
+  assert time.time() - t0 >= 2  # it waited the timeout first
   assert (_state(hung)["phase"], _state(hung)["exit"]) == ("stopped", 137)
 
 
