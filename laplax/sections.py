@@ -241,6 +241,10 @@ IN_MEMORY = {
     "num_train": 0,  # > 0: training examples assumed without data (a data set with no builder)
     "batch_size": 128,  # global
     "eval_batch_size": 500,
+    # Training crops and ops: 'exact' (PIL, torchvision's pixels) or 'scaled' (laplax.data.scaled:
+    # OpenCV twins of the same draws). Arrays in memory need no decoding: exact keeps runs as
+    # they were.
+    "decode": "exact",
     **LOADER,
 }
 
@@ -267,6 +271,10 @@ STREAMED = {
     "eval_subset": 0,  # > 0: first N evaluation records only
     "batch_size": 1024,  # global
     "eval_batch_size": 1024,
+    # Training crops and ops: 'scaled' (laplax.data.scaled: each JPEG decoded at the DCT scale
+    # its crop box needs, OpenCV resizes and ops, the same draws; ~3x the images per core) or
+    # 'exact' (PIL at full resolution: torchvision's pixels). Evaluation is exact in both.
+    "decode": "scaled",
     **LOADER,
 }
 

@@ -203,7 +203,14 @@ def pad_crop_pil(image: Image.Image, size: int, rng: np.random.Generator, *, pad
   """DeiT-III's simple random crop of a decoded PIL image: shorter side resized to `size`,
   padded by `pad` ('reflect' or 'constant' zeros), a random size x size crop -> uint8
   (size, size, 3)."""
-  x = np.atleast_3d(np.asarray(resize_shorter(image, size)))
+  return pad_window(np.atleast_3d(np.asarray(resize_shorter(image, size))), size, rng, pad=pad,
+                    mode=mode)
+
+
+def pad_window(x: np.ndarray, size: int, rng: np.random.Generator, *, pad: int,
+               mode: str) -> np.ndarray:
+  """A random size x size window of uint8 (H, W, C), min(H, W) = size, padded by `pad`
+  ('reflect', or 'constant' zeros) -> uint8 (size, size, C)."""
   h, w, c = x.shape
   top = int(rng.integers(0, h + 2 * pad - size + 1))
   left = int(rng.integers(0, w + 2 * pad - size + 1))

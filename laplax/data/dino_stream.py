@@ -26,7 +26,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from laplax.data import streaming
+from laplax.data import scaled, streaming
 from laplax.data import ops as ops_lib
 from laplax.data.multicrop import MultiCropConfig
 
@@ -71,13 +71,14 @@ class MultiCropTransform(grain.transforms.RandomMap):
   global_size: int
   local_size: int
   num_local: int
+  decode: str = 'exact'  # 'scaled': laplax.data.scaled's twins, the same draws
 
   @classmethod
-  def from_config(cls, crops: MultiCropConfig) -> 'MultiCropTransform':
+  def from_config(cls, crops: MultiCropConfig, decode: str = 'exact') -> 'MultiCropTransform':
     views = view_ops(crops)
     return cls(global_views=views['global'], local_view=views['local'][0],
                global_size=crops.global_size, local_size=crops.local_size,
-               num_local=crops.num_local)
+               num_local=crops.num_local, decode=scaled.check_mode(decode))
 
   def views(self, image, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The views of one decoded PIL image (RGB, or grey from an ArraySource)."""
@@ -88,14 +89,32 @@ class MultiCropTransform(grain.transforms.RandomMap):
                                for _ in range(self.num_local)])
     return out
 
+  def scaled_views(self, encoded, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """`views` by laplax.data.scaled: one decode, each box read from the image or its
+    halvings, OpenCV ops; the same draws."""
+    image = scaled.Views(encoded)
+
+    def view(ops, size):
+      crop = ops[0]
+      x = image.crop(size, rng, scale=crop.scale, ratio=crop.ratio, interp=crop.interp)
+      return scaled.run_images(ops[1:], x, rng)
+
+    out = {'global': np.stack([view(v, self.global_size) for v in self.global_views])}
+    if self.num_local:
+      out['local'] = np.stack([view(self.local_view, self.local_size)
+                               for _ in range(self.num_local)])
+    return out
+
   def random_map(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    if self.decode == 'scaled':
+      return self.scaled_views(record['image'], rng)
     return self.views(streaming.decode(record['image']), rng)
 
 
 def train_dataset(source, *, batch_size: int, seed: int, crops: MultiCropConfig,
                   process_index: int = 0, process_count: int = 1, limit: int = 0,
                   num_epochs: int | None = None, num_workers: int = 0, num_threads: int = 1,
-                  prefetch: int = 2) -> grain.IterDataset:
+                  prefetch: int = 2, decode: str = 'exact') -> grain.IterDataset:
   """This host's DINO training batches (see the module docstring).
 
   Args:
@@ -104,14 +123,15 @@ def train_dataset(source, *, batch_size: int, seed: int, crops: MultiCropConfig,
     batch_size: images per batch on THIS host (global: batch_size * process_count).
     seed: shuffle and augmentation seed (same on every host).
     crops: the views to cut (sizes, scales, probabilities).
-    limit, num_epochs, num_workers, num_threads, prefetch: as `streaming.train_dataset`.
+    limit, num_epochs, num_workers, num_threads, prefetch, decode: as
+      `streaming.train_dataset`.
 
   Returns:
     grain.IterDataset of {'global': uint8 (B, 2, S, S, C), 'local': uint8 (B, L, s, s, C)};
     its iterator's get_state()/set_state() resume exactly.
   """
   return streaming.train_stream(
-      source, MultiCropTransform.from_config(crops), batch_size=batch_size, seed=seed,
+      source, MultiCropTransform.from_config(crops, decode), batch_size=batch_size, seed=seed,
       process_index=process_index, process_count=process_count, limit=limit,
       num_epochs=num_epochs, num_workers=num_workers, num_threads=num_threads,
       prefetch=prefetch)

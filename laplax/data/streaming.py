@@ -38,7 +38,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from laplax.data import augment, grain_utils, imagenet, parquet_images
+from laplax.data import augment, grain_utils, imagenet, parquet_images, scaled
 from laplax.data import ops as ops_lib
 from laplax.data.builders import DataError
 
@@ -76,17 +76,22 @@ def resize_center_crop(image: Image.Image, *, resize: int, crop: int) -> np.ndar
 class TrainTransform(grain.transforms.RandomMap):
   """record {'image': encoded bytes or uint8 (S, S, C), 'label'} -> {'image': uint8 (S, S, C),
   'label': int32}: `crop` (an op's `decoded`) to S = size (None: pixels already S x S), then
-  `ops` (their `image`), all drawing from the record's generator."""
+  `ops` (their `image`), all drawing from the record's generator; decode 'scaled' runs their
+  laplax.data.scaled twins (the same draws) where they have one."""
   size: int
   crop: ops_lib.Op | None
   ops: tuple[ops_lib.Op, ...] = ()
+  decode: str = 'exact'
 
   def random_map(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    fast = self.decode == 'scaled'
     if self.crop is None:
       x = np.asarray(record['image'])
+    elif fast and type(self.crop) in scaled.CROPS:
+      x = np.atleast_3d(scaled.CROPS[type(self.crop)](self.crop, record['image'], self.size, rng))
     else:
       x = np.atleast_3d(self.crop.decoded(decode(record['image']), self.size, rng))
-    x = ops_lib.run_images(self.ops, x, rng)
+    x = (scaled.run_images if fast else ops_lib.run_images)(self.ops, x, rng)
     return {'image': np.ascontiguousarray(x, dtype=np.uint8),
             'label': np.int32(record['label'])}
 
@@ -268,8 +273,8 @@ def check_train_options(*, image_size: int, augment: ops_lib.Spec, sized: bool =
 def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
                   augment: ops_lib.Spec = ('rrc', 'flip'), process_index: int = 0,
                   process_count: int = 1, limit: int = 0, num_epochs: int | None = None,
-                  num_workers: int = 0, num_threads: int = 1,
-                  prefetch: int = 2) -> grain.IterDataset:
+                  num_workers: int = 0, num_threads: int = 1, prefetch: int = 2,
+                  decode: str = 'exact') -> grain.IterDataset:
   """This host's training batches (see the module docstring).
 
   Args:
@@ -287,6 +292,8 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
       dropped).
     num_workers: grain worker processes (0: decode in this process, with num_threads threads).
     prefetch: batches made ahead (per worker with workers).
+    decode: 'exact' (PIL, torchvision's results) or 'scaled' (laplax.data.scaled: DCT-scaled
+      JPEG decoding and OpenCV ops, the same draws; data.decode).
 
   Returns:
     grain.IterDataset of {'image': uint8 (B, S, S, C), 'label': int32 (B,)} (C = 3, or an
@@ -299,7 +306,8 @@ def train_dataset(source, *, batch_size: int, seed: int, image_size: int,
                      f'without a crop first in data.augment they train at their own size, '
                      f'not image_size={image_size}')
   # Arrays at the training size with nothing to draw are kept as they are (one gather a batch).
-  transform = (TrainTransform(size=image_size, crop=crop, ops=ops)
+  transform = (TrainTransform(size=image_size, crop=crop, ops=ops,
+                              decode=scaled.check_mode(decode))
                if crop is not None or ops else None)
   return train_stream(source, transform, batch_size=batch_size, seed=seed,
                       process_index=process_index, process_count=process_count, limit=limit,

@@ -149,7 +149,7 @@ class ClassificationTask(ImageTask):
         self.eval_source("train"), batch_size=d.batch_size // process_count,
         seed=self.config.seed, image_size=self.info().image_shape[0], augment=d.augment,
         process_index=process_index, process_count=process_count, limit=self.num_train(),
-        **image_data.loader_options(d)))
+        decode=d.decode, **image_data.loader_options(d)))
 
   def adapt_params(self, source_params, source_config, expected):
     """A source ViT trained at another resolution (DeiT-III: 192 px, then a 224 px fine-tune):

@@ -363,4 +363,4 @@ class DinoTask(ImageTask):
         self.eval_source("train"), batch_size=d.batch_size // process_count,
         seed=self.config.seed, crops=multicrop_config(self.config),
         process_index=process_index, process_count=process_count, limit=self.num_train(),
-        **image_data.loader_options(d)))
+        decode=d.decode, **image_data.loader_options(d)))

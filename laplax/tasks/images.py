@@ -17,7 +17,7 @@ import ml_collections
 from flax import linen as nn
 
 from laplax import heads as heads_lib
-from laplax.data import builders, image_data, streaming
+from laplax.data import builders, image_data, scaled, streaming
 from laplax.models import vit
 from laplax.train import analysis
 from laplax.train.task import Task
@@ -72,6 +72,10 @@ class ImageTask(Task):
   open_now: ClassVar[tuple[str, ...]] = ("train",)
 
   images: image_data.ImageData | None = None
+
+  def validate(self, dp: int, hosts: int) -> None:
+    scaled.check_mode(self.config.data.decode)
+    super().validate(dp, hosts)
 
   # --- Data --------------------------------------------------------------------------------
 
