@@ -43,17 +43,18 @@ IMAGENET_TRAIN = 1_281_167
 PAPER_AUGMENT = ('rrc(0.08,1,interp=bicubic)', 'flip', 'three_augment', 'color_jitter(0.3)')
 FT224_AUGMENT = ('rrc(0.08,1)', 'flip')  # configs/pod/vit_b16_imagenet_ft224.py
 
-# Model FLOPs per step (the step's whole program, all chips: train.py --aot's aot.json, recorded
-# in benchmarks/README.md's fit tables) and images per step of every pod config that reads
-# images: (config, chips, peak bf16 FLOP/s per chip, images per step, FLOPs per step, pipeline).
+# Model FLOPs per step (the global step, all chips; no rematerialisation: train.py --aot's
+# aot.json, recorded in benchmarks/README.md's fit tables) and global images per step of every
+# config that reads images: (config, topology, chips, peak bf16 FLOP/s per chip, images per
+# step, FLOPs per step, pipeline).
 V5E, H100 = 197e12, 989e12
 POD_CONFIGS = (
     ('pod/vit_b16_imagenet:paper (192 px)', 'v5e:4x4', 16, V5E, 2048, 1.585e14, 'cls'),
     ('pod/vit_b16_imagenet_ft224 (224 px)', 'v5e:4x4', 16, V5E, 512, 5.442e13, 'cls224'),
     ('pod/study_vit_l16_imagenet (192 px)', 'v5e:4x4', 16, V5E, 2048, 5.540e14, 'cls'),
     ('pod/dino_vit_s16 (2 x 224 + 8 x 96)', 'v5e:4x4', 16, V5E, 1024, 1.166e14, 'dino'),
-    ('gpu/vit_b16_imagenet (192 px)', 'h100:8', 8, H100, 256, 1.585e14 / 8, 'cls'),
-    ('gpu/dino_vit_s16 (2 x 224 + 8 x 96)', 'h100:8', 8, H100, 128, 1.166e14 / 8, 'dino'),
+    ('gpu/vit_b16_imagenet (192 px)', 'h100:8', 8, H100, 2048, 1.585e14, 'cls'),
+    ('gpu/dino_vit_s16 (2 x 224 + 8 x 96)', 'h100:8', 8, H100, 1024, 1.166e14, 'dino'),
 )
 
 

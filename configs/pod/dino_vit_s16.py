@@ -16,10 +16,11 @@ on every worker; its default is the CPU machine's shared copy, which a pod does 
 Data: a prepared TFDS `imagenet2012` (ArrayRecord) in data.tfds_data_dir, read per record,
 each host its share; the views are cut in grain workers from the decoded record
 (laplax.data.dino_stream) and reach the chips as uint8. data.num_workers = -1: one worker per
-host core but one. Host cost (benchmarks/dino_aug_bench.py; benchmarks/README.md): 73
-images/s per core for decode + DINO's 2 + 8 views (AMD EPYC; torchvision's DataAugmentationDINO
-69 on the same JPEGs). At an assumed 40 % MFU of v5e's 197 TFLOP/s bf16 the step below takes
-1.166e14 / (16 x 197e12 x 0.4) = 92 ms, 692 images/s per chip: about 10 host cores per chip.
+host core but one. Host cost (benchmarks/host_pipeline.py; benchmarks/README.md, 2026-12-07,
+AMD EPYC, ImageNet-like photo JPEGs): 137 images/s per core for decode + DINO's 2 + 8 views with
+data.decode='scaled' (the default; 'exact': 38, torchvision's DataAugmentationDINO 33). At an
+assumed 40 % MFU of v5e's 197 TFLOP/s bf16 the step below takes 1.166e14 / (16 x 197e12 x 0.4) =
+92 ms, 692 images/s per chip: about 5 host cores per chip (60 % MFU: 8; exact: 18 and 27).
 
 DINO's values (facebookresearch/dino, main_dino.py): views DataAugmentationDINO (lines 419-464:
 RandomResizedCrop bicubic, flip, ColorJitter(0.4, 0.4, 0.2, 0.1) with p 0.8, greyscale p 0.2,

@@ -34,25 +34,35 @@ import io
 import math
 from collections.abc import Callable
 
-import cv2
 import numpy as np
-import simplejpeg
 from PIL import Image
+
+try:  # requirements.txt installs both; a bare accelerator image may lack them (data.decode=exact)
+  import cv2
+  import simplejpeg
+except ImportError as e:
+  cv2 = simplejpeg = None
+  _MISSING = e.name
 
 from laplax.data import augment
 from laplax.data import ops as ops_lib
 
 DECODE_MODES = ('exact', 'scaled')
 DCT_FACTORS = (8, 4, 2, 1)  # the power-of-two reductions libjpeg-turbo does fast
-_CV_INTERP = {'bilinear': cv2.INTER_LINEAR, 'bicubic': cv2.INTER_CUBIC}
+_CV_INTERP = {'bilinear': 'INTER_LINEAR', 'bicubic': 'INTER_CUBIC'}
 
-# The grain worker processes are the parallelism: OpenCV's own threads would only compete.
-cv2.setNumThreads(1)
+if cv2 is not None:
+  # The grain worker processes are the parallelism: OpenCV's own threads would only compete.
+  cv2.setNumThreads(1)
 
 
 def check_mode(mode: str) -> str:
+  """mode, or a one-line ValueError: an unknown one, or 'scaled' without its packages."""
   if mode not in DECODE_MODES:
     raise ValueError(f'data.decode={mode!r}: use one of {DECODE_MODES}')
+  if mode == 'scaled' and cv2 is None:
+    raise ValueError(f"data.decode='scaled' needs {_MISSING!r} (pip install -r requirements.txt), "
+                     "or set data.decode=exact")
   return mode
 
 
@@ -107,7 +117,7 @@ def resize(x: np.ndarray, size: int, interp: str = 'bicubic') -> np.ndarray:
   h, w, c = x.shape
   if (h, w) == (size, size):
     return x
-  mode = _CV_INTERP[interp]
+  mode = getattr(cv2, _CV_INTERP[interp])
   if min(h, w) > size:
     x = cv2.resize(x, (2 * size, 2 * size),
                    interpolation=mode if min(h, w) <= 2 * size else cv2.INTER_AREA)
