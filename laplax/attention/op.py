@@ -35,7 +35,9 @@ compiling ahead of time for TPU from a CPU host needs 'splash' spelled out.
 bf16-exact Laplacian heads: where P concentrates on the diagonal, P V is close to V and v - P V
 cancels most of its bits. So in a layer with non-attention heads and sub-float32 inputs, P V is
 computed with P and the accumulator in float32 and returned unrounded, the combination (and a
-heat head's later passes) is done in float32, and the result is cast once. Layers of plain heads
+heat head's later passes) is done in float32, and the result is cast once. On splash the paper's
+two operators combine inside the kernel instead (its epilogue, laplax.kernels.splash), from its
+float32 P V, so neither P V nor q and k travel through HBM in float32. Layers of plain heads
 keep the native path.
 
 Sliding windows (`window`, the nanochat fork's short layers): a causal query at position t sees
@@ -165,8 +167,12 @@ def laplacian_attention(
   if impl == "splash" and (not aligned or mask is not None):
     raise ValueError("implementation='splash' supports self-attention (T == S, no "
                      "query_offset) without a mask: use 'xla' for decoding or masks")
+  # The paper's operators on splash: v - P V in the kernel's epilogue, from its float32 P V
+  # (laplax.kernels.splash), rounded once: bf16-exact without float32 q, k and output.
+  epilogue = ops.basic and ops.any_other and impl == "splash" and exact_laplacian \
+      and not return_probs
   # bf16-exact: P V unrounded (float32) in layers that combine it with v.
-  f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4
+  f32 = ops.any_other and exact_laplacian and jnp.dtype(q.dtype).itemsize < 4 and not epilogue
   attend = _Attend(impl, mask=mask, is_causal=is_causal,
                    scale=1.0 / np.sqrt(head_dim) if scale is None else scale,
                    positions=positions, f32=f32, explicit=return_probs or impl == "explicit",
@@ -178,7 +184,9 @@ def laplacian_attention(
     # The identity term: each query's own value, expanded to the query heads (GQA).
     v_self = v if aligned else jnp.take_along_axis(v, positions[:, :, None, None], axis=1)
     v_self = jnp.repeat(v_self, num_heads // num_kv_heads, axis=2)
-    if ops.basic:  # the paper's two operators
+    if epilogue:
+      out = attend(q, k, v, laplacian=~ops.plain)
+    elif ops.basic:  # the paper's two operators
       out = laplacian_combine(v_self, attend(q, k, v), ~ops.plain, f32=f32)
     else:
       out = _operator_recurrence(attend, q, k, v, v_self, ops, mix=mix,
@@ -398,7 +406,8 @@ class _Attend:
                             else positions, b, t, s, window) if explicit else None)
     self.probs = None
 
-  def __call__(self, qh, kh, vh, heads=None) -> Array:
+  def __call__(self, qh, kh, vh, heads=None, laplacian=None) -> Array:
+    """P V; with `laplacian` (splash only: (Hq,) bools) v - P V on those heads."""
     mask, f32 = self.mask, self.f32
     if heads is not None and mask is not None and jnp.ndim(mask) == 4 and mask.shape[1] > 1:
       mask = mask[:, heads]
@@ -412,19 +421,21 @@ class _Attend:
     if self.window.traced and self.impl in ("splash", "cudnn"):
       # their windows are static kernels: one branch per window of the palette
       return jax.lax.switch(self.window.size, [
-          lambda q, k, v, w=w: self._fused(q, k, v, mask, w) for w in self.window.branches(s)],
-          qh, kh, vh)
+          lambda q, k, v, w=w: self._fused(q, k, v, mask, w, laplacian=laplacian)
+          for w in self.window.branches(s)], qh, kh, vh)
     if self.window.traced:  # xla: the traced window goes into the mask
       return self._fused(qh, kh, vh, mask, None, masked=True)
-    return self._fused(qh, kh, vh, mask, self.window.static(s))
+    return self._fused(qh, kh, vh, mask, self.window.static(s), laplacian=laplacian)
 
-  def _fused(self, qh, kh, vh, mask, window: int | None, masked: bool = False) -> Array:
+  def _fused(self, qh, kh, vh, mask, window: int | None, masked: bool = False,
+             laplacian=None) -> Array:
     """One fused pass with a static `window` (None: none), or with the layer's window in an
     explicit mask (`masked`; cached decoding always)."""
     f32 = self.f32
     if self.impl == "splash":
       return splash_lib.splash_attention(qh, kh, vh, is_causal=self.is_causal, scale=self.scale,
-                                         out_dtype=jnp.float32 if f32 else None, window=window)
+                                         out_dtype=jnp.float32 if f32 else None, window=window,
+                                         laplacian=laplacian)
     # XLA's fused attention rounds P to v's dtype before P V: float32 inputs keep P exact.
     # cuDNN takes half precision only, so its P V stays rounded (not bf16-exact).
     if f32 and self.impl == "xla":

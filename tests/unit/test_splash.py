@@ -103,3 +103,18 @@ def test_splash_controls_match_float64_reference():
   got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2))(q, k, v)
   for g, e in zip(got, reference_grads(q, k, v, w, spec, True)):
     np.testing.assert_allclose(np.asarray(g), e, atol=5e-5, rtol=1e-4)
+
+
+def test_splash_epilogue_is_bf16_exact():
+  """bf16 inputs: v - P V from the kernel's epilogue (its float32 P V, rounded once) equals the
+  float32 combination rounded once, within one bf16 rounding; the plain heads are P V."""
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(jax.random.key(11), 2, 17, 17, 4, 2, 8))
+  lap = np.array([False, True, False, True])
+  for causal in (False, True):
+    got = splash_attention(q, k, v, is_causal=causal, laplacian=lap)
+    assert got.dtype == jnp.bfloat16
+    pv = splash_attention(q, k, v, is_causal=causal, out_dtype=jnp.float32)
+    v_self = jnp.repeat(v, 2, axis=2).astype(jnp.float32)
+    want = np.asarray(jnp.where(lap[None, None, :, None], v_self - pv, pv))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want,
+                               atol=1e-6, rtol=2 ** -8)  # bf16: 8 significant bits
