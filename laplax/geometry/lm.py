@@ -23,7 +23,9 @@ the scored positions of the validation windows:
     tokens, so runs compare only at one length (spectra.check_comparable). The paper's GPT
     (width 1280) read 2048-token sequences: window >= E + 1 lifts the bound to E.
 
-Statistics accumulate in float64 (64-bit mode is switched on only around the accumulators).
+Statistics accumulate in float64 (64-bit mode is switched on only around the accumulators),
+except on TPU (emulated float64): there in compensated float32 (geometry.stats.device_dtype),
+turned into float64 for the metrics.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ _finalize_seq = jax.jit(spectra.SequenceSpectrumStats.finalize)
 
 
 def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_count: int = 2,
-               tile: int = 1024, fractions=(0.9, 0.95, 0.99), window: int = 0
-               ) -> dict[str, Any]:
+               tile: int = 1024, fractions=(0.9, 0.95, 0.99), window: int = 0,
+               dtype=None) -> dict[str, Any]:
   """Linguistic collapse and per-layer spectral decay over token windows.
 
   Args:
@@ -56,6 +58,7 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
       Ids < 0 are padding (not counted).
     batch_size: windows per forward pass. min_count / tile: see `geometry.cdnv_from_stats`.
     window: positions per sequence of the per-sequence spectra (0: all T; module docstring).
+    dtype: the sums' dtype, float64 or (compensated) float32; None: geometry.stats.device_dtype.
   Returns:
     {'collapse': {cdnv, num_pairs, num_classes, num_excluded, num_absent, ...},
      'layers': [{'components_90', ..., 'effective_rank', 'per_sequence_components_90', ...,
@@ -63,6 +66,7 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
      'num_tokens': scored positions}.
   """
   windows = np.asarray(windows)
+  dtype = geometry.stats.device_dtype() if dtype is None else np.dtype(dtype)
   if windows.ndim != 2 or windows.shape[1] < 2 or len(windows) == 0:
     raise ValueError(f"windows have shape {windows.shape}; expected (N >= 1, T + 1 >= 2) ids")
   if batch_size < 1:
@@ -98,27 +102,33 @@ def analyze_lm(model, params, windows: np.ndarray, *, batch_size: int = 16, min_
     hidden, final = np.asarray(hidden, np.float32), np.asarray(final, np.float32)
     keep = labels >= 0
     num_tokens += int(keep.sum())
-    with jax.enable_x64(True):
+    with geometry.stats.x64_for(dtype):
       dim = final.shape[-1]
       if class_stats is None:
-        class_stats = geometry.ClassStats.init(vocab, dim, dtype=np.float64)
-        cov_stats = [geometry.CovarianceStats.init(dim, dtype=np.float64)
+        # float32 sums are shifted by the first batch's means: a common offset would cancel
+        # their digits in E[x^2] - E[x]^2 (the metrics are translation invariant)
+        shift = (lambda x: x[keep].mean(0)) if dtype == np.float32 else (lambda x: None)
+        class_stats = geometry.ClassStats.init(vocab, dim, dtype=dtype, shift=shift(final))
+        cov_stats = [geometry.CovarianceStats.init(dim, dtype=dtype, shift=shift(h))
+                     for h in hidden]
+        seq_stats = [spectra.SequenceSpectrumStats.init(fractions, dtype=dtype)
                      for _ in range(hidden.shape[0])]
-        seq_stats = [spectra.SequenceSpectrumStats.init(fractions, dtype=np.float64)
-                     for _ in range(hidden.shape[0])]
-      class_stats = _update_class(class_stats, jnp.asarray(final, jnp.float64),
+      class_stats = _update_class(class_stats, jnp.asarray(final, dtype),
                                   jnp.asarray(labels))
       for layer in range(hidden.shape[0]):
         # Only real positions enter the spectrum (padding rows would add copies of token 0).
         cov_stats[layer] = _update_cov(cov_stats[layer],
-                                       jnp.asarray(hidden[layer][keep], jnp.float64))
+                                       jnp.asarray(hidden[layer][keep], dtype))
         # Sequences of `window` positions, each over its real (unpadded) positions.
         cut = per_window * window
         seqs = hidden[layer][:, :cut].reshape(-1, window, dim)
         seq_ok = keep[:, :cut].reshape(-1, window)
-        seq_stats[layer] = _update_seq(seq_stats[layer], jnp.asarray(seqs, jnp.float64),
+        seq_stats[layer] = _update_seq(seq_stats[layer], jnp.asarray(seqs, dtype),
                                        jnp.asarray(seq_ok))
   with jax.enable_x64(True):
+    class_stats = geometry.stats.to_float64(class_stats)
+    cov_stats = [geometry.stats.to_float64(acc) for acc in cov_stats]
+    seq_stats = [geometry.stats.to_float64(acc) for acc in seq_stats]
     collapse = geometry.cdnv_from_stats(class_stats, min_count=min_count, tile=tile)
     collapse = {k: float(v) for k, v in collapse.items()}
     layers = []

@@ -29,6 +29,7 @@ Labels outside [0, num_classes) (e.g. -1 for padding) are ignored and counted in
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 from flax import struct
@@ -113,6 +114,33 @@ def accumulation_dtype(dtype: DTypeLike | None = None,
   if compensated is None:
     compensated = dtype == np.float32
   return dtype, bool(compensated)
+
+
+def device_dtype(backend: str | None = None) -> np.dtype:
+  """The streamed evaluators' accumulation dtype on `backend` (default JAX's): float64, except on
+  TPU, which emulates float64 with float32 pairs (an update costs 3-7x the flops and bytes and
+  GBs of temporaries: benchmarks/README.md "The Laplacian heads in the TPU programs"), where the
+  sums are compensated float32 (`Sum`), turned into float64 for finalize by `to_float64`."""
+  return np.dtype(np.float32 if (backend or jax.default_backend()) == "tpu" else np.float64)
+
+
+def x64_for(dtype: DTypeLike):
+  """64-bit mode around a float64 accumulator's init / update; nothing for a float32 one."""
+  return jax.enable_x64(True) if np.dtype(dtype) == np.float64 else contextlib.nullcontext()
+
+
+def to_float64(acc):
+  """An accumulator with float64 leaves: each compensated float32 Sum becomes the float64 sum of
+  its value and compensation (the float32 sum's full precision), plain float leaves are cast.
+  Call inside `jax.enable_x64(True)`; then finalize in float64."""
+  def cast(x):
+    if isinstance(x, Sum):
+      total = jnp.asarray(x.value, jnp.float64)
+      return Sum(total if x.compensation is None
+                 else total + jnp.asarray(x.compensation, jnp.float64), None)
+    return jnp.asarray(x, jnp.float64) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) \
+        else x
+  return jax.tree.map(cast, acc, is_leaf=lambda x: isinstance(x, Sum))
 
 
 def _check_x64(acc) -> None:

@@ -11,9 +11,10 @@ l, before the final LayerNorm):
   * Neural Collapse on sequence means (`nc_mean_*`): the mean of all tokens of an image;
   * Neural Collapse on the class token (`nc_cls_*`);
   * NC3 / NC4 (`classifier_*`): the final, normalised class token against the linear head.
-Statistics accumulate in float64 batch by batch, so memory does not grow with the data (only
-the final class tokens, (N, E), are kept for NC3 / NC4); streamed splits are read batch by
-batch (`analyze_batches`).
+Statistics accumulate batch by batch, in float64 (compensated float32 on TPU, which emulates
+float64: geometry.stats.device_dtype), so memory does not grow with the data (only the final
+class tokens, (N, E), are kept for NC3 / NC4); streamed splits are read batch by batch
+(`analyze_batches`).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def _scalars(d: dict[str, Any], prefix: str = "", undefined: dict | None = None
   return {prefix + k: float(v) for k, v in d.items() if np.ndim(v) == 0}
 
 
-def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_classes: int
-                   ) -> tuple[list[dict[str, float]], np.ndarray, np.ndarray]:
+def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_classes: int,
+                   dtype=None) -> tuple[list[dict[str, float]], np.ndarray, np.ndarray]:
   """forward(params, images (B,H,W,C)) -> {'tokens': (L+1, B, 1+N, E), 'pre_logits': (B, E)};
-  batches: {'image' normalised, 'label', 'mask'} (valid rows first). -> (one dict per layer,
-  pre_logits (n, E) and labels (n,) of the valid rows)."""
+  batches: {'image' normalised, 'label', 'mask'} (valid rows first); dtype: the sums' dtype,
+  float64 or (compensated) float32, None: geometry.stats.device_dtype (float32 on TPU). ->
+  (one dict per layer, pre_logits (n, E) and labels (n,) of the valid rows)."""
+  dtype = geometry.stats.device_dtype() if dtype is None else np.dtype(dtype)
   accs, feats, ys = None, [], []
   for batch in batches:
     n = int(np.sum(batch["mask"]))
@@ -61,20 +64,24 @@ def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_cl
     feats.append(np.asarray(out["pre_logits"])[:n])
     y = np.asarray(batch["label"][:n])
     ys.append(y)
-    with jax.enable_x64(True):
+    with geometry.stats.x64_for(dtype):
       depth, _, seq, dim = tokens.shape
       if accs is None:
-        accs = [dict(variance=geometry.VarianceStats.init(num_classes, dim, seq, dtype=np.float64),
-                     cosine=geometry.CosineStats.init(dtype=np.float64),
-                     spectrum=geometry.CovarianceStats.init(dim, dtype=np.float64),
-                     nc_mean=geometry.NeuralCollapseStats.init(num_classes, dim,
-                                                               dtype=np.float64),
-                     nc_cls=geometry.NeuralCollapseStats.init(num_classes, dim,
-                                                              dtype=np.float64),
-                     per_image=spectra.SequenceSpectrumStats.init(dtype=np.float64))
-                for _ in range(depth)]
+        # float32 sums are shifted by the first batch's mean token: a common offset would
+        # cancel their digits in E[x^2] - E[x]^2 (the metrics but the cosine are invariant)
+        shifts = [t.reshape(-1, dim).mean(0) if dtype == np.float32 else None for t in tokens]
+        accs = [dict(variance=geometry.VarianceStats.init(num_classes, dim, seq, dtype=dtype,
+                                                          shift=sh),
+                     cosine=geometry.CosineStats.init(dtype=dtype),
+                     spectrum=geometry.CovarianceStats.init(dim, dtype=dtype, shift=sh),
+                     nc_mean=geometry.NeuralCollapseStats.init(num_classes, dim, dtype=dtype,
+                                                               shift=sh),
+                     nc_cls=geometry.NeuralCollapseStats.init(num_classes, dim, dtype=dtype,
+                                                              shift=sh),
+                     per_image=spectra.SequenceSpectrumStats.init(dtype=dtype))
+                for sh in shifts]
       for layer, acc in enumerate(accs):
-        t = jnp.asarray(tokens[layer], jnp.float64)
+        t = jnp.asarray(tokens[layer], dtype)
         acc["variance"] = _update[geometry.VarianceStats](acc["variance"], t, y)
         acc["cosine"] = _update[geometry.CosineStats](acc["cosine"], t)
         acc["spectrum"] = _update[geometry.CovarianceStats](acc["spectrum"], t[:, 1:])
@@ -86,6 +93,7 @@ def layer_geometry(forward, params, batches: Iterable[dict[str, Any]], *, num_cl
   out = []
   with jax.enable_x64(True):
     for acc in accs:
+      acc = {name: geometry.stats.to_float64(a) for name, a in acc.items()}
       undefined: dict[str, str] = {}
       row = _scalars(_finalize[geometry.VarianceStats](acc["variance"]), "", undefined)
       row.update(_scalars(_finalize[geometry.CosineStats](acc["cosine"])))
