@@ -172,19 +172,23 @@ def _collapse(info):
   return info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
 
 
-def _epilogue_forward(settings, fwd_info, q, k, v, v_self, coef):
-  """-> (a v_self + b P V in q's dtype, logsumexp): the forward kernel with the epilogue."""
+def _epilogue_forward(settings, fwd_info, q, k, v, v_self, coef, residuals: bool = True):
+  """-> (a v_self + b P V in q's dtype, logsumexp or None): the forward kernel with the
+  epilogue; `residuals`: also the logsumexp the backward needs ((H, T, 128) float32)."""
   kw = dict(settings)
   # the module's `pl` while this forward is traced
   sk.pl = _EpilogueShim(v_self, coef, kw["scale"], q.shape[-1])
   try:
-    out, (lse,) = sk._splash_attention_forward(  # pylint: disable=protected-access
+    out = sk._splash_attention_forward(  # pylint: disable=protected-access
         _collapse(fwd_info), q, k, v, None, None, mask_value=kw["mask_value"],
         is_mqa=kw["is_mqa"], block_sizes=kw["block_sizes"], residual_checkpoint_name=None,
-        save_residuals=True, mask_function=kw["mask_function"],
+        save_residuals=residuals, mask_function=kw["mask_function"],
         attn_logits_soft_cap=kw["attn_logits_soft_cap"], interpret=kw["interpret"])
   finally:
     sk.pl = pl
+  if not residuals:
+    return out, None
+  out, (lse,) = out
   return out, lse
 
 
@@ -194,8 +198,8 @@ def _epilogue_attention(settings, fwd_info, dq_info, dkv_info, q, k, v, v_self, 
   row 0 and b in row 1 -> a v_self + b P V (Hq, T, D) in q's dtype. `settings`: the kernel's
   static kwargs and the scale as sorted items; the MaskInfos are arguments, as in
   sk._splash_attention_custom."""
-  del dq_info, dkv_info
-  return _epilogue_forward(settings, fwd_info, q, k, v, v_self, coef)[0]
+  del dq_info, dkv_info  # not differentiated (a DINO teacher): no residuals
+  return _epilogue_forward(settings, fwd_info, q, k, v, v_self, coef, residuals=False)[0]
 
 
 def _epilogue_fwd(settings, fwd_info, dq_info, dkv_info, q, k, v, v_self, coef):
