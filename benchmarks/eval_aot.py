@@ -51,7 +51,7 @@ flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
 def _compile(fn, *args):
   """A fresh TPU compile of fn (jitted here unless it is) -> aot.memory's per-chip bytes."""
   t0 = time.time()
-  with aot._no_cache():  # pylint: disable=protected-access
+  with aot.no_compilation_cache():
     compiled = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args).compile()
   out = aot.memory(compiled)
   out["compile_seconds"] = round(time.time() - t0, 1)

@@ -87,7 +87,7 @@ def muon_alone(config, topology: str) -> dict:
   for distributed in (False, True):
     muon = muon_opt.scale_by_muon(0.95, steps, distributed=distributed)
     state = jax.eval_shape(muon.init, hidden)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), aot._no_cache():
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), aot.no_compilation_cache():
       update = jax.jit(lambda g, s: muon.update(g, s)[0],
                        out_shardings=jax.tree.map(lambda x: x.sharding, hidden))
       compiled = update.lower(hidden, state).compile()

@@ -47,16 +47,10 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import app, flags  # noqa: E402
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from laplax import sharding  # noqa: E402
-from laplax.kernels import splash  # noqa: E402
 from laplax.train import aot  # noqa: E402
-from laplax.train import state as state_lib  # noqa: E402
-from laplax.train import task as task_lib  # noqa: E402
-from laplax.train import trainer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The pod run configs (configs/pod/*.py that are not studies) and, where the config's own k is
@@ -97,24 +91,10 @@ def default_k(name: str, config) -> int:
 
 def compile_step(config, topology: str):
   """-> (compiled, parameter count): config's train step compiled for `topology`, as
-  laplax.train.aot.fit_check compiles it (the trainer's jit_step on the abstract state)."""
-  task = task_lib.for_config(config)
-  devices = aot.topology_devices(topology)
-  mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  task.validate(sharding.data_parallel_size(mesh), len({d.process_index for d in devices}))
-  model = task.build_model()
-  total_steps = config.total_steps or aot.NOMINAL_STEPS
-  tx, _ = task.optimizer(total_steps)
-  abstract, shardings = state_lib.abstract_state(task, model, tx, mesh, rules)
-  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-  batch_sharding = sharding.batch_sharding(mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
-           for k, v in task.abstract_batch(config.data.batch_size).items()}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules), splash.for_tpu(), \
-      aot._no_cache():  # pylint: disable=protected-access  # fresh: the cache hides temporaries
-    step_fn = trainer.jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
-    return step_fn.lower(abstract, batch).compile(), int(n_params)
+  laplax.train.aot.fit_check compiles it (aot.step_program: the trainer's jit_step on the
+  abstract state, a fresh compile)."""
+  program = aot.step_program(config, aot.topology_devices(topology))
+  return program.compile(), program.params
 
 
 # --- reading a compiled program -----------------------------------------------------------------
@@ -333,7 +313,7 @@ def accumulator_cost(make, topology: str) -> dict[str, dict[str, float]]:
     with jax.enable_x64(dtype == np.float64):
       fn, args = make(dtype)
       args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), args)
-      with aot._no_cache():  # pylint: disable=protected-access
+      with aot.no_compilation_cache():
         compiled = jax.jit(fn).lower(*args).compile()
       cost = compiled.cost_analysis()
       cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost

@@ -175,8 +175,9 @@ KINDS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 # after them (scripts/test.sh's --dist loadfile hands out files in collection order; started
 # last, test_multihost.py alone kept one worker busy for 15 minutes after the other was done).
 FIRST = ("integration/test_multihost.py", "unit/test_aot.py",
+         "integration/test_multihost_faults.py", "integration/test_gcs_faults.py",
          "integration/test_study.py", "integration/test_cli_processes.py",
-         "integration/test_gcs.py")
+         "integration/test_study_slices.py", "integration/test_gcs.py")
 
 
 def _kind(item) -> str | None:

@@ -8,11 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from etils import epath
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 # figure name -> (title, [(metric key, panel title)])
 FIGURES = {
@@ -45,6 +41,16 @@ OTHER_FIGURES = {
 XLABEL = {"mechanism": "block"}
 
 
+def _pyplot():
+  """matplotlib.pyplot on the Agg backend, imported at the first figure: every train.py and
+  eval.py process imports this module (through the evaluators), most draw nothing, and pyplot's
+  import is about 0.25 s of CPU."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
 def save_figure(fig, path, **kwargs) -> None:
   """fig as a PNG at `path`, local or gs:// (written through etils.epath)."""
   path = epath.Path(path)
@@ -58,6 +64,7 @@ def plot_layer_curves(groups: Mapping[str, Sequence[dict[str, Any]]], path: path
   """groups: label -> analyses (each {'layers': [{metric: value}, ...]}); one PNG per figure
   (FIGURES or OTHER_FIGURES)."""
   title, panels = FIGURES[figure] if figure in FIGURES else OTHER_FIGURES[figure]
+  plt = _pyplot()
   fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6))
   for ax, (key, panel_title) in zip(np.atleast_1d(axes), panels):
     for label, runs in groups.items():
@@ -92,6 +99,7 @@ def plot_run(analysis: dict[str, Any], outdir: pathlib.Path, title: str = "run"
 def plot_accuracy(labels: Sequence[str], accuracies: Sequence[Sequence[float]],
                   path: pathlib.Path) -> pathlib.Path:
   """Test accuracy per variant: every seed as a dot, mean +- std as a bar."""
+  plt = _pyplot()
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels), 3.4))
   for i, accs in enumerate(accuracies):
     accs = np.asarray(accs, float) * 100
@@ -118,6 +126,7 @@ def plot_spectrum(analyses: dict[str, dict[str, Any]], path, title: str = "Spect
   first = first[0] if isinstance(first, list) else first
   if "per_sequence_components_99" in first["layers"][0]:
     keys.insert(1, ("per_sequence_components_99", "components for 99 %, per sequence (mean)"))
+  plt = _pyplot()
   fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6))
   for ax, (key, panel) in zip(axes, keys):
     for label, runs in analyses.items():
@@ -141,6 +150,7 @@ def _save(fig, path, dpi: int = 110) -> pathlib.Path:
   """Lays out, writes (making the folder) and closes a figure -> its path."""
   fig.tight_layout()
   save_figure(fig, path, dpi=dpi)  # local or gs://
+  plt = _pyplot()
   plt.close(fig)
   return path
 
@@ -156,6 +166,7 @@ def plot_attention_maps(images: np.ndarray,
   w), head kinds)} its heads side by side, each panel on its own scale."""
   n = len(images)
   cols = 1 + sum(m.shape[1] for m, _ in maps.values())
+  plt = _pyplot()
   fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols, 1.55 * n + 0.5), squeeze=False)
   grey = images.shape[-1] == 1
   for i in range(n):
@@ -184,6 +195,7 @@ def plot_learning_curve(steps: Sequence[int], accuracies: Mapping[str, Sequence[
                         path: pathlib.Path) -> pathlib.Path:
   """Left: test accuracy vs step per variant (mean, +- std band over seeds); right: the paired
   difference vs the baseline with its 95 % interval (nan intervals drawn as points only)."""
+  plt = _pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
   for label, per_step in accuracies.items():
     a = np.asarray(per_step, float) * 100  # (steps, seeds)
@@ -216,6 +228,7 @@ def plot_coefficients(series: Mapping[str, Mapping[tuple[int, int], Sequence[tup
   weight, solid) and a (the V weight, dashed) vs step, a colour per variant, a line per seed.
 
   series: {variant: {(layer, head): [(steps, a values, b values) per seed]}}."""
+  plt = _pyplot()
   fig, axes = plt.subplots(depth, num_heads, figsize=(2.3 * num_heads, 1.8 * depth),
                            sharex=True, sharey=True, squeeze=False)
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -276,6 +289,7 @@ def pca_figure(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, np.nda
       raise ValueError(f"panel {name!r}: rgb {np.shape(rgb)} and mask {np.shape(mask)} need "
                        f"(N={n}, h, w, 3) and (N={n}, h, w)")
   cols = 1 + 2 * len(panels)
+  plt = _pyplot()
   fig, axes = plt.subplots(n, cols, figsize=(cols * cell_inches, n * cell_inches), dpi=dpi,
                            squeeze=False)
   titles = ["image"] + [f"{name} {kind}" for name in panels for kind in ("PCA", "mask")]

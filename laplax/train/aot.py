@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import re
 import time
@@ -127,14 +128,63 @@ def topology_devices(topology: str, slices: int = 1) -> list:
 
 
 @contextlib.contextmanager
-def _no_cache():
-  """JAX's persistent compilation cache off for one compile (restored afterwards)."""
+def no_compilation_cache():
+  """JAX's persistent compilation cache off for one compile (restored afterwards): a fresh
+  compile, since an executable loaded from the cache can report 0 temporary bytes in
+  memory_analysis(), which would understate the peak."""
   previous = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", previous)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+  """A config's train step as the trainer jits it (sharded in and out, state donated), on the
+  abstract state and batch of a mesh over `devices`: what fit_check and
+  benchmarks/tpu_programs.py compile."""
+  task: Any
+  model: nn.Module
+  tx: Any
+  total_steps: int
+  mesh: jax.sharding.Mesh
+  rules: Any
+  hosts: int
+  abstract: Any  # the TrainState of ShapeDtypeStructs
+  shardings: Any
+  batch: dict[str, jax.ShapeDtypeStruct]
+  params: int  # parameter count
+
+  def compile(self):
+    """A fresh compile (no persistent cache; splash as its Mosaic kernel) -> the executable."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), splash.for_tpu(), \
+        no_compilation_cache():
+      step_fn = trainer.jit_step(self.task.make_step(self.model, self.tx, self.total_steps),
+                                 self.shardings, self.mesh)
+      return step_fn.lower(self.abstract, self.batch).compile()
+
+
+def step_program(config: ml_collections.ConfigDict, devices: list) -> StepProgram:
+  """config's train step on a mesh over `devices` (a topology's, or this host's), with its
+  abstract state and batch; the task validates the mesh first."""
+  task = task_lib.for_config(config)
+  mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
+  rules = sharding.rules_from_config(config.get("axis_rules"))
+  hosts = len({d.process_index for d in devices})
+  task.validate(sharding.data_parallel_size(mesh), hosts)
+  model = task.build_model()
+  total_steps = config.total_steps or NOMINAL_STEPS
+  tx, _ = task.optimizer(total_steps)
+  abstract, shardings = state_lib.abstract_state(task, model, tx, mesh, rules)
+  batch_sharding = sharding.batch_sharding(mesh)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
+           for k, v in task.abstract_batch(config.data.batch_size).items()}
+  return StepProgram(task=task, model=model, tx=tx, total_steps=total_steps, mesh=mesh,
+                     rules=rules, hosts=hosts, abstract=abstract, shardings=shardings,
+                     batch=batch,
+                     params=int(sum(x.size for x in jax.tree.leaves(abstract.params))))
 
 
 def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=print,
@@ -154,42 +204,27 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   if standing_in and config.model.get("attention_impl") == "cudnn":
     config = copy.deepcopy(config)  # the caller's config unchanged
     config.model.attention_impl = "xla"  # cuDNN's kernel has no CPU lowering (GPU_HBM_GIB)
-  task = task_lib.for_config(config)
   capacity = hbm_bytes(topology)
   devices = topology_devices(topology, slices)
-  mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
-  rules = sharding.rules_from_config(config.get("axis_rules"))
-  hosts = len({d.process_index for d in devices})
-  task.validate(sharding.data_parallel_size(mesh), hosts)
-  model = task.build_model()
-  total_steps = config.total_steps or NOMINAL_STEPS
-  tx, _ = task.optimizer(total_steps)
-  abstract, shardings = state_lib.abstract_state(task, model, tx, mesh, rules)
-  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-  batch_sharding = sharding.batch_sharding(mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
-           for k, v in task.abstract_batch(config.data.batch_size).items()}
-  flops = task.flops_per_step(model, abstract.params)
+  program = step_program(config, devices)
+  mesh, n_params = program.mesh, program.params
+  flops = program.task.flops_per_step(program.model, program.abstract.params)
   result: dict[str, Any] = {
       "config": config.name, "topology": topology, "slices": slices, "chips": len(devices),
-      "hosts": hosts, "mesh": dict(mesh.shape), "params": int(n_params),
+      "hosts": program.hosts, "mesh": dict(mesh.shape), "params": n_params,
       # the slices along each mesh axis (the rest of an axis is within a slice)
       "dcn_mesh": dict(zip(sharding.MESH_AXES, sharding.dcn_sizes(config.mesh, slices))),
-      "batch": {k: list(v.shape) for k, v in batch.items()},
+      "batch": {k: list(v.shape) for k, v in program.batch.items()},
       "hbm_bytes_per_chip": capacity, "headroom": HEADROOM, "flops_per_step": flops}
   if standing_in:
     result["compiled_by"] = (f"{jax.default_backend()} compiler on {len(devices)} host "
                              "devices, standing in for the GPU compiler (an estimate)")
   where = topology if slices == 1 else f"{slices} x {topology}"
-  log(f"aot: {result['config']} on {where} ({len(devices)} chips, {hosts} hosts, mesh "
+  log(f"aot: {result['config']} on {where} ({len(devices)} chips, {program.hosts} hosts, mesh "
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
   t0 = time.time()
   try:
-    # A fresh compile: an executable loaded from the persistent compilation cache can report
-    # 0 temporary bytes in memory_analysis(), which would understate the peak.
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), splash.for_tpu(), _no_cache():
-      step_fn = trainer.jit_step(task.make_step(model, tx, total_steps), shardings, mesh)
-      compiled = step_fn.lower(abstract, batch).compile()
+    compiled = program.compile()
   except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over its HBM
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise

@@ -1,7 +1,7 @@
 """laplax.pod with real processes: a 2-host job (2 processes x 2 fake CPU devices on one machine,
 tests/hosts.py) started through `python -m laplax.pod start` on each "host" (a state directory
-each), one host's train process killed (kill -9 of its process group) twice, the job
-finishing by itself with the uninterrupted run's losses; status, logs and the second start
+each), one host's train process killed (kill -9 of its process group), then every host's at
+once, the job finishing by itself with the uninterrupted run's losses; status, logs and the second start
 refused on the way; stop of a running 2-host job (SIGTERM: both save one step, no restart)
 and of a hung one (SIGKILL after the timeout); the restart loop's ends (a restart limit, an
 exit that is not a fault) with short commands instead of train.py."""
@@ -114,29 +114,33 @@ def test_a_job_whose_hosts_are_killed_twice_restarts_and_finishes(tmp_path, data
   assert _state(dirs[0]) == before
   killed = []
 
-  def kill(host, checkpoint):
+  def kill(which, checkpoint):
     _wait_for(lambda: checkpoint in _checkpoints(work) and
-              max(_losses(work)) >= checkpoint + 2 and _state(dirs[host])["phase"] == "running"
-              and len(_state(dirs[host])["history"]) == len(killed),
+              max(_losses(work)) >= checkpoint + 2 and
+              all(_state(dirs[h])["phase"] == "running" and
+                  len(_state(dirs[h])["history"]) == len(killed) for h in range(2)),
               f"step {checkpoint + 2} of attempt {len(killed) + 1}", logs)
-    pid = _state(dirs[host])["job_pid"]
-    os.killpg(pid, signal.SIGKILL)  # the host's train.py: its supervisor and the job's process
-    killed.append((host, pid))
+    pids = [_state(dirs[h])["job_pid"] for h in which]
+    for pid in pids:  # the host's train.py: its supervisor and the job's process
+      os.killpg(pid, signal.SIGKILL)
+    killed.append((which, pids))
 
-  kill(1, 10)  # a worker
-  kill(0, 20)  # the coordinator
+  kill([1], 10)  # a worker: the coordinator's host sees it lost
+  kill([0, 1], 20)  # every host at once (a power cut): the runners restart from step 20
   _wait_for(lambda: not any(pod.runner_alive(d) for d in dirs), "end of both runners", logs)
   for i, d in enumerate(dirs):
     state = _state(d)
     assert (state["phase"], state["exit"], state["restarts"]) == ("finished", 0, 2), state
     codes = [h["exit"] for h in state["history"]]
-    # The killed host's runner saw SIGKILL, the other host's the supervisor's exit 75.
-    assert codes == ([137, 75, 0] if i == 1 else [75, 137, 0]), state["history"]
+    # The killed worker's runner saw SIGKILL, the coordinator's the supervisor's exit 75; then
+    # both SIGKILL.
+    assert codes == ([137, 137, 0] if i == 1 else [75, 137, 0]), state["history"]
     assert [h["then"] for h in state["history"]] == ["restart 1 after 1 s",
                                                    "restart 2 after 2 s", "end"]
     log = logs[i].read_text()
     assert "restart 1 of 5 in 1 s" in log and "restart 2 of 5 in 2 s" in log, log[-3000:]
-    assert "killed by SIGKILL" in log and "a host of the job was lost" in log
+    assert "killed by SIGKILL" in log
+    assert ("a host of the job was lost" in log) == (i == 0), log[-3000:]
     status = _pod("status", d)
     assert status.returncode == 3 and status.stdout.startswith(f"host {i}: finished (exit 0)")
     assert "attempt 3: finished" in status.stdout, status.stdout
