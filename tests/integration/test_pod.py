@@ -1,10 +1,10 @@
 """laplax.pod with real processes: a 2-host job (2 processes x 2 fake CPU devices on one machine,
 tests/hosts.py) started through `python -m laplax.pod start` on each "host" (a state directory
 each), one host's train process killed (kill -9 of its process group), then every host's at
-once, the job finishing by itself with the uninterrupted run's losses; status, logs and the second start
-refused on the way; stop of a running 2-host job (SIGTERM: both save one step, no restart)
-and of a hung one (SIGKILL after the timeout); the restart loop's ends (a restart limit, an
-exit that is not a fault) with short commands instead of train.py."""
+once, the job finishing by itself with the uninterrupted run's losses; status, logs and the
+second start refused on the way; stop of a running 2-host job (SIGTERM: both save one step, no
+restart) and of a hung one (SIGKILL after the timeout); the restart loop's ends (a restart
+limit, an exit that is not a fault) with short commands instead of train.py."""
 
 import json
 import os
@@ -121,7 +121,7 @@ def test_a_job_whose_hosts_are_killed_twice_restarts_and_finishes(tmp_path, data
                   len(_state(dirs[h])["history"]) == len(killed) for h in range(2)),
               f"step {checkpoint + 2} of attempt {len(killed) + 1}", logs)
     pids = [_state(dirs[h])["job_pid"] for h in which]
-    for pid in pids:  # the host's train.py: its supervisor and the job's process
+    for pid in pids:  # each host's train.py: its supervisor and the job's process
       os.killpg(pid, signal.SIGKILL)
     killed.append((which, pids))
 
