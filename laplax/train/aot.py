@@ -151,11 +151,18 @@ class StepProgram:
   total_steps: int
   mesh: jax.sharding.Mesh
   rules: Any
-  hosts: int
   abstract: Any  # the TrainState of ShapeDtypeStructs
   shardings: Any
   batch: dict[str, jax.ShapeDtypeStruct]
-  params: int  # parameter count
+
+  @property
+  def hosts(self) -> int:
+    return len({d.process_index for d in self.mesh.devices.flat})
+
+  @property
+  def params(self) -> int:
+    """The parameter count."""
+    return int(sum(x.size for x in jax.tree.leaves(self.abstract.params)))
 
   def compile(self):
     """A fresh compile (no persistent cache; splash as its Mosaic kernel) -> the executable."""
@@ -172,8 +179,7 @@ def step_program(config: ml_collections.ConfigDict, devices: list) -> StepProgra
   task = task_lib.for_config(config)
   mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
   rules = sharding.rules_from_config(config.get("axis_rules"))
-  hosts = len({d.process_index for d in devices})
-  task.validate(sharding.data_parallel_size(mesh), hosts)
+  task.validate(sharding.data_parallel_size(mesh), len({d.process_index for d in devices}))
   model = task.build_model()
   total_steps = config.total_steps or NOMINAL_STEPS
   tx, _ = task.optimizer(total_steps)
@@ -182,9 +188,7 @@ def step_program(config: ml_collections.ConfigDict, devices: list) -> StepProgra
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
            for k, v in task.abstract_batch(config.data.batch_size).items()}
   return StepProgram(task=task, model=model, tx=tx, total_steps=total_steps, mesh=mesh,
-                     rules=rules, hosts=hosts, abstract=abstract, shardings=shardings,
-                     batch=batch,
-                     params=int(sum(x.size for x in jax.tree.leaves(abstract.params))))
+                     rules=rules, abstract=abstract, shardings=shardings, batch=batch)
 
 
 def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=print,
