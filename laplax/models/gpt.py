@@ -473,6 +473,12 @@ def fork_default(depth: int, *, vocab_size: int = 32768, head_dim: int = 128,
 def abstract_param_counts(config: GPTConfig) -> dict[str, int]:
   """param_counts of the model `config` builds, from its abstract parameters (nothing
   allocated)."""
+  # Traced once per config (seconds for a d20 GPT): a study asks again for every seed and stage.
+  return dict(_abstract_param_counts(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract_param_counts(config: GPTConfig) -> dict[str, int]:
   model = GPT(config)
   return param_counts(jax.eval_shape(
       lambda: model.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))

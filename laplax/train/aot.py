@@ -31,6 +31,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
+import importlib.metadata
+import json
 import os
 import re
 import time
@@ -164,13 +167,19 @@ class StepProgram:
     """The parameter count."""
     return int(sum(x.size for x in jax.tree.leaves(self.abstract.params)))
 
-  def compile(self):
-    """A fresh compile (no persistent cache; splash as its Mosaic kernel) -> the executable."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), splash.for_tpu(), \
-        no_compilation_cache():
+  def lower(self) -> jax.stages.Lowered:
+    """The jitted step lowered (splash as its Mosaic kernel), not compiled."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), splash.for_tpu():
       step_fn = trainer.jit_step(self.task.make_step(self.model, self.tx, self.total_steps),
                                  self.shardings, self.mesh)
-      return step_fn.lower(self.abstract, self.batch).compile()
+      return step_fn.lower(self.abstract, self.batch)
+
+  def compile(self, lowered: jax.stages.Lowered | None = None):
+    """A fresh compile (no persistent cache) of `lowered` (default: self.lower()) -> the
+    executable."""
+    lowered = self.lower() if lowered is None else lowered
+    with jax.set_mesh(self.mesh), no_compilation_cache():
+      return lowered.compile()
 
 
 def step_program(config: ml_collections.ConfigDict, devices: list) -> StepProgram:
@@ -201,7 +210,9 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   output_bytes, alias_bytes, temp_bytes (all per chip), flops_per_step (analytic,
   laplax.flops), xla_flops_per_chip (the compiled program's cost_analysis), fits,
   compile_seconds; with slices > 1 also dcn_transfers and dcn_bytes_per_chip. A step the
-  compiler itself rejects for memory gets fits False and `error`."""
+  compiler itself rejects for memory gets fits False and `error`. A program compiled before
+  under the same versions and flags is not compiled again while JAX's persistent compilation
+  cache is on: its figures are read back (`_Remembered`) and `compiled_before` is True."""
   if "study" in config:
     raise ValueError("--aot checks one run's step: pass a run config, not a study")
   standing_in = stand_in(topology)
@@ -226,25 +237,89 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   where = topology if slices == 1 else f"{slices} x {topology}"
   log(f"aot: {result['config']} on {where} ({len(devices)} chips, {program.hosts} hosts, mesh "
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
-  t0 = time.time()
-  try:
-    compiled = program.compile()
-  except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over its HBM
-    if "RESOURCE_EXHAUSTED" not in str(e):
-      raise
-    result.update(fits=False, compile_seconds=round(time.time() - t0, 1),
-                  error=str(e).strip().splitlines()[0][:300])
+  lowered = program.lower()
+  remembered = _remembered(lowered, topology, config.get("compilation_cache_dir"))
+  analysis = remembered.read() if remembered else None
+  if analysis is None:
+    analysis = _analyse(program, lowered, slices)
+    if remembered:
+      remembered.write(analysis)
   else:
-    result["compile_seconds"] = round(time.time() - t0, 1)
-    result.update(memory(compiled))
-    result["xla_flops_per_chip"] = xla_flops(compiled)
-    if slices > 1:
-      result["dcn_transfers"] = dcn_transfers(compiled.as_text())
-      result["dcn_bytes_per_chip"] = sum(t["bytes"] for t in result["dcn_transfers"].values())
-    result["fits"] = result["peak_bytes_per_chip"] <= (1 - HEADROOM) * capacity
+    result["compiled_before"] = True
+  result.update(analysis)
+  result["fits"] = "error" not in result and result["peak_bytes_per_chip"] <= (
+      1 - HEADROOM) * capacity
   workdir_lib.as_path(workdir).mkdir(parents=True, exist_ok=True)
   workdir_lib.write_json_atomic(workdir_lib.as_path(workdir) / "aot.json", result, indent=2)
   return result
+
+
+def _analyse(program: StepProgram, lowered: jax.stages.Lowered, slices: int) -> dict[str, Any]:
+  """Compiles `lowered` -> compile_seconds and memory()'s bytes, xla_flops_per_chip (and the
+  DCN transfers of several slices); or compile_seconds and `error` when the compiler refuses
+  the program for memory."""
+  t0 = time.time()
+  try:
+    compiled = program.compile(lowered)
+  except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over its HBM
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return {"compile_seconds": round(time.time() - t0, 1),
+            "error": str(e).strip().splitlines()[0][:300]}
+  out = {"compile_seconds": round(time.time() - t0, 1), **memory(compiled),
+         "xla_flops_per_chip": xla_flops(compiled)}
+  if slices > 1:
+    out["dcn_transfers"] = dcn_transfers(compiled.as_text())
+    out["dcn_bytes_per_chip"] = sum(t["bytes"] for t in out["dcn_transfers"].values())
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Remembered:
+  """A compile's analysis kept under JAX's persistent compilation cache directory, named by
+  what decides it: the lowered program's text (the mesh, shardings and kernels are in it), the
+  topology, the jax / jaxlib / libtpu versions and the compiler's flags. fit_check bypasses the
+  executable cache (no_compilation_cache says why), so without this every rerun, every seed of
+  a study and every test run would compile again (12-140 s per pod program on 2 cores)."""
+  path: Any  # epath.Path of the JSON file
+
+  def read(self) -> dict[str, Any] | None:
+    try:
+      return json.loads(self.path.read_text())
+    except (OSError, ValueError):  # absent, or torn by a crash (written atomically, so rare)
+      return None
+
+  def write(self, analysis: dict[str, Any]) -> None:
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      workdir_lib.write_json_atomic(self.path, analysis)
+    except OSError:  # a read-only or full cache costs the next check a compile, nothing else
+      pass
+
+
+def _remembered(lowered: jax.stages.Lowered, topology: str, cache_dir: str | None
+                ) -> _Remembered | None:
+  """Where a compile of `lowered` for `topology` is remembered: under `cache_dir` (the
+  config's compilation_cache_dir) or JAX's (JAX_COMPILATION_CACHE_DIR); None with neither, or
+  while JAX's persistent compilation cache is off."""
+  root = cache_dir or jax.config.jax_compilation_cache_dir
+  if not (jax.config.jax_enable_compilation_cache and root):
+    return None
+  key = hashlib.sha256()
+  for part in (lowered.as_text(), topology, jax.default_backend(), *_versions(),
+               os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")):
+    key.update(part.encode() + b"\0")
+  return _Remembered(workdir_lib.as_path(root) / "laplax_fit" / f"{key.hexdigest()}.json")
+
+
+def _versions() -> tuple[str, ...]:
+  out = []
+  for package in ("jax", "jaxlib", "libtpu"):
+    try:
+      out.append(f"{package}=={importlib.metadata.version(package)}")
+    except importlib.metadata.PackageNotFoundError:
+      out.append(f"{package} absent")
+  return tuple(out)
 
 
 # A DCN transfer in a compiled multi-slice TPU program. libtpu compiles one slice's program:
@@ -317,6 +392,7 @@ def summary(result: dict[str, Any]) -> str:
           f"; temp {result['temp_bytes'] / GIB:.2f} GiB, args {result['argument_bytes'] / GIB:.2f}"
           f" GiB; {'?' if flops is None else f'{flops:.3e}'} FLOPs/step; compiled in "
           f"{result['compile_seconds']:.0f} s"
+          + (" (an earlier compile's figures)" if result.get("compiled_before") else "")
           + (f"; {result['dcn_bytes_per_chip'] / 2 ** 20:.1f} MiB/chip across slices per step"
              if "dcn_bytes_per_chip" in result else ""))
 

@@ -162,6 +162,42 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
   assert saved["peak_bytes_per_chip"] < 2 ** 30
 
 
+def _set_jax_config(request, name: str, value) -> None:
+  """jax.config.update(name, value) until the test ends."""
+  previous = getattr(jax.config, name)
+  jax.config.update(name, value)
+  request.addfinalizer(lambda: jax.config.update(name, previous))
+
+
+def test_a_program_compiled_before_is_read_back_not_compiled(aot, tmp_path, data_cache,
+                                                              monkeypatch, request):
+  """With JAX's persistent cache on, fit_check remembers a compile's figures by the lowered
+  program, versions and flags: the same program again is not compiled and gives the same
+  figures; another program (a bigger batch), or the cache off, compiles."""
+  _set_jax_config(request, "jax_compilation_cache_dir", str(tmp_path / "xla"))
+  _set_jax_config(request, "jax_enable_compilation_cache", True)
+  config = make_config("vit", data_cache)
+  first = aot.fit_check(config, tmp_path / "a", "v5e:2x2", log=lambda s: None)
+  assert "compiled_before" not in first
+  assert len(list((tmp_path / "xla" / "laplax_fit").glob("*.json"))) == 1
+  compiles = []
+  real = aot.StepProgram.compile
+  monkeypatch.setattr(aot.StepProgram, "compile",
+                      lambda self, *a: compiles.append(1) or real(self, *a))
+  again = aot.fit_check(config, tmp_path / "b", "v5e:2x2", log=lambda s: None)
+  assert compiles == [] and again.pop("compiled_before") is True
+  assert again == first
+  assert "(an earlier compile's figures)" in aot.summary({**again, "compiled_before": True})
+  with config.unlocked():
+    config.data.batch_size *= 2
+  bigger = aot.fit_check(config, tmp_path / "c", "v5e:2x2", log=lambda s: None)
+  assert compiles == [1] and "compiled_before" not in bigger
+  assert bigger["argument_bytes"] > first["argument_bytes"]
+  _set_jax_config(request, "jax_enable_compilation_cache", False)
+  aot.fit_check(config, tmp_path / "d", "v5e:2x2", log=lambda s: None)
+  assert compiles == [1, 1]
+
+
 def _small(config, *, batch: int, seq_len: int):
   """A pod-scale config 2 blocks deep with `batch` examples per step (an LM's of `seq_len`
   tokens; DINO with 2 local crops; a per-layer head list cut to its last 2 layers)."""
