@@ -238,13 +238,14 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
   log(f"aot: {result['config']} on {where} ({len(devices)} chips, {program.hosts} hosts, mesh "
       f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
   lowered = program.lower()
-  remembered = _remembered(lowered, topology, config.get("compilation_cache_dir"))
+  remembered = _remembered(lowered, topology, slices, config.get("compilation_cache_dir"))
   analysis = remembered.read() if remembered else None
   if analysis is None:
     analysis = _analyse(program, lowered, slices)
     if remembered:
       remembered.write(analysis)
   else:
+    log(f"aot: this program was compiled before: its figures from {remembered.path}")
     result["compiled_before"] = True
   result.update(analysis)
   result["fits"] = "error" not in result and result["peak_bytes_per_chip"] <= (
@@ -297,7 +298,11 @@ class _Remembered:
       pass
 
 
-def _remembered(lowered: jax.stages.Lowered, topology: str, cache_dir: str | None
+# Bumped when _analyse's keys change, so that figures remembered by an older laplax are not read.
+_REMEMBERED_FORMAT = "laplax_fit/1"
+
+
+def _remembered(lowered: jax.stages.Lowered, topology: str, slices: int, cache_dir: str | None
                 ) -> _Remembered | None:
   """Where a compile of `lowered` for `topology` is remembered: under `cache_dir` (the
   config's compilation_cache_dir) or JAX's (JAX_COMPILATION_CACHE_DIR); None with neither, or
@@ -306,7 +311,8 @@ def _remembered(lowered: jax.stages.Lowered, topology: str, cache_dir: str | Non
   if not (jax.config.jax_enable_compilation_cache and root):
     return None
   key = hashlib.sha256()
-  for part in (lowered.as_text(), topology, jax.default_backend(), *_versions(),
+  for part in (_REMEMBERED_FORMAT, lowered.as_text(), topology, str(slices),
+               jax.default_backend(), *_versions(),
                os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")):
     key.update(part.encode() + b"\0")
   return _Remembered(workdir_lib.as_path(root) / "laplax_fit" / f"{key.hexdigest()}.json")
