@@ -160,7 +160,7 @@ class StepProgram:
 
   @property
   def hosts(self) -> int:
-    return len({d.process_index for d in self.mesh.devices.flat})
+    return _hosts(self.mesh)
 
   @property
   def params(self) -> int:
@@ -182,13 +182,17 @@ class StepProgram:
       return lowered.compile()
 
 
+def _hosts(mesh: jax.sharding.Mesh) -> int:
+  return len({d.process_index for d in mesh.devices.flat})
+
+
 def step_program(config: ml_collections.ConfigDict, devices: list) -> StepProgram:
   """config's train step on a mesh over `devices` (a topology's, or this host's), with its
   abstract state and batch; the task validates the mesh first."""
   task = task_lib.for_config(config)
   mesh = sharding.make_mesh(config.mesh.to_dict(), devices=devices)
   rules = sharding.rules_from_config(config.get("axis_rules"))
-  task.validate(sharding.data_parallel_size(mesh), len({d.process_index for d in devices}))
+  task.validate(sharding.data_parallel_size(mesh), _hosts(mesh))
   model = task.build_model()
   total_steps = config.total_steps or NOMINAL_STEPS
   tx, _ = task.optimizer(total_steps)
@@ -236,11 +240,12 @@ def fit_check(config: ml_collections.ConfigDict, workdir, topology: str, log=pri
                              "devices, standing in for the GPU compiler (an estimate)")
   where = topology if slices == 1 else f"{slices} x {topology}"
   log(f"aot: {result['config']} on {where} ({len(devices)} chips, {program.hosts} hosts, mesh "
-      f"{result['mesh']}), {n_params:,} parameters: compiling the train step")
+      f"{result['mesh']}), {n_params:,} parameters: lowering the train step")
   lowered = program.lower()
   remembered = _remembered(lowered, topology, slices, config.get("compilation_cache_dir"))
   analysis = remembered.read() if remembered else None
   if analysis is None:
+    log("aot: compiling it")
     analysis = _analyse(program, lowered, slices)
     if remembered:
       remembered.write(analysis)

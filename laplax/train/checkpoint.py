@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Mapping
+import copy
 import os
 import time
 from typing import Any
@@ -41,6 +42,47 @@ _STATE, _EXTRA = "state", "extra"
 
 class CheckpointError(RuntimeError):
   """A checkpoint cannot be used; the message is one plain line."""
+
+
+# orbax writes a replicated array "replica-parallel": each of its R replicas writes 1/R of it,
+# and each part is a jitted slice (a lowering, then a compile or a compilation-cache read) on the
+# saving thread. For the many small arrays of a model (norms, biases, gates, Adam's moments of
+# them) the slices cost far more than the bytes: on 8 CPU devices the tests' ViT took 2.0 s for
+# 4 saves, 0.45 s with this floor (benchmarks/README.md, "Checkpoint saves"). Arrays whose part
+# per replica would be smaller are written whole by one replica; big ones stay split.
+REPLICA_PARALLEL_MIN_BYTES = 1 << 20
+
+
+def _state_handler() -> ocp.StandardCheckpointHandler:
+  """orbax's StandardCheckpointHandler (the same files, its name in the step's metadata, its
+  args) with jax.Arrays split over their replicas only from REPLICA_PARALLEL_MIN_BYTES per
+  replica. It takes no registry, so its PyTree handler is swapped for one with _FloorRegistry
+  (tests/unit/test_checkpoint.py checks that the floor is used)."""
+  handler = ocp.StandardCheckpointHandler()
+  handler._impl = ocp.PyTreeCheckpointHandler(type_handler_registry=_FloorRegistry())
+  return handler
+
+
+class _FloorRegistry(ocp.type_handlers.TypeHandlerRegistry):
+  """orbax's type handlers, read only, with a copy of its jax.Array handler that has the floor
+  (orbax 0.12 takes it only in ArrayHandler's constructor, which would lose the default
+  handler's array metadata store)."""
+
+  def __init__(self):
+    self._arrays = copy.copy(ocp.type_handlers.get_type_handler(jax.Array))
+    self._arrays._min_slice_bytes_for_replica_parallel = REPLICA_PARALLEL_MIN_BYTES
+
+  def get(self, ty):
+    if ty == self._arrays.typestr() or (isinstance(ty, type) and issubclass(ty, jax.Array)):
+      return self._arrays
+    return ocp.type_handlers.get_type_handler(ty)
+
+  def has(self, ty) -> bool:
+    return ocp.type_handlers.has_type_handler(ty)
+
+  def add(self, ty, handler, func=None, override=False, ignore_warnings=False):
+    raise TypeError("laplax's checkpoint type handlers are fixed: register with orbax's global "
+                    "registry (ocp.type_handlers.register_type_handler)")
 
 
 class Checkpointer:
@@ -112,7 +154,7 @@ class Checkpointer:
           cleanup_tmp_directories=False, enable_async_checkpointing=False, **alone)
       self._manager = _retry_vanished(lambda: ocp.CheckpointManager(
           self.directory, options=options,
-          item_handlers={_STATE: ocp.StandardCheckpointHandler(),
+          item_handlers={_STATE: _state_handler(),
                          _EXTRA: ocp.JsonCheckpointHandler()}))
       return
     # Orbax's default policy also saves the first step it sees, whatever the
@@ -135,7 +177,7 @@ class Checkpointer:
         self.directory,
         options=options,
         item_handlers={
-            _STATE: ocp.StandardCheckpointHandler(),
+            _STATE: _state_handler(),
             _EXTRA: ocp.JsonCheckpointHandler(),
         },
     )

@@ -221,6 +221,33 @@ def test_restore_unsharded_save_onto_4x2_mesh(tmp_path):
   _assert_bit_exact(restored, state)
 
 
+def test_only_arrays_big_per_replica_are_written_by_their_replicas_together(tmp_path,
+                                                                          monkeypatch):
+  # orbax splits a replicated array over its replicas with one jitted slice per part; laplax
+  # keeps that for arrays of at least REPLICA_PARALLEL_MIN_BYTES per replica (the big weights of
+  # a data-parallel pod) and lets one replica write each smaller one whole (norms, biases).
+  from laplax.train import checkpoint as checkpoint_lib
+  replicated = NamedSharding(jax.make_mesh((8,), ("data",)), P())
+  rows = checkpoint_lib.REPLICA_PARALLEL_MIN_BYTES // (4 * 1024)  # per replica: the floor
+  state = {"big": jax.device_put(np.arange(8 * rows * 1024, dtype=np.float32).reshape(
+               8 * rows, 1024), replicated),
+           "small": jax.device_put(np.arange(16, dtype=np.float32), replicated)}  # 8 | 16
+  sliced = []
+  slice_in_dim = jax.lax.slice_in_dim
+  monkeypatch.setattr(jax.lax, "slice_in_dim", lambda x, *a, **kw: sliced.append(x.shape) or
+                      slice_in_dim(x, *a, **kw))
+  with Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, state, {})
+  assert sliced == [(8 * rows, 1024)] * 8, sliced  # the big array's 8 parts, nothing else
+  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
+              for k, v in state.items()}
+  _, restored, _ = Checkpointer(tmp_path).restore(abstract)
+  _assert_bit_exact(restored, state)
+  # Written as orbax's StandardCheckpointHandler, so other orbax readers open the step as theirs.
+  metadata = json.loads((tmp_path / "1" / "_CHECKPOINT_METADATA").read_text())
+  assert metadata["item_handlers"]["state"].endswith(".StandardCheckpointHandler"), metadata
+
+
 def test_async_saves_get_manifests_after_finalising(tmp_path):
   ckpt = Checkpointer(tmp_path, async_save=True, max_to_keep=2)
   states = {s: _train_state(features=4, seed=s) for s in (1, 2, 3)}
