@@ -41,6 +41,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import numpy as np
 
@@ -134,13 +135,19 @@ def topology_devices(topology: str, slices: int = 1) -> list:
 def no_compilation_cache():
   """JAX's persistent compilation cache off for one compile (restored afterwards): a fresh
   compile, since an executable loaded from the cache can report 0 temporary bytes in
-  memory_analysis(), which would understate the peak."""
+  memory_analysis(), which would understate the peak.
+
+  JAX decides at a process's first compile whether it uses the cache, and keeps to it: the
+  option alone would neither stop a cache already in use nor let one be used after a first
+  compile in here. So the decision is reset on the way in and on the way out."""
   previous = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", previous)
+    compilation_cache.reset_cache()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,8 @@ import json
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from conftest import make_config
@@ -163,10 +165,41 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
 
 
 def _set_jax_config(request, name: str, value) -> None:
-  """jax.config.update(name, value) until the test ends."""
+  """jax.config.update(name, value) until the test ends. The persistent cache is reset both
+  times: JAX keeps the directory and the on / off it found at a process's first compile."""
+  from jax.experimental.compilation_cache import compilation_cache
   previous = getattr(jax.config, name)
   jax.config.update(name, value)
-  request.addfinalizer(lambda: jax.config.update(name, previous))
+  compilation_cache.reset_cache()
+
+  def restore():
+    jax.config.update(name, previous)
+    compilation_cache.reset_cache()
+  request.addfinalizer(restore)
+
+
+def test_no_compilation_cache_compiles_afresh_and_the_cache_is_used_again_after(aot, tmp_path,
+                                                                                request):
+  # In a process whose first compile is inside the block (a fresh pytest worker, a fit check
+  # first thing), and in one already using the cache: nothing is read or written inside, and
+  # the compiles after it are cached again.
+  _set_jax_config(request, "jax_compilation_cache_dir", str(tmp_path / "xla"))
+  _set_jax_config(request, "jax_enable_compilation_cache", True)
+  _set_jax_config(request, "jax_persistent_cache_min_compile_time_secs", 0.0)
+  _set_jax_config(request, "jax_persistent_cache_min_entry_size_bytes", -1)
+  entries = lambda: sorted(p.name for p in (tmp_path / "xla").glob("*") if p.is_file())
+  x = np.arange(7.0, dtype=np.float32)
+  with aot.no_compilation_cache():  # the first compile since the reset
+    jax.jit(lambda v: v * 3.0 + 1.0)(x).block_until_ready()
+  assert entries() == []
+  jax.jit(lambda v: v * 5.0 - 2.0)(x).block_until_ready()
+  cached = entries()
+  assert cached
+  with aot.no_compilation_cache():  # the cache in use
+    jax.jit(lambda v: jnp.sin(v) * 7.0)(x).block_until_ready()
+  assert entries() == cached
+  jax.jit(lambda v: jnp.cos(v) * 11.0)(x).block_until_ready()
+  assert len(entries()) > len(cached)
 
 
 def test_a_program_compiled_before_is_read_back_not_compiled(aot, tmp_path, data_cache,
