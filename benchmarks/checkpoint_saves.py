@@ -50,7 +50,8 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   state = random_state(args.config)
   leaves = jax.tree.leaves(state)
-  print(f"configs/test.py:{args.config}: {len(leaves)} arrays, {sum(x.nbytes for x in leaves) / 2**20:.1f} MiB, "
+  mib = sum(x.nbytes for x in leaves) / 2**20
+  print(f"configs/test.py:{args.config}: {len(leaves)} arrays, {mib:.1f} MiB, "
         f"{jax.device_count()} devices; floor {checkpoint_lib.REPLICA_PARALLEL_MIN_BYTES:,} "
         "bytes per replica")
   sliced = {"count": 0}

@@ -12,6 +12,7 @@ import json
 
 import flax.linen as nn
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -167,7 +168,6 @@ def test_fit_check_writes_aot_json(aot, kind, tmp_path, data_cache):
 def _set_jax_config(request, name: str, value) -> None:
   """jax.config.update(name, value) until the test ends. The persistent cache is reset both
   times: JAX keeps the directory and the on / off it found at a process's first compile."""
-  from jax.experimental.compilation_cache import compilation_cache
   previous = getattr(jax.config, name)
   jax.config.update(name, value)
   compilation_cache.reset_cache()
