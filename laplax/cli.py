@@ -174,6 +174,7 @@ def initialize_distributed(coordinator_address: str | None = None,
     raise ValueError(f"--multihost: {one_line(e, 200)} (on a TPU pod slice or a SLURM job the "
                      "cluster is detected; elsewhere pass --coordinator_address, "
                      "--num_processes and --process_id)") from None
+  multihost.cache_on_every_cpu_process()
   supervisor.tell(process=jax.process_index(), heartbeat_timeout=heartbeat_timeout_s,
                   hosts=multihost.host_table())
 

@@ -16,6 +16,8 @@ key-value store and barriers, with explicit timeouts), and do nothing in a singl
   together(name)             every process runs the block at the same time; then all raise
                              the first failure (one line), as process_0_first does
   check_peers()              raises PeerFailed once another process has failed in a block
+  cache_on_every_cpu_process()  CPU jobs: every process writes its own compiled programs to
+                             JAX's persistent cache (JAX writes process 0's only)
 
 A process whose block fails records that in the job's failure list first; every wait of these
 helpers looks at that list, so no process waits (hours, for a data set) for one that has
@@ -36,6 +38,7 @@ import json
 import os
 import socket
 import time
+import warnings
 
 import jax
 from jax.experimental import multihost_utils
@@ -60,6 +63,42 @@ def joined() -> bool:
   """Whether `jax.distributed.initialize` ran in this process (then JAX's preemption
   notifier owns SIGTERM)."""
   return _client() is not None
+
+
+def cache_on_every_cpu_process() -> None:
+  """Lets every process of a CPU job write its compiled programs to JAX's persistent cache.
+
+  JAX writes cache entries from process 0 only, so that the hosts of a TPU or GPU job, whose
+  programs have one key on every host, do not all write the same file. On CPU a program's key
+  differs between processes (it hashes the process's own devices: compile options and
+  topology), so processes 1.. never found their programs and compiled every step and eval
+  program again at each start (measured: 9-10 s of a 2-process test ViT's 15 s from a warm cache,
+  against 1 s in one process). JAX 0.10 has no switch for it: its private `_cache_write` is
+  wrapped, for CPU programs of processes other than 0 only; everything else goes to JAX's.
+  """
+  from jax._src import compilation_cache, compiler
+  jax_write = compiler._cache_write
+  if getattr(jax_write, "laplax_every_process", False):
+    return
+
+  def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+    if backend.platform != "cpu" or jax.process_index() == 0:
+      return jax_write(cache_key, compile_time_secs, module_name, backend, executable,
+                       host_callbacks)
+    # JAX's own checks, but the process's: a program calling back into Python is not cached.
+    if host_callbacks or compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
+      return None
+    try:
+      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                int(compile_time_secs))
+    except Exception as e:
+      # As JAX does: a cache that cannot be written costs a compile, never the run.
+      warnings.warn(f"error writing the persistent compilation cache entry for "
+                    f"{module_name!r}: {type(e).__name__}: {e}")
+    return None
+
+  write.laplax_every_process = True
+  compiler._cache_write = write
 
 
 def host_table(*, timeout_s: float = 300.0) -> dict[str, dict[str, object]]:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from conftest import REPO, SHARED_DATA
@@ -192,6 +193,43 @@ def test_a_cache_promised_shared_that_a_host_cannot_see_stops_every_host(tmp_pat
     assert "Traceback" not in job.output(i)
   assert "training a" not in job.output() and "prepar" not in job.output().lower()
   assert not (tmp_path / "run" / "config.json").exists()
+
+
+# A jitted sum over the job's 4 devices, then the persistent-cache hits this process counted.
+_CACHED_PROGRAM = """
+import sys
+import jax, numpy as np
+from laplax import cli
+flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+cli.initialize_distributed(flags["coordinator_address"], 2, int(flags["process_id"]))
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None)
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+data = np.arange(32.0).reshape(8, 4)
+x = jax.make_array_from_callback(data.shape, sharding, lambda index: data[index])
+total = jax.jit(lambda a: (a * a).sum())(x)
+print("result", float(total), "hits", len(hits))
+"""
+
+
+def test_every_process_of_a_cpu_job_reads_its_programs_back_from_the_cache(tmp_path):
+  """JAX writes cache entries from process 0 only, and on CPU each process's program has a key
+  of its own: the second run of a 2-process job must find both processes' programs
+  (laplax.multihost.cache_on_every_cpu_process), not compile process 1's again."""
+  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  runs = []
+  for tag in ("first", "second"):
+    job = hosts.start([sys.executable, "-c", _CACHED_PROGRAM], 2, tmp_path / "logs", tag=tag,
+                      envs=[env, env])
+    assert job.wait(300) == [0, 0], job.output()
+    runs.append([job.output(i).split("result ")[-1].split() for i in range(2)])
+  for i in range(2):
+    assert runs[0][i][0] == runs[1][i][0] == str(float((np.arange(32.0) ** 2).sum()))
+    assert runs[0][i][2] == "0", runs  # a fresh cache
+    assert int(runs[1][i][2]) >= 1, (i, runs)  # process 1 too
 
 
 def test_independent_trainers_on_one_fresh_cache_all_finish(tmp_path):
