@@ -198,10 +198,12 @@ def test_a_cache_promised_shared_that_a_host_cannot_see_stops_every_host(tmp_pat
 # A jitted sum over the job's 4 devices, then the persistent-cache hits this process counted.
 _CACHED_PROGRAM = """
 import sys
+from absl import flags
 import jax, numpy as np
 from laplax import cli
-flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
-cli.initialize_distributed(flags["coordinator_address"], 2, int(flags["process_id"]))
+cli.define_multihost_flags()
+flags.FLAGS(sys.argv)  # the cluster flags hosts.start appends, joined as train.py joins
+cli.join_from_flags(flags.FLAGS)
 hits = []
 jax.monitoring.register_event_listener(
     lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None)
