@@ -3,25 +3,29 @@ two jobs ("slices") of 2 processes each, shares one gs:// study on the GCS-API s
 loopback. Each slice claims a cell; kill -9 of one slice (all its processes) in the middle of
 its cell leaves that cell's claim unrenewed; the other slice finishes its own cell, waits for
 the dead claim's lease, takes the cell over, resumes it from its step-6 checkpoint, and writes
-the report. A slice started meanwhile with another config stops in one line. Every cell's results are those of the same study run by one slice, bit for bit
-(the same 2 x 1 device layout, and a resume reproduces the uninterrupted run).
+the report. A slice started meanwhile with another config (while the dead slice's claim is kept
+live by the test) stops in one line. Every cell's results are those of the same study run by
+one slice, bit for bit (the same 2 x 1 device layout, and a resume reproduces the uninterrupted
+run).
 
 The claim logic in process (races, expiry, the config check): tests/unit/test_study_claims.py.
 """
 
+import contextlib
 import json
-import os
 import pathlib
-import signal
 import sys
 import threading
 import time
 
 from etils import epath
+from google.cloud import storage
 import pytest
 
 from conftest import REPO
 import hosts
+from laplax.train import gcs
+from laplax.train import workdir as workdir_lib
 from laplax.train.metrics import read_metrics
 
 CELLS = ("k0_s0", "k1-0_s0")
@@ -123,6 +127,42 @@ def _train_rows(work, cell) -> list[dict]:
           for r in read_metrics(f"{work}/cells/{cell}/metrics.jsonl") if r["split"] == "train"]
 
 
+@contextlib.contextmanager
+def _renewed(lock: str):
+  """Rewrites the gs:// lock object `lock` (its own JSON, precondition: its generation) every
+  second while the block runs, as its holder's renewals would: the claim stays live though its
+  holder is dead. The first rewrite is done before the block starts."""
+  bucket, name = gcs.split(lock)
+  blob_bucket = storage.Client().bucket(bucket)
+
+  def renew() -> None:
+    holder = gcs.read(lock)
+    assert holder is not None and not holder.expired(), holder
+    blob_bucket.blob(name).upload_from_string(json.dumps(holder.info),
+                                              content_type="application/json",
+                                              if_generation_match=holder.generation)
+
+  renew()
+  stop, failed = threading.Event(), []
+
+  def loop() -> None:
+    while not stop.wait(1.0):
+      try:
+        renew()
+      except Exception as e:  # pylint: disable=broad-except  # reported after the block
+        failed.append(e)
+        return
+
+  thread = threading.Thread(target=loop, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    thread.join()
+  assert not failed, failed
+
+
 @pytest.mark.slow
 def test_two_slices_share_a_study_and_one_takes_over_the_cell_of_a_killed_slice(
     fake_gcs, data_cache, one_slice, tmp_path):
@@ -150,9 +190,14 @@ def test_two_slices_share_a_study_and_one_takes_over_the_cell_of_a_killed_slice(
     slices[victim].kill()
     timeline.note(f"kill -9 of slice {victim} (both processes), in {cut}")
     survivor = next(name for name in slices if name != victim)
-    # A third slice with another config, while the survivor holds a cell: one line, no change.
-    other = hosts.run_single(_args(work, data_cache) + ["--config.study.analysis_examples=64"],
-                             devices=1)
+    # A third slice with another config while a cell is held: one line, no change. The dead
+    # slice's claim is kept live meanwhile (as a stalled slice would renew it), so that the
+    # survivor cannot finish the study before the third slice has started (under load it did).
+    with _renewed(f"{work}/cells/{cut}/{workdir_lib.LOCK_NAME}"):
+      timeline.note(f"{cut}'s claim renewed by the test")
+      other = hosts.run_single(_args(work, data_cache)
+                               + ["--config.study.analysis_examples=64"], devices=1)
+    timeline.note(f"{cut}'s claim no longer renewed")
     assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-3000:]
     (error,) = [l for l in other.stderr.splitlines() if l.startswith("error:")]
     timeline.note(f"a slice with another config exited 1: {error}")
@@ -176,7 +221,7 @@ def test_two_slices_share_a_study_and_one_takes_over_the_cell_of_a_killed_slice(
   assert "resumed from step 6" in out and out.count("report: ") == 1, out
   assert f"slice {survivor} holds {cut} (taken over from slice {victim})" in events, events
   assert sum(f"slice {survivor} holds" in e for e in events.splitlines()) == 2, events
-  assert f"this slice trained 2 of 2 cells" in out, out
+  assert "this slice trained 2 of 2 cells" in out, out
   # The report, once, from both cells; every lock released.
   names = fake_gcs.objects(bucket, "study/")
   assert "study/report.md" in names and "study/report_inputs.json" in names
