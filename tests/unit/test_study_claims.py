@@ -29,6 +29,20 @@ def _finish(study, cell):
   (study / "cells" / cell / "results.json").write_text("{}")
 
 
+def _sleeps(monkeypatch) -> list[float]:
+  """The seconds this thread sleeps from now on (time.sleep recorded, then done): a look that
+  waits for a lease sleeps; one that is refused or gives up at once does not."""
+  slept, sleep, me = [], time.sleep, threading.get_ident()
+
+  def recorded(seconds):
+    if threading.get_ident() == me:
+      slept.append(seconds)
+    sleep(seconds)
+
+  monkeypatch.setattr(time, "sleep", recorded)
+  return slept
+
+
 def _claims(study, lease_s=60.0, logs=None):
   return claims_lib.Claims(study, CELLS, _finished(study), lease_s=lease_s,
                            log=(logs.append if logs is not None else lambda m: None))
@@ -64,7 +78,7 @@ def test_a_slice_takes_the_next_free_cell_and_skips_finished_and_held_ones(tmp_p
   assert c.next().action == "done"
 
 
-def test_the_loop_waits_for_a_held_cell_then_trains_it_once(tmp_path):
+def test_the_loop_waits_for_a_held_cell_then_trains_it_once(tmp_path, monkeypatch):
   study = tmp_path / "study"
   _finish(study, "k0_s0")
   trained, logs = [], []
@@ -89,9 +103,9 @@ def test_the_loop_waits_for_a_held_cell_then_trains_it_once(tmp_path):
   held = workdir_lib.lock_workdir(study / "cells" / "k9_s9")
   with held, claims_lib.Claims(study, ["k9_s9"], _finished(study), lease_s=60.0,
                                 log=lambda m: None) as c:
-    t0 = time.monotonic()
+    slept = _sleeps(monkeypatch)
     assert claims_lib.run(c, train, wait=False) == claims_lib.Outcome((), "idle")
-    assert time.monotonic() - t0 < 5  # a waiting loop would look again after 15 s (poll_s)
+    assert slept == []  # a waiting loop would sleep poll_s (15 s) before looking again
 
 
 def test_of_many_racing_claims_on_one_cell_exactly_one_wins(tmp_path):
@@ -132,7 +146,8 @@ def test_the_run_inside_a_claim_holds_the_lock_through_it(tmp_path):
     pass
 
 
-def test_a_gs_claim_is_refused_while_its_lease_runs_and_taken_over_once_after(bucket):
+def test_a_gs_claim_is_refused_while_its_lease_runs_and_taken_over_once_after(bucket,
+                                                                             monkeypatch):
   study = f"gs://{bucket}/study"
   lock = f"{study}/cells/k0_s0/.lock"
   dead = gcs.Lease(lock, {"pid": 1, "host": "gone"}, lease_s=1.5)
@@ -140,10 +155,10 @@ def test_a_gs_claim_is_refused_while_its_lease_runs_and_taken_over_once_after(bu
   logs, trained = [], []
   claims = claims_lib.Claims(study, ["k0_s0"], lambda cell: cell in trained, lease_s=1.5,
                              log=logs.append)
-  t0 = time.monotonic()
+  slept = _sleeps(monkeypatch)
   step = claims.next()  # refused at once, not after watching the holder for a third of a lease
   assert step.action == "held" and step.held["k0_s0"].startswith("pid 1 on gone")
-  assert time.monotonic() - t0 < 1.0
+  assert slept == []
   time.sleep(1.6)  # the lease runs out
   # Two slices that both saw the expired claim: the store's generation precondition lets one
   # replace it; the other's write of the same generation fails, and it is refused at once.
